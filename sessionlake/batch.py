@@ -1,0 +1,451 @@
+"""One micro-batch, from raw lines to committed tables.
+
+The stages run top to bottom: source adapter → validation → duplicates → lateness and
+sessionization → changelog → state MERGE (with pruning of closed sessions) → metrics.
+
+Exactly-once: before writing anything a batch records in ``batch_ledger`` which table
+versions and which clock it reads. A batch replayed after a crash finds that row, reads
+the same versions by time travel and so computes the same rows, and every write carries
+the Delta transaction key (``txnAppId`` = the stream's identity, ``txnVersion`` = the
+batch id), so whatever was committed before the crash is skipped, not doubled.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+
+from sessionlake import faults, storage
+from sessionlake.changelog import (
+    changelog_rows,
+    classify_sessions,
+    expiring_open_sessions,
+    merge_source,
+)
+from sessionlake.config import Settings
+from sessionlake.sessionize import (
+    aggregate_sessions,
+    as_closed_sessions,
+    assign_sessions,
+    events_as_fragments,
+    mark_events_joining_closed_sessions,
+    mark_late_new_sessions,
+    open_sessions_as_fragments,
+    user_bucket,
+)
+from sessionlake.sources import adapter_for, split_lines
+from sessionlake.state import MergeResult, apply_changelog_merge
+from sessionlake.tables import (
+    BATCH_LEDGER,
+    BATCH_METRICS,
+    EVENTS,
+    LATE_EVENTS,
+    OPEN_SESSIONS,
+    QUARANTINE,
+    SESSION_CHANGELOG,
+    SESSIONS,
+    append,
+    read_table,
+    table_version,
+)
+from sessionlake.validation import (
+    EVENT_COLUMNS,
+    apply_guards,
+    cap_record_size,
+    mark_duplicates,
+    quarantined,
+    valid_events,
+)
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    """The wall clock, in UTC, to the microsecond."""
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class StreamIdentity:
+    """Who writes: the checkpoint's id and its restore epoch, the Delta txn app id."""
+
+    stream_id: str
+    epoch: int
+
+    @property
+    def app_id(self) -> str:
+        """The ``txnAppId`` of this stream's writes (changes with every restore)."""
+        return f"sessionlake-{self.stream_id}-e{self.epoch}"
+
+
+IDENTITY_FILE = "sessionlake.json"
+
+
+def stream_identity(spark: SparkSession, checkpoint: str) -> StreamIdentity:
+    """The identity kept in the checkpoint folder, created on the first run."""
+    uri = f"{checkpoint.rstrip('/')}/{IDENTITY_FILE}"
+    text = storage.read_text(spark, uri)
+    if text is None:
+        identity = StreamIdentity(stream_id=uuid.uuid4().hex[:16], epoch=0)
+        write_stream_identity(spark, checkpoint, identity)
+        return identity
+    data = json.loads(text)
+    return StreamIdentity(stream_id=str(data["stream_id"]), epoch=int(data["epoch"]))
+
+
+def write_stream_identity(spark: SparkSession, checkpoint: str, identity: StreamIdentity) -> None:
+    """Store ``identity`` in the checkpoint folder (restore bumps the epoch)."""
+    storage.write_text(
+        spark,
+        f"{checkpoint.rstrip('/')}/{IDENTITY_FILE}",
+        json.dumps({"stream_id": identity.stream_id, "epoch": identity.epoch}),
+    )
+
+
+@dataclass(frozen=True)
+class BatchInputs:
+    """What a batch reads besides its files: fixed in the ledger before any write."""
+
+    events_version: int
+    open_sessions_version: int
+    sessions_version: int
+    max_event_time_before: datetime | None
+    processing_time: datetime
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """The batch's ``batch_metrics`` row, as returned to callers and listeners."""
+
+    row: dict[str, Any]
+    skipped: bool = False
+
+
+def _as_utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def batch_done(spark: SparkSession, settings: Settings, identity: StreamIdentity,
+               batch_id: int) -> bool:
+    """Whether this stream already committed the metrics row, the last write, of the batch."""
+    return not read_table(spark, settings.lake, BATCH_METRICS).where(
+        (F.col("stream_id") == identity.stream_id) & (F.col("batch_id") == batch_id)
+    ).isEmpty()
+
+
+def record_inputs(
+    spark: SparkSession,
+    settings: Settings,
+    identity: StreamIdentity,
+    batch_id: int,
+    clock: Clock,
+) -> BatchInputs:
+    """The batch's inputs: from the ledger when replayed, else recorded there now."""
+    ledger = read_table(spark, settings.lake, BATCH_LEDGER).where(
+        (F.col("stream_id") == identity.stream_id)
+        & (F.col("epoch") == identity.epoch)
+        & (F.col("batch_id") == batch_id)
+    ).head()
+    if ledger is not None:
+        return BatchInputs(
+            events_version=ledger["events_version"],
+            open_sessions_version=ledger["open_sessions_version"],
+            sessions_version=ledger["sessions_version"],
+            max_event_time_before=_as_utc(ledger["max_event_time_before"]),
+            processing_time=_as_utc(ledger["processing_time"]) or clock(),
+        )
+    max_before = read_table(spark, settings.lake, BATCH_METRICS).agg(
+        F.max("max_event_time")
+    ).head()[0]
+    inputs = BatchInputs(
+        events_version=table_version(spark, settings.lake, EVENTS),
+        open_sessions_version=table_version(spark, settings.lake, OPEN_SESSIONS),
+        sessions_version=table_version(spark, settings.lake, SESSIONS),
+        max_event_time_before=_as_utc(max_before),
+        processing_time=clock(),
+    )
+    row = Row(
+        stream_id=identity.stream_id, epoch=identity.epoch, batch_id=batch_id,
+        events_version=inputs.events_version,
+        open_sessions_version=inputs.open_sessions_version,
+        sessions_version=inputs.sessions_version,
+        max_event_time_before=inputs.max_event_time_before,
+        processing_time=inputs.processing_time,
+    )
+    schema = read_table(spark, settings.lake, BATCH_LEDGER).schema
+    append(spark.createDataFrame([row], schema), settings.lake, BATCH_LEDGER,
+           (identity.app_id, batch_id))
+    return inputs
+
+
+def watermark_of(max_event_time: datetime | None, grace: timedelta) -> datetime | None:
+    """The watermark: the largest accepted event time so far minus the grace period."""
+    return None if max_event_time is None else max_event_time - grace
+
+
+def process_files(
+    spark: SparkSession,
+    files: DataFrame,
+    batch_id: int,
+    settings: Settings,
+    identity: StreamIdentity,
+    source_root_path: str,
+    clock: Clock = utc_now,
+) -> BatchReport:
+    """Process one micro-batch of whole files (``content``, ``file_path``).
+
+    :param source_root_path: the source folder's path; event ids derived from files are
+        relative to it.
+    :return: the metrics row written for the batch.
+    """
+    lines = split_lines(files, source_root_path)
+    return process_lines(spark, lines, batch_id, settings, identity, clock)
+
+
+def process_lines(
+    spark: SparkSession,
+    lines: DataFrame,
+    batch_id: int,
+    settings: Settings,
+    identity: StreamIdentity,
+    clock: Clock = utc_now,
+) -> BatchReport:
+    """Process one micro-batch of lines (``source_file``, ``source_line``, ``line``)."""
+    started = time.monotonic()
+    if batch_done(spark, settings, identity, batch_id):
+        return BatchReport(row={"batch_id": batch_id}, skipped=True)
+    inputs = record_inputs(spark, settings, identity, batch_id, clock)
+    now = inputs.processing_time
+    lake, gap, txn = settings.lake, settings.gap, (identity.app_id, batch_id)
+    watermark = watermark_of(inputs.max_event_time_before, settings.grace)
+    persisted: list[DataFrame] = []
+
+    def keep(frame: DataFrame) -> DataFrame:
+        persisted.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
+        return persisted[-1]
+
+    try:
+        faults.point("ingest")
+        guarded = keep(apply_guards(
+            adapter_for(settings.input_format).parse(cap_record_size(lines)),
+            now, settings.max_future_skew,
+        ))
+        valid = valid_events(guarded)
+        stats = guarded.agg(
+            F.count(F.lit(1)).alias("input"),
+            F.count("reason").alias("quarantined"),
+            F.collect_set(F.when(F.col("reason").isNull(), F.to_date("event_time")))
+            .alias("dates"),
+            F.collect_set(F.when(F.col("reason").isNull(),
+                                 user_bucket("user_id", settings.user_buckets)))
+            .alias("buckets"),
+            F.min(F.when(F.col("reason").isNull()
+                         & (F.col("event_time") < F.lit(watermark).cast("timestamp")),
+                         F.col("event_time"))).alias("first_behind_watermark"),
+            F.max(F.when(F.col("reason").isNull()
+                         & (F.col("event_time") < F.lit(watermark).cast("timestamp")),
+                         F.col("event_time"))).alias("last_behind_watermark"),
+        ).head()
+        buckets = sorted(int(b) for b in stats["buckets"])
+
+        # Duplicates: within the batch, and against the accepted events of the same days.
+        seen = read_table(spark, lake, EVENTS, inputs.events_version).where(
+            F.col("event_date").isin(sorted(stats["dates"]))
+        ).select("user_id", "event_id")
+        deduped = mark_duplicates(valid, seen)
+
+        # Lateness rule 1: an event within the gap of a closed session of its user.
+        unique = deduped.where(~F.col("is_duplicate")).drop("is_duplicate")
+        closed = _closed_sessions_near(
+            spark, settings, inputs.sessions_version,
+            _as_utc(stats["first_behind_watermark"]), _as_utc(stats["last_behind_watermark"]),
+        )
+        checked = keep(
+            mark_events_joining_closed_sessions(unique, closed, watermark, gap)
+            if closed is not None
+            else unique.withColumn("late_reason", F.lit(None).cast("string"))
+        )
+
+        # Sessionization with the open state of the batch's users, then lateness rule 2.
+        state = read_table(spark, lake, OPEN_SESSIONS, inputs.open_sessions_version).where(
+            F.col("user_bucket").isin(buckets)
+        ).join(valid.select("user_id").distinct(), "user_id", "left_semi")
+        pending = checked.where(F.col("late_reason").isNull()).drop("late_reason")
+        fragments = events_as_fragments(pending).unionByName(
+            open_sessions_as_fragments(state)
+        )
+        assigned = keep(mark_late_new_sessions(
+            assign_sessions(fragments, gap, settings.max_session_duration), watermark, gap
+        ))
+        sessions = keep(aggregate_sessions(assigned.where(F.col("late_reason").isNull())))
+
+        new_max = sessions.agg(F.max("session_end")).head()[0]
+        max_event_time = max(
+            (t for t in (inputs.max_event_time_before, _as_utc(new_max)) if t is not None),
+            default=None,
+        )
+        watermark_after = watermark_of(max_event_time, settings.grace)
+        classified = keep(classify_sessions(sessions, watermark_after, gap))
+        untouched = read_table(spark, lake, OPEN_SESSIONS, inputs.open_sessions_version).join(
+            valid.select("user_id").distinct(), "user_id", "left_anti"
+        )
+        expiring = keep(expiring_open_sessions(untouched, watermark_after, gap))
+
+        # Writes, each at most once per batch.
+        quarantine_rows = quarantined(guarded)
+        append(_stamp(quarantine_rows, batch_id, "quarantined_at", now), lake, QUARANTINE, txn)
+        late_rows = checked.where(F.col("late_reason").isNotNull()).select(
+            *EVENT_COLUMNS, "late_reason"
+        ).unionByName(
+            assigned.where(~F.col("is_state") & F.col("late_reason").isNotNull()).select(
+                *EVENT_COLUMNS, "late_reason"
+            )
+        )
+        append(
+            _stamp(
+                late_rows.withColumnRenamed("late_reason", "reason").withColumn(
+                    "watermark", F.lit(watermark).cast("timestamp")
+                ),
+                batch_id, "recorded_at", now,
+            ),
+            lake, LATE_EVENTS, txn,
+        )
+        accepted = assigned.where(~F.col("is_state") & F.col("late_reason").isNull())
+        append(
+            _stamp(accepted.select(*EVENT_COLUMNS), batch_id, "ingested_at", now)
+            .withColumn("event_date", F.to_date("event_time")),
+            lake, EVENTS, txn,
+        )
+        faults.point("before_merge")
+        source = keep(merge_source(classified, expiring, settings.user_buckets, batch_id, now))
+        merge_buckets = sorted(
+            int(r[0]) for r in source.select("user_bucket").distinct().collect()
+        )
+        merged = apply_changelog_merge(spark, lake, source, merge_buckets, txn)
+        faults.point("after_merge")
+        closing = as_closed_sessions(
+            classified.where("closes"), gap, batch_id, now
+        ).unionByName(
+            as_closed_sessions(expiring, gap, batch_id, now)
+        )
+        append(closing, lake, SESSIONS, txn)
+        faults.point("after_sessions")
+        append(changelog_rows(classified, expiring, batch_id, now), lake,
+               SESSION_CHANGELOG, txn)
+
+        counts = _batch_counts(checked, assigned, classified, expiring)
+        row = _metrics_row(
+            spark, settings, identity, batch_id, inputs, stats, counts, merged,
+            max_event_time, watermark, watermark_after, started,
+        )
+        schema = read_table(spark, lake, BATCH_METRICS).schema
+        append(spark.createDataFrame([Row(**row)], schema), lake, BATCH_METRICS, txn)
+        faults.point("after_metrics")
+        return BatchReport(row=row)
+    finally:
+        for frame in persisted:
+            frame.unpersist()
+
+
+def _closed_sessions_near(
+    spark: SparkSession,
+    settings: Settings,
+    version: int,
+    first: datetime | None,
+    last: datetime | None,
+) -> DataFrame | None:
+    """Closed sessions that events between ``first`` and ``last`` could fall near.
+
+    ``None`` when no event of the batch is behind the watermark: then no event can be
+    near a closed session and ``sessions`` is not read at all.
+    """
+    if first is None or last is None:
+        return None
+    reach = settings.max_session_duration + settings.gap
+    return read_table(spark, settings.lake, SESSIONS, version).where(
+        F.col("session_date").between(
+            F.lit((first - reach).date()), F.lit((last + settings.gap).date())
+        )
+    )
+
+
+def _stamp(frame: DataFrame, batch_id: int, column: str, at: datetime) -> DataFrame:
+    return frame.withColumn("batch_id", F.lit(batch_id).cast("long")).withColumn(
+        column, F.lit(at).cast("timestamp")
+    )
+
+
+def _batch_counts(
+    checked: DataFrame, assigned: DataFrame, classified: DataFrame, expiring: DataFrame
+) -> dict[str, int]:
+    late_closed = checked.where(F.col("late_reason").isNotNull()).count()
+    events = assigned.where(~F.col("is_state")).agg(
+        F.count(F.when(F.col("late_reason").isNull(), 1)).alias("accepted"),
+        F.count(F.when(F.col("late_reason").isNotNull(), 1)).alias("late"),
+    ).head()
+    sessions = classified.agg(
+        F.count(F.when(F.col("change") == "open", 1)).alias("opened"),
+        F.count(F.when(F.col("closes"), 1)).alias("closed"),
+    ).head()
+    return {
+        "unique": checked.count(),
+        "accepted": int(events["accepted"]),
+        "late": late_closed + int(events["late"]),
+        "opened": int(sessions["opened"]),
+        "closed": int(sessions["closed"]) + expiring.count(),
+    }
+
+
+def _metrics_row(
+    spark: SparkSession,
+    settings: Settings,
+    identity: StreamIdentity,
+    batch_id: int,
+    inputs: BatchInputs,
+    stats: Row,
+    counts: dict[str, int],
+    merged: MergeResult,
+    max_event_time: datetime | None,
+    watermark: datetime | None,
+    watermark_after: datetime | None,
+    started: float,
+) -> dict[str, Any]:
+    valid = int(stats["input"]) - int(stats["quarantined"])
+    open_now = read_table(spark, settings.lake, OPEN_SESSIONS).count()
+    duration_ms = int((time.monotonic() - started) * 1000)
+    return {
+        "batch_id": batch_id,
+        "stream_id": identity.stream_id,
+        "started_at": inputs.processing_time,
+        "finished_at": inputs.processing_time + timedelta(milliseconds=duration_ms),
+        "duration_ms": duration_ms,
+        "input_records": int(stats["input"]),
+        "accepted": counts["accepted"],
+        "late": counts["late"],
+        "quarantined": int(stats["quarantined"]),
+        "duplicates": valid - counts["unique"],
+        "sessions_opened": counts["opened"],
+        "closed_sessions": counts["closed"],
+        "open_sessions": open_now,
+        "max_event_time": max_event_time,
+        "watermark_before": watermark,
+        "watermark_after": watermark_after,
+        "merge_rows_inserted": merged.rows_inserted,
+        "merge_rows_updated": merged.rows_updated,
+        "merge_rows_deleted": merged.rows_deleted,
+        "merge_rows_copied": merged.rows_copied,
+        "merge_files_added": merged.files_added,
+        "merge_files_removed": merged.files_removed,
+        "merge_duration_ms": merged.duration_ms,
+    }

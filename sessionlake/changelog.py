@@ -1,0 +1,119 @@
+"""The changelog of a micro-batch: what happened to each session, and the MERGE source.
+
+After sessionization every resulting session is one of: ``open`` (new), ``extend`` (an
+open session with new events, or whose start moved earlier), ``merge`` (two or more open
+sessions bridged into one) or ``unchanged``; any of them may also ``close`` once the
+watermark has advanced past ``end + gap``. Open sessions of users not in the batch can
+only close. This module turns that classification into
+
+* the ``session_changelog`` rows (one per change per session), and
+* the MERGE source for ``open_sessions``: an ``upsert`` per changed session that stays
+  open and a ``delete`` per open-session id that is closed or was absorbed.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from sessionlake.sessionize import as_open_sessions, user_bucket
+
+
+def change_kind() -> Column:
+    """``open``, ``extend``, ``merge`` or ``unchanged`` for an aggregated session."""
+    previous = F.col("previous_session_ids")
+    return (
+        F.when(F.size(previous) == 0, F.lit("open"))
+        .when(F.size(previous) > 1, F.lit("merge"))
+        .when((previous[0] != F.col("session_id")) | (F.col("added_events") > 0),
+              F.lit("extend"))
+        .otherwise(F.lit("unchanged"))
+    )
+
+
+def classify_sessions(
+    sessions: DataFrame, watermark_after: datetime | None, gap: timedelta
+) -> DataFrame:
+    """Add ``change`` and ``closes`` (``end + gap <= watermark``) to aggregated sessions."""
+    closes = (
+        F.lit(False)
+        if watermark_after is None
+        else F.col("session_end") + F.expr(f"INTERVAL {int(gap.total_seconds())} SECONDS")
+        <= F.lit(watermark_after)
+    )
+    return sessions.withColumn("change", change_kind()).withColumn("closes", closes)
+
+
+def expiring_open_sessions(
+    open_sessions: DataFrame, watermark_after: datetime | None, gap: timedelta
+) -> DataFrame:
+    """Open sessions (``open_sessions`` rows) that the new watermark closes."""
+    if watermark_after is None:
+        return open_sessions.limit(0)
+    return open_sessions.where(
+        F.col("session_end") <= F.lit(watermark_after - gap).cast("timestamp")
+    )
+
+
+def changelog_rows(
+    classified: DataFrame, expiring: DataFrame, batch_id: int, changed_at: datetime
+) -> DataFrame:
+    """The ``session_changelog`` rows of one batch.
+
+    :param classified: the batch users' sessions from :func:`classify_sessions`.
+    :param expiring: open sessions of other users that close in this batch.
+    """
+    def row(frame: DataFrame, change: Column, added: Column, previous: Column) -> DataFrame:
+        return frame.select(
+            F.lit(batch_id).cast("long").alias("batch_id"),
+            change.alias("change"),
+            "session_id", "user_id", "session_start", "session_end", "event_count",
+            added.cast("long").alias("added_events"),
+            previous.alias("previous_session_ids"),
+            F.lit(changed_at).cast("timestamp").alias("changed_at"),
+        )
+
+    no_ids = F.array().cast("array<string>")
+    changed = row(
+        classified.where(F.col("change") != "unchanged"),
+        F.col("change"), F.col("added_events"), F.col("previous_session_ids"),
+    )
+    closed_here = row(
+        classified.where("closes"), F.lit("close"), F.lit(0), no_ids,
+    )
+    closed_elsewhere = row(expiring, F.lit("close"), F.lit(0), no_ids)
+    return changed.unionByName(closed_here).unionByName(closed_elsewhere)
+
+
+def merge_source(
+    classified: DataFrame,
+    expiring: DataFrame,
+    buckets: int,
+    batch_id: int,
+    updated_at: datetime,
+) -> DataFrame:
+    """The rows the ``open_sessions`` MERGE applies: ``op`` is ``upsert`` or ``delete``.
+
+    A session that changed and stays open is upserted; every open-session id it replaced
+    (absorbed by a merge, or re-keyed because its start moved) is deleted; a session that
+    closes is deleted under every id it had.
+    """
+    upserts = as_open_sessions(
+        classified.where((F.col("change") != "unchanged") & ~F.col("closes")),
+        buckets, batch_id, updated_at,
+    ).withColumn("op", F.lit("upsert"))
+    replaced = classified.select(
+        "user_id",
+        F.explode(
+            F.when(F.col("closes"), F.col("previous_session_ids")).otherwise(
+                F.array_remove("previous_session_ids", F.col("session_id"))
+            )
+        ).alias("session_id"),
+    ).unionByName(expiring.select("user_id", "session_id"))
+    deletes = replaced.select(
+        "session_id", "user_id", user_bucket("user_id", buckets).alias("user_bucket"),
+        F.lit("delete").alias("op"),
+    )
+    return upserts.unionByName(deletes, allowMissingColumns=True)

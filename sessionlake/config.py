@@ -1,0 +1,208 @@
+"""One place for sessionlake's configuration.
+
+Every entry point (the command line, the Airflow DAGs, the jobs submitted to Spark, the
+tests) builds a :class:`Settings` through :func:`settings_from` and nothing else, so a gap,
+a grace period or a lake location is parsed and validated once, with one error message
+per mistake, before any data is touched.
+
+Precedence: explicit values (CLI flags, DAG params) over environment variables
+(``SESSIONLAKE_*``) over the defaults below.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any, Literal
+
+InputFormat = Literal["jsonl", "apache"]
+Trigger = Literal["available-now", "continuous"]
+
+INPUT_FORMATS: tuple[str, ...] = ("jsonl", "apache")
+TRIGGERS: tuple[str, ...] = ("available-now", "continuous")
+
+#: Environment variables read by :func:`settings_from` (the DAGs rely on the first three).
+ENV = {
+    "lake": "SESSIONLAKE_LAKE",
+    "source": "SESSIONLAKE_SOURCE",
+    "checkpoint": "SESSIONLAKE_CHECKPOINT",
+    "input_format": "SESSIONLAKE_FORMAT",
+    "gap": "SESSIONLAKE_GAP",
+    "grace": "SESSIONLAKE_GRACE",
+    "max_session_duration": "SESSIONLAKE_MAX_SESSION_DURATION",
+    "max_future_skew": "SESSIONLAKE_MAX_FUTURE_SKEW",
+    "master": "SESSIONLAKE_MASTER",
+    "shuffle_partitions": "SESSIONLAKE_SHUFFLE_PARTITIONS",
+    "max_files_per_trigger": "SESSIONLAKE_MAX_FILES_PER_TRIGGER",
+    "user_buckets": "SESSIONLAKE_USER_BUCKETS",
+}
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+class ConfigError(ValueError):
+    """A setting is wrong: the message names it, its value, and what would be accepted."""
+
+
+def parse_duration(value: str | int | float | timedelta, name: str) -> timedelta:
+    """Read a duration such as ``30m``, ``90s``, ``24h``, ``1d`` or a number of seconds.
+
+    :param value: the text, a number of seconds, or a timedelta.
+    :param name: the setting's name, used in the error message.
+    :return: the duration.
+    :raises ConfigError: when the value is not a non-negative duration.
+    """
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ConfigError(
+                f"{name} must be a duration like 30m, 90s, 24h or 1d, got {value!r}"
+            )
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2) or "s"]
+    if seconds < 0:
+        raise ConfigError(f"{name} must not be negative, got {value!r}")
+    return timedelta(seconds=seconds)
+
+
+def format_duration(value: timedelta) -> str:
+    """Write a duration the way :func:`parse_duration` reads it (``1800s`` -> ``30m``)."""
+    seconds = value.total_seconds()
+    for unit in ("d", "h", "m", "s"):
+        size = _UNIT_SECONDS[unit]
+        if seconds >= size and float(seconds / size).is_integer():
+            return f"{int(seconds / size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _positive_int(value: Any, name: str) -> int:
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number >= 1, got {value!r}") from None
+    if number < 1:
+        raise ConfigError(f"{name} must be a whole number >= 1, got {value!r}")
+    return number
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated settings of one sessionlake run or maintenance task.
+
+    Durations are :class:`~datetime.timedelta`; locations are paths or URIs
+    (``/data/lake``, ``file:///data/lake``, ``s3a://bucket/lake``).
+    """
+
+    lake: str
+    source: str | None = None
+    checkpoint_dir: str | None = None
+    input_format: InputFormat = "jsonl"
+    gap: timedelta = timedelta(minutes=30)
+    grace: timedelta = timedelta(minutes=5)
+    max_session_duration: timedelta = timedelta(hours=24)
+    max_future_skew: timedelta = timedelta(hours=1)
+    trigger: Trigger = "available-now"
+    processing_interval: timedelta = timedelta(seconds=10)
+    shuffle_partitions: int = 4
+    max_files_per_trigger: int | None = None
+    master: str = "local[*]"
+    user_buckets: int = 16
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def checkpoint(self) -> str:
+        """The streaming checkpoint: ``--checkpoint`` or ``<lake>/_checkpoints/stream``."""
+        return self.checkpoint_dir or f"{self.lake.rstrip('/')}/_checkpoints/stream"
+
+    def table_path(self, table: str) -> str:
+        """Where the Delta table named ``table`` lives inside the lake."""
+        return f"{self.lake.rstrip('/')}/{table}"
+
+    def with_overrides(self, **values: Any) -> Settings:
+        """A copy with some values replaced and validated again."""
+        return settings_from(values, base=self)
+
+
+def _pick(values: Mapping[str, Any], env: Mapping[str, str], key: str) -> Any:
+    value = values.get(key)
+    if value is None and key in ENV:
+        value = env.get(ENV[key]) or None
+    return value
+
+
+def settings_from(
+    values: Mapping[str, Any] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    base: Settings | None = None,
+) -> Settings:
+    """Build validated :class:`Settings` from explicit values, the environment and defaults.
+
+    :param values: explicit values by field name (``None`` means "not given").
+    :param env: the environment to read ``SESSIONLAKE_*`` from (default ``os.environ``).
+    :param base: settings to start from instead of the defaults.
+    :return: settings whose every field has been checked.
+    :raises ConfigError: naming the first wrong setting.
+    """
+    values = dict(values or {})
+    env = os.environ if env is None else env
+    current: dict[str, Any] = {}
+    for key in Settings.__dataclass_fields__:
+        picked = _pick(values, env, key if key != "checkpoint_dir" else "checkpoint")
+        if key == "checkpoint_dir" and picked is None:
+            picked = values.get("checkpoint_dir")
+        if picked is not None:
+            current[key] = picked
+
+    lake = current.get("lake", base.lake if base else None)
+    if not lake or not str(lake).strip():
+        raise ConfigError(
+            f"no lake location: pass --lake DIR or set {ENV['lake']}"
+        )
+    merged = replace(base, lake=str(lake)) if base else Settings(lake=str(lake))
+    updates: dict[str, Any] = {}
+    for key in ("source", "checkpoint_dir", "master"):
+        if key in current:
+            updates[key] = str(current[key])
+    if "input_format" in current:
+        if current["input_format"] not in INPUT_FORMATS:
+            raise ConfigError(
+                f"format must be one of {', '.join(INPUT_FORMATS)}, "
+                f"got {current['input_format']!r}"
+            )
+        updates["input_format"] = current["input_format"]
+    if "trigger" in current:
+        if current["trigger"] not in TRIGGERS:
+            raise ConfigError(
+                f"trigger must be one of {', '.join(TRIGGERS)}, got {current['trigger']!r}"
+            )
+        updates["trigger"] = current["trigger"]
+    for key in ("gap", "grace", "max_session_duration", "max_future_skew",
+                "processing_interval"):
+        if key in current:
+            updates[key] = parse_duration(current[key], key.replace("_", "-"))
+    for key in ("shuffle_partitions", "max_files_per_trigger", "user_buckets"):
+        if key in current:
+            updates[key] = _positive_int(current[key], key.replace("_", "-"))
+    if "spark_conf" in current:
+        updates["spark_conf"] = dict(current["spark_conf"])
+    settings = replace(merged, **updates)
+
+    if settings.gap <= timedelta(0):
+        raise ConfigError(f"gap must be longer than 0, got {format_duration(settings.gap)}")
+    if settings.max_session_duration < settings.gap:
+        raise ConfigError(
+            "max-session-duration must be at least the gap "
+            f"({format_duration(settings.max_session_duration)} < "
+            f"{format_duration(settings.gap)})"
+        )
+    if settings.processing_interval <= timedelta(0):
+        raise ConfigError("processing-interval must be longer than 0")
+    return settings

@@ -1,0 +1,39 @@
+"""Deterministic crash points for the fault-injection tests.
+
+``SESSIONLAKE_FAULT=<point>[@<batch id>]`` makes the process kill itself with SIGKILL the
+first time it reaches ``<point>`` (in batch ``<batch id>``, when given): no ``finally``
+block, no Spark shutdown hook runs, exactly like a machine that loses power. Unset, a
+point costs one dictionary look-up.
+
+Points, in the order a micro-batch reaches them: ``ingest``, ``before_merge``,
+``after_merge``, ``after_sessions``, ``after_metrics`` (after the last table write, before
+Spark commits the batch to the checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS: tuple[str, ...] = (
+    "ingest", "before_merge", "after_merge", "after_sessions", "after_metrics",
+)
+_current_batch: list[int | None] = [None]
+
+
+def set_batch(batch_id: int | None) -> None:
+    """Tell the fault points which batch is running."""
+    _current_batch[0] = batch_id
+
+
+def point(name: str) -> None:
+    """Crash here if ``SESSIONLAKE_FAULT`` names this point (and batch)."""
+    wanted = os.environ.get("SESSIONLAKE_FAULT")
+    if not wanted:
+        return
+    target, _, batch = wanted.partition("@")
+    if target != name:
+        return
+    if batch and str(_current_batch[0]) != batch:
+        return
+    os.kill(os.getpid(), signal.SIGKILL)

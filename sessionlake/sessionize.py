@@ -1,0 +1,281 @@
+"""Sessionization: where an event's session, and its lateness, are decided.
+
+The same functions serve the stream and the batch (backfills, tests): a micro-batch is a
+batch whose users' open sessions are added as *fragments* beside the new events. A
+fragment is anything with a start, an end and session aggregates: a single event, or an
+open session carried over from earlier batches. Sorting one user's fragments by start, a
+new run begins where a fragment starts ``gap`` or more after every earlier fragment ended
+(the same boundary as Spark's ``session_window``); a run longer than the maximum duration
+is cut into sessions every ``max_duration`` from the run's start. Because open sessions
+are fragments, an event that lands between two open sessions bridges them into one.
+
+Lateness (SPEC, judged against the watermark W before the batch):
+
+1. :func:`mark_events_joining_closed_sessions` — an event within ``gap`` of one of the
+   user's closed sessions would reopen a final session: late.
+2. :func:`mark_late_new_sessions` — a session made only of this batch's events that would
+   already be closed (``end + gap <= W``): its events are late.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+_MICROS = 1_000_000
+
+FRAGMENT_COLUMNS: tuple[str, ...] = (
+    "user_id", "start_us", "end_us", "run_start_us", "event_count", "page_views",
+    "entry", "exit", "pages", "state_session_id", "is_state",
+    "event_id", "event_time", "event_type", "page", "properties", "source_file",
+    "source_line",
+)
+
+
+def micros(value: timedelta) -> int:
+    """A duration in whole microseconds, the unit sessionization computes in."""
+    return int(round(value.total_seconds() * _MICROS))
+
+
+def micros_at(moment: datetime | None) -> int | None:
+    """An instant in microseconds since the epoch (``None`` stays ``None``)."""
+    return None if moment is None else int(round(moment.timestamp() * _MICROS))
+
+
+def session_id(user_id: Column | str, session_start: Column | str) -> Column:
+    """Deterministic session id: the first 32 hex digits of SHA-256 of user and start.
+
+    A replay or a backfill of the same events therefore produces the same ids.
+    """
+    start = F.date_format(session_start, "yyyy-MM-dd'T'HH:mm:ss.SSSSSS")
+    return F.substring(F.sha2(F.concat_ws("|", user_id, start), 256), 1, 32)
+
+
+def user_bucket(user_id: Column | str, buckets: int) -> Column:
+    """The hash bucket of a user: open sessions are partitioned by it."""
+    return F.pmod(F.xxhash64(user_id), F.lit(buckets)).cast("int")
+
+
+def _moment(at: Column | str, event_id: Column | str, page: Column | str) -> Column:
+    # Ordered by time, then id: the entry and exit pages stay the same however the
+    # events were split into batches, even when two events share a timestamp.
+    return F.struct(F.col(at).alias("t") if isinstance(at, str) else at.alias("t"),
+                    F.col(event_id).alias("event_id") if isinstance(event_id, str)
+                    else event_id.alias("event_id"),
+                    F.col(page).alias("page") if isinstance(page, str) else page.alias("page"))
+
+
+def events_as_fragments(events: DataFrame) -> DataFrame:
+    """Each event as a one-point fragment (start = end = its time)."""
+    t = F.unix_micros("event_time")
+    return events.select(
+        "user_id",
+        t.alias("start_us"), t.alias("end_us"), t.alias("run_start_us"),
+        F.lit(1).cast("long").alias("event_count"),
+        F.col("page").isNotNull().cast("long").alias("page_views"),
+        _moment("event_time", "event_id", "page").alias("entry"),
+        _moment("event_time", "event_id", "page").alias("exit"),
+        F.when(F.col("page").isNotNull(), F.array("page"))
+        .otherwise(F.array().cast("array<string>")).alias("pages"),
+        F.lit(None).cast("string").alias("state_session_id"),
+        F.lit(False).alias("is_state"),
+        "event_id", "event_time", "event_type", "page", "properties",
+        "source_file", "source_line",
+    )
+
+
+def open_sessions_as_fragments(open_sessions: DataFrame) -> DataFrame:
+    """Each open session (``open_sessions`` rows) as one fragment with its aggregates."""
+    return open_sessions.select(
+        "user_id",
+        F.unix_micros("session_start").alias("start_us"),
+        F.unix_micros("session_end").alias("end_us"),
+        F.unix_micros("run_start").alias("run_start_us"),
+        "event_count", "page_views",
+        _moment("session_start", "entry_event_id", "entry_page").alias("entry"),
+        _moment("session_end", "exit_event_id", "exit_page").alias("exit"),
+        F.coalesce("pages", F.array().cast("array<string>")).alias("pages"),
+        F.col("session_id").alias("state_session_id"),
+        F.lit(True).alias("is_state"),
+        *[F.lit(None).cast(t).alias(c) for c, t in (
+            ("event_id", "string"), ("event_time", "timestamp"), ("event_type", "string"),
+            ("page", "string"), ("properties", "map<string,string>"),
+            ("source_file", "string"), ("source_line", "long"),
+        )],
+    )
+
+
+def assign_sessions(fragments: DataFrame, gap: timedelta, max_duration: timedelta) -> DataFrame:
+    """Give every fragment its session key (``user_id``, ``run_no``, ``chunk``).
+
+    Also adds, per session, ``session_end_us`` and ``session_has_state`` (whether an open
+    session from earlier batches is part of it), which the lateness rule needs.
+    """
+    gap_us, max_us = micros(gap), micros(max_duration)
+    by_start = Window.partitionBy("user_id").orderBy(
+        "start_us", "end_us", F.coalesce("state_session_id", "event_id")
+    )
+    ended_before = F.max("end_us").over(
+        by_start.rowsBetween(Window.unboundedPreceding, -1)
+    )
+    starts_run = (ended_before.isNull() | (F.col("start_us") - ended_before >= gap_us))
+    run_no = F.sum(F.col("starts_run").cast("int")).over(
+        by_start.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    run = Window.partitionBy("user_id", "run_no")
+    session = Window.partitionBy("user_id", "run_no", "chunk")
+    return (
+        fragments.withColumn("starts_run", starts_run)
+        .withColumn("run_no", run_no)
+        .withColumn("run_start_us", F.min("run_start_us").over(run))
+        .withColumn(
+            "chunk",
+            F.floor((F.col("start_us") - F.col("run_start_us")) / F.lit(max_us)).cast("long"),
+        )
+        .withColumn("session_end_us", F.max("end_us").over(session))
+        .withColumn("session_has_state", F.max("is_state").over(session))
+        .drop("starts_run")
+    )
+
+
+def mark_events_joining_closed_sessions(
+    events: DataFrame, closed_sessions: DataFrame, watermark: datetime | None, gap: timedelta
+) -> DataFrame:
+    """Add ``late_reason`` to events that fall within ``gap`` of a closed session.
+
+    Only events before the watermark can qualify (a closed session ended at least ``gap``
+    before it), so only those are compared with ``closed_sessions`` (``sessions`` rows).
+    """
+    if watermark is None:
+        return events.withColumn("late_reason", F.lit(None).cast("string"))
+    gap_us = micros(gap)
+    t = F.unix_micros(F.col("e.event_time"))
+    candidates = events.where(F.col("event_time") < F.lit(watermark)).alias("e")
+    closed = closed_sessions.select(
+        "user_id", "session_id",
+        F.unix_micros("session_start").alias("start_us"),
+        F.unix_micros("session_end").alias("end_us"),
+    ).alias("s")
+    hits = (
+        candidates.join(
+            closed,
+            (F.col("e.user_id") == F.col("s.user_id"))
+            & (F.col("s.start_us") - gap_us < t)
+            & (t < F.col("s.end_us") + gap_us),
+        )
+        .groupBy(F.col("e.user_id").alias("user_id"), F.col("e.event_id").alias("event_id"))
+        .agg(F.min("s.session_id").alias("closed_session_id"))
+    )
+    return events.join(hits, ["user_id", "event_id"], "left").select(
+        *[c for c in events.columns],
+        F.when(
+            F.col("closed_session_id").isNotNull(),
+            F.concat(F.lit("within the gap of closed session "), F.col("closed_session_id")),
+        ).alias("late_reason"),
+    )
+
+
+def mark_late_new_sessions(
+    assigned: DataFrame, watermark: datetime | None, gap: timedelta
+) -> DataFrame:
+    """Add ``late_reason`` to the events of sessions that would already be closed.
+
+    A session made only of this batch's events whose ``end + gap <= W`` has missed its
+    window: accepting it would add a session behind the watermark, after downstream
+    consumers were told that period was final.
+    """
+    if watermark is None:
+        return assigned.withColumn("late_reason", F.lit(None).cast("string"))
+    w_us = micros_at(watermark)
+    too_late = (~F.col("session_has_state")) & (
+        F.col("session_end_us") + F.lit(micros(gap)) <= F.lit(w_us)
+    )
+    return assigned.withColumn(
+        "late_reason",
+        F.when(
+            too_late,
+            F.lit(f"its session would already be closed (end + gap <= watermark "
+                  f"{watermark.isoformat()})"),
+        ),
+    )
+
+
+def aggregate_sessions(assigned: DataFrame) -> DataFrame:
+    """One row per session from its fragments, with the analytics columns.
+
+    Columns: ``session_id``, ``user_id``, ``session_start``, ``session_end``,
+    ``run_start``, ``event_count``, ``page_views``, ``entry_page``, ``entry_event_id``,
+    ``exit_page``, ``exit_event_id``, ``pages``, ``previous_session_ids`` (the open
+    sessions it absorbed, sorted), ``added_events`` (events of this batch).
+    """
+    grouped = assigned.groupBy("user_id", "run_no", "chunk").agg(
+        F.min("start_us").alias("start_us"),
+        F.max("end_us").alias("end_us"),
+        F.min("run_start_us").alias("run_start_us"),
+        F.sum("event_count").alias("event_count"),
+        F.sum("page_views").alias("page_views"),
+        F.min("entry").alias("entry"),
+        F.max("exit").alias("exit"),
+        F.array_sort(F.array_distinct(F.flatten(F.collect_list("pages")))).alias("pages"),
+        F.array_sort(F.collect_list("state_session_id")).alias("previous_session_ids"),
+        F.sum(F.when(~F.col("is_state"), F.col("event_count")).otherwise(0))
+        .alias("added_events"),
+    )
+    start = F.timestamp_micros("start_us")
+    return grouped.select(
+        session_id("user_id", start).alias("session_id"),
+        "user_id",
+        start.alias("session_start"),
+        F.timestamp_micros("end_us").alias("session_end"),
+        F.timestamp_micros("run_start_us").alias("run_start"),
+        "event_count", "page_views",
+        F.col("entry.page").alias("entry_page"),
+        F.col("entry.event_id").alias("entry_event_id"),
+        F.col("exit.page").alias("exit_page"),
+        F.col("exit.event_id").alias("exit_event_id"),
+        "pages", "previous_session_ids", "added_events",
+    )
+
+
+def sessionize_events(events: DataFrame, gap: timedelta, max_duration: timedelta) -> DataFrame:
+    """Batch sessionization of ``events`` alone (backfills, and the reference in tests).
+
+    :return: the rows of :func:`aggregate_sessions`.
+    """
+    return aggregate_sessions(
+        assign_sessions(events_as_fragments(events), gap, max_duration)
+    )
+
+
+def as_closed_sessions(
+    sessions: DataFrame, gap: timedelta, batch_id: int, closed_at: datetime
+) -> DataFrame:
+    """Aggregated sessions in the shape of the ``sessions`` table."""
+    return sessions.select(
+        "session_id", "user_id", "session_start", "session_end",
+        (F.unix_micros("session_end") - F.unix_micros("session_start")).cast("double")
+        .__truediv__(_MICROS).alias("duration_s"),
+        "event_count", "page_views",
+        F.size("pages").cast("int").alias("distinct_pages"),
+        "entry_page", "exit_page",
+        (F.col("event_count") == 1).alias("is_bounce"),
+        F.lit(int(gap.total_seconds())).cast("long").alias("gap_s"),
+        F.lit(batch_id).cast("long").alias("closed_batch_id"),
+        F.lit(closed_at).cast("timestamp").alias("closed_at"),
+        F.to_date("session_start").alias("session_date"),
+    )
+
+
+def as_open_sessions(
+    sessions: DataFrame, buckets: int, batch_id: int, updated_at: datetime
+) -> DataFrame:
+    """Aggregated sessions in the shape of the ``open_sessions`` table."""
+    return sessions.select(
+        "session_id", "user_id", user_bucket("user_id", buckets).alias("user_bucket"),
+        "session_start", "session_end", "run_start", "event_count", "page_views",
+        "entry_page", "entry_event_id", "exit_page", "exit_event_id", "pages",
+        F.lit(batch_id).cast("long").alias("updated_batch_id"),
+        F.lit(updated_at).cast("timestamp").alias("updated_at"),
+    )

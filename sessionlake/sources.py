@@ -1,0 +1,226 @@
+"""Source adapters: raw lines in, candidate events out.
+
+Every input format is an adapter with one method, :meth:`SourceAdapter.parse`, that turns
+a DataFrame of lines (``source_file``, ``source_line``, ``line``) into the candidate-event
+shape below, with a ``reason`` column that is null for a record that parsed and says what
+is wrong otherwise. Validation rules shared by all formats (future skew, record size)
+and the split into accepted and quarantined records live in :mod:`sessionlake.validation`.
+
+Candidate-event columns: ``event_id`` (null when the record has none), ``user_id``,
+``event_time``, ``event_type``, ``page``, ``properties``, ``source_file``, ``source_line``,
+``raw``, ``reason``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import MapType, StringType
+
+#: Top-level fields of the jsonl event model; any other field is kept in ``properties``.
+JSONL_FIELDS: tuple[str, ...] = (
+    "user_id", "event_time", "event_id", "event_type", "page", "properties",
+)
+#: An ISO-8601 date and time, with optional fraction and offset (no offset means UTC).
+ISO_TIMESTAMP = (
+    r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?"
+    r"(Z|z|[+-]\d{2}(:?\d{2})?)?$"
+)
+#: Apache/NGINX combined log format: client, identity, user, [time], "request", status,
+#: bytes, then optional "referer" "agent".
+COMBINED_LOG = (
+    r'^(\S+) (\S+) (\S+) \[([^\]]+)\] "([^"]*)" (\d{3}) (\S+)'
+    r'(?: "((?:[^"\\]|\\.)*)" "((?:[^"\\]|\\.)*)")?.*$'
+)
+APACHE_TIME_FORMAT = "dd/MMM/yyyy:HH:mm:ss Z"
+
+CANDIDATE_COLUMNS: tuple[str, ...] = (
+    "event_id", "user_id", "event_time", "event_type", "page", "properties",
+    "source_file", "source_line", "raw", "reason",
+)
+
+
+class SourceAdapter(Protocol):
+    """An input format: how lines become candidate events."""
+
+    name: str
+
+    def parse(self, lines: DataFrame) -> DataFrame:
+        """Candidate events (see module docstring) for ``lines``, one row per line."""
+        ...
+
+
+def _first_reason(*checks: tuple[Column, Column | str]) -> Column:
+    """The message of the first failing check, or null when every check passes."""
+    expr: Column | None = None
+    for failed, message in checks:
+        msg = message if isinstance(message, Column) else F.lit(message)
+        expr = F.when(failed, msg) if expr is None else expr.when(failed, msg)
+    assert expr is not None
+    return expr.otherwise(F.lit(None).cast("string"))
+
+
+class JsonLinesAdapter:
+    """One JSON object per line, in SPEC's event model, checked field by field.
+
+    Types are checked strictly (a numeric ``user_id`` is quarantined, not coerced), because
+    a silently coerced id splits one user's history in two.
+    """
+
+    name = "jsonl"
+
+    def parse(self, lines: DataFrame) -> DataFrame:
+        """Candidate events for JSON lines; see :class:`SourceAdapter`."""
+        v = F.try_parse_json("line")
+        field_type = {f: F.schema_of_variant(F.variant_get(v, f"$.{f}", "variant"))
+                      for f in JSONL_FIELDS}
+        present = {f: F.variant_get(v, f"$.{f}", "variant").isNotNull()
+                   & (field_type[f] != F.lit("VOID")) for f in JSONL_FIELDS}
+        text = {f: F.try_variant_get(v, f"$.{f}", "string") for f in JSONL_FIELDS}
+        frame = lines.select(
+            "source_file", "source_line", F.col("line").alias("raw"),
+            v.alias("v"),
+            *[present[f].alias(f"has_{f}") for f in JSONL_FIELDS],
+            *[field_type[f].alias(f"type_{f}") for f in JSONL_FIELDS],
+            *[text[f].alias(f"text_{f}") for f in ("user_id", "event_time", "event_id",
+                                                    "event_type", "page")],
+            F.try_variant_get(v, "$.properties", "map<string,string>").alias("props"),
+            F.from_json(
+                "line", MapType(StringType(), StringType()), {"mode": "PERMISSIVE"}
+            ).alias("all_fields"),
+        )
+
+        def string_field(f: str) -> tuple[Column, str]:
+            return (F.col(f"has_{f}") & (F.col(f"type_{f}") != "STRING"),
+                    f"{f} must be a string")
+
+        reason = _first_reason(
+            (F.col("v").isNull(), "invalid JSON"),
+            (~F.schema_of_variant("v").startswith("OBJECT"), "not a JSON object"),
+            (~F.col("has_user_id"), "missing user_id"),
+            string_field("user_id"),
+            (F.trim("text_user_id") == "", "user_id must not be empty"),
+            (~F.col("has_event_time"), "missing event_time"),
+            (F.col("type_event_time") != "STRING",
+             "event_time must be an ISO-8601 string"),
+            (~F.col("text_event_time").rlike(ISO_TIMESTAMP)
+             | F.try_to_timestamp(F.col("text_event_time")).isNull(),
+             F.concat(F.lit("event_time is not an ISO-8601 timestamp: "),
+                      F.substring("text_event_time", 1, 100))),
+            string_field("event_id"),
+            (F.col("has_event_id") & (F.trim("text_event_id") == ""),
+             "event_id must not be empty"),
+            string_field("event_type"),
+            string_field("page"),
+            (F.col("has_properties") & ~F.col("type_properties").startswith("OBJECT"),
+             "properties must be an object"),
+        )
+        extras = F.map_filter(
+            "all_fields", lambda k, _: ~k.isin(*JSONL_FIELDS)
+        )
+        properties = F.when(
+            F.size(extras) > 0, F.map_concat(extras, F.coalesce("props", F.create_map()))
+        ).otherwise(F.col("props"))
+        return frame.select(
+            F.col("text_event_id").alias("event_id"),
+            F.col("text_user_id").alias("user_id"),
+            F.try_to_timestamp(F.col("text_event_time")).alias("event_time"),
+            F.coalesce("text_event_type", F.lit("event")).alias("event_type"),
+            F.col("text_page").alias("page"),
+            properties.cast("map<string,string>").alias("properties"),
+            "source_file", "source_line", "raw",
+            reason.alias("reason"),
+        )
+
+
+class ApacheAccessLogAdapter:
+    """Apache/NGINX combined access logs: the user is the client address, the event time
+    the log time, ``page`` the request path and ``event_type`` the HTTP method; status,
+    size, query, referer and agent are kept in ``properties``."""
+
+    name = "apache"
+
+    def parse(self, lines: DataFrame) -> DataFrame:
+        """Candidate events for access-log lines; see :class:`SourceAdapter`."""
+        def group(i: int) -> Column:
+            return F.regexp_extract("line", COMBINED_LOG, i)
+
+        matched = F.col("line").rlike(COMBINED_LOG)
+        frame = lines.select(
+            "source_file", "source_line", F.col("line").alias("raw"),
+            matched.alias("matched"),
+            group(1).alias("client"), group(4).alias("time_text"),
+            group(5).alias("request"), group(6).alias("status"), group(7).alias("bytes"),
+            group(8).alias("referer"), group(9).alias("agent"),
+        )
+        request = F.split("request", " ")
+        target = F.element_at(request, 2)
+        event_time = F.try_to_timestamp(F.col("time_text"), F.lit(APACHE_TIME_FORMAT))
+        reason = _first_reason(
+            (~F.col("matched"), "not a combined access log line"),
+            (event_time.isNull(),
+             F.concat(F.lit("unreadable log time: "), F.col("time_text"))),
+            (F.size(request) < 2, "request line has no method and path"),
+        )
+        properties = F.map_filter(
+            F.create_map(
+                F.lit("status"), F.col("status"),
+                F.lit("bytes"), F.col("bytes"),
+                F.lit("query"), F.regexp_extract(target, r"\?(.*)$", 1),
+                F.lit("referer"), F.col("referer"),
+                F.lit("user_agent"), F.col("agent"),
+            ),
+            lambda _, value: (value != "") & (value != "-"),
+        )
+        return frame.select(
+            F.lit(None).cast("string").alias("event_id"),
+            F.col("client").alias("user_id"),
+            event_time.alias("event_time"),
+            F.element_at(request, 1).alias("event_type"),
+            F.regexp_replace(target, r"\?.*$", "").alias("page"),
+            properties.alias("properties"),
+            "source_file", "source_line", "raw",
+            reason.alias("reason"),
+        )
+
+
+ADAPTERS: dict[str, SourceAdapter] = {
+    adapter.name: adapter for adapter in (JsonLinesAdapter(), ApacheAccessLogAdapter())
+}
+
+
+def adapter_for(input_format: str) -> SourceAdapter:
+    """The adapter of ``input_format`` (``jsonl`` or ``apache``)."""
+    try:
+        return ADAPTERS[input_format]
+    except KeyError:
+        raise ValueError(
+            f"unknown input format {input_format!r}: use one of {', '.join(ADAPTERS)}"
+        ) from None
+
+
+def split_lines(files: DataFrame, source_root_path: str) -> DataFrame:
+    """One row per non-blank line of each file read whole.
+
+    :param files: ``content`` (a whole file's text) and ``file_path`` (its URI).
+    :param source_root_path: the path part of the source folder; file names are kept
+        relative to it, so the derived event ids survive a move of the landing folder.
+    :return: ``source_file``, ``source_line`` (from 1) and ``line`` (without its line
+        ending).
+    """
+    root = source_root_path.rstrip("/") + "/"
+    relative = F.when(
+        F.instr("file_path", root) > 0,
+        F.substring_index("file_path", root, -1),
+    ).otherwise(F.col("file_path"))
+    exploded = files.select(
+        relative.alias("source_file"),
+        F.posexplode(F.split("content", "\n")).alias("pos", "line"),
+    )
+    return exploded.select(
+        "source_file",
+        (F.col("pos") + 1).cast("long").alias("source_line"),
+        F.regexp_replace("line", "\r$", "").alias("line"),
+    ).where(F.trim("line") != "")

@@ -1,0 +1,96 @@
+"""How sessionlake reaches Spark: one function that builds a Delta-enabled session.
+
+The Delta Lake JVM artifacts are resolved once from Maven Central into the project's
+``jars/`` folder (``make jars``) and put on ``spark.jars``, so that every later start is
+offline and takes seconds instead of an Ivy resolution.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+#: Settings that suit sessionlake's small, frequent batches on Delta.
+DEFAULT_CONF: dict[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",
+    # The Delta log of a small table is replayed with this many tasks: the default of 50
+    # makes every commit of a small batch pay for 50 tiny tasks.
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.sql.adaptive.coalescePartitions.enabled": "true",
+}
+
+
+class JarsMissingError(RuntimeError):
+    """The Delta jars are not where sessionlake looks for them."""
+
+
+def delta_jars(jars_dir: str | os.PathLike[str] | None = None) -> list[str]:
+    """The Delta Lake jars to put on ``spark.jars``.
+
+    :param jars_dir: the folder holding them; default ``$SESSIONLAKE_JARS`` or ``jars/``
+        in the project.
+    :return: absolute paths, sorted.
+    :raises JarsMissingError: with the command that fetches them, when there are none.
+    """
+    folder = Path(jars_dir or os.environ.get("SESSIONLAKE_JARS") or PROJECT_ROOT / "jars")
+    jars = sorted(str(p.resolve()) for p in folder.glob("*.jar"))
+    if not any(Path(j).name.startswith("delta-spark_") for j in jars):
+        raise JarsMissingError(
+            f"no Delta Lake jars in {folder}: run `make jars` (resolves them from Maven "
+            "Central once) or set SESSIONLAKE_JARS to a folder that holds them"
+        )
+    return jars
+
+
+def build_spark(
+    master: str = "local[*]",
+    *,
+    app_name: str = "sessionlake",
+    shuffle_partitions: int = 4,
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Start (or reuse) a Spark session with Delta Lake enabled.
+
+    Example::
+
+        spark = build_spark("local[2]", shuffle_partitions=2, conf={"spark.ui.enabled": "false"})
+
+    :param master: ``local[*]``, ``local[N]`` or ``spark://host:port``.
+    :param app_name: the name shown in the Spark UI and the master's page.
+    :param shuffle_partitions: ``spark.sql.shuffle.partitions``; safe to change between
+        runs because no Spark stateful operator keeps state in the checkpoint.
+    :param conf: further Spark settings, applied last.
+    :return: the session.
+    """
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or _python())
+    builder = SparkSession.builder.master(master).appName(app_name)
+    settings = {
+        **DEFAULT_CONF,
+        "spark.jars": ",".join(delta_jars()),
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.driver.memory": os.environ.get("SESSIONLAKE_DRIVER_MEMORY", "4g"),
+        **(conf or {}),
+    }
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    spark.sparkContext.setLogLevel(os.environ.get("SESSIONLAKE_SPARK_LOG_LEVEL", "ERROR"))
+    return spark
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable

@@ -1,0 +1,79 @@
+"""The session state in ``open_sessions``: one changelog MERGE per micro-batch.
+
+The MERGE's condition names the user buckets of its source rows as literals, so Delta
+prunes every other partition before it looks for matches: the MERGE reads the state of the
+batch's users (and of the sessions it closes), not the whole state, and its cost follows the
+batch. Deleted rows are recorded as deletion vectors instead of rewritten files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sessionlake.tables import OPEN_SESSIONS, delta_txn, last_operation_metrics, table_path
+
+OPEN_SESSION_COLUMNS: tuple[str, ...] = (
+    "session_id", "user_id", "user_bucket", "session_start", "session_end", "run_start",
+    "event_count", "page_views", "entry_page", "entry_event_id", "exit_page",
+    "exit_event_id", "pages", "updated_batch_id", "updated_at",
+)
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """What the MERGE did to ``open_sessions``, from Delta's operation metrics."""
+
+    rows_inserted: int = 0
+    rows_updated: int = 0
+    rows_deleted: int = 0
+    rows_copied: int = 0
+    files_added: int = 0
+    files_removed: int = 0
+    duration_ms: int = 0
+
+
+def apply_changelog_merge(
+    spark: SparkSession,
+    lake: str,
+    source: DataFrame,
+    buckets: list[int],
+    txn: tuple[str, int] | None,
+) -> MergeResult:
+    """Apply ``source`` (from :func:`sessionlake.changelog.merge_source`) in one MERGE.
+
+    :param buckets: the user buckets present in ``source``; only those partitions are read.
+    :param txn: the batch's idempotency key; a MERGE already committed under it is skipped.
+    :return: the MERGE's metrics (zeros when there was nothing to apply).
+    """
+    if not buckets:
+        return MergeResult()
+    target = DeltaTable.forPath(spark, table_path(lake, OPEN_SESSIONS))
+    condition = (
+        F.col("t.user_bucket").isin(sorted(buckets))
+        & (F.col("t.user_bucket") == F.col("s.user_bucket"))
+        & (F.col("t.session_id") == F.col("s.session_id"))
+    )
+    values = {column: F.col(f"s.{column}") for column in OPEN_SESSION_COLUMNS}
+    with delta_txn(spark, txn):
+        (
+            target.alias("t")
+            .merge(source.alias("s"), condition)
+            .whenMatchedDelete(condition=F.col("s.op") == "delete")
+            .whenMatchedUpdate(condition=F.col("s.op") == "upsert", set=values)
+            .whenNotMatchedInsert(condition=F.col("s.op") == "upsert", values=values)
+            .execute()
+        )
+    metrics = last_operation_metrics(spark, lake, OPEN_SESSIONS)
+    return MergeResult(
+        rows_inserted=metrics.get("numTargetRowsInserted", 0),
+        rows_updated=metrics.get("numTargetRowsUpdated", 0),
+        rows_deleted=metrics.get("numTargetRowsDeleted", 0),
+        rows_copied=metrics.get("numTargetRowsCopied", 0),
+        files_added=metrics.get("numTargetFilesAdded", 0),
+        files_removed=metrics.get("numTargetFilesRemoved", 0),
+        duration_ms=metrics.get("executionTimeMs", 0),
+    )

@@ -1,0 +1,95 @@
+"""Small file operations on lake and checkpoint locations, through Hadoop's FileSystem.
+
+Going through the JVM's FileSystem (rather than Python's ``os``) keeps every location a
+URI: the same code works for ``/data/lake``, ``file:///data/lake`` and ``s3a://bucket/lake``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+
+def _fs_and_path(spark: SparkSession, uri: str) -> tuple[Any, Any]:
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
+
+
+def qualified(spark: SparkSession, uri: str) -> str:
+    """The fully qualified form of ``uri`` (``/x`` -> ``file:/x``)."""
+    fs, path = _fs_and_path(spark, uri)
+    return str(fs.makeQualified(path).toString())
+
+
+def path_part(spark: SparkSession, uri: str) -> str:
+    """The path of ``uri`` without scheme and authority (``s3a://b/x`` -> ``/x``)."""
+    fs, path = _fs_and_path(spark, uri)
+    return str(fs.makeQualified(path).toUri().getPath())
+
+
+def exists(spark: SparkSession, uri: str) -> bool:
+    """Whether a file or folder exists at ``uri``."""
+    fs, path = _fs_and_path(spark, uri)
+    return bool(fs.exists(path))
+
+
+def read_text(spark: SparkSession, uri: str) -> str | None:
+    """The text of the file at ``uri``, or ``None`` when there is none."""
+    fs, path = _fs_and_path(spark, uri)
+    if not fs.exists(path):
+        return None
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    stream = fs.open(path)
+    try:
+        data = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+    finally:
+        stream.close()
+    return str(data)
+
+
+def write_text(spark: SparkSession, uri: str, text: str) -> None:
+    """Write ``text`` to ``uri`` whole: a temporary file renamed into place."""
+    fs, path = _fs_and_path(spark, uri)
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    tmp = jvm.org.apache.hadoop.fs.Path(path.getParent(), f".{path.getName()}.tmp")
+    stream = fs.create(tmp, True)
+    try:
+        stream.write(bytearray(text.encode("utf-8")))
+    finally:
+        stream.close()
+    if fs.exists(path):
+        fs.delete(path, False)
+    fs.rename(tmp, path)
+
+
+def delete(spark: SparkSession, uri: str) -> None:
+    """Delete the file or folder at ``uri`` (recursively), if present."""
+    fs, path = _fs_and_path(spark, uri)
+    if fs.exists(path):
+        fs.delete(path, True)
+
+
+def copy_tree(spark: SparkSession, source: str, target: str) -> None:
+    """Copy the folder ``source`` to ``target``, replacing whatever was there."""
+    src_fs, src = _fs_and_path(spark, source)
+    dst_fs, dst = _fs_and_path(spark, target)
+    if dst_fs.exists(dst):
+        dst_fs.delete(dst, True)
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    jvm.org.apache.hadoop.fs.FileUtil.copy(
+        src_fs, src, dst_fs, dst, False, spark.sparkContext._jsc.hadoopConfiguration()
+    )
+
+
+def list_names(spark: SparkSession, uri: str) -> list[str]:
+    """Names of the entries of the folder ``uri`` (empty when it does not exist)."""
+    fs, path = _fs_and_path(spark, uri)
+    if not fs.exists(path):
+        return []
+    return sorted(str(status.getPath().getName()) for status in fs.listStatus(path))

@@ -1,0 +1,189 @@
+"""The streaming job: files in the landing folder to micro-batches.
+
+Spark's file source tracks which files were processed (offsets in the checkpoint); each
+micro-batch is handed whole to :func:`sessionlake.batch.process_files` through
+``foreachBatch``. No Spark stateful operator is used, so the checkpoint holds only file
+offsets: ``--shuffle-partitions`` and ``--master`` may change between runs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+from urllib.parse import urlparse
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sessionlake import faults, storage
+from sessionlake.batch import BatchReport, Clock, process_files, stream_identity, utc_now
+from sessionlake.config import ConfigError, Settings
+from sessionlake.tables import ensure_tables
+
+log = logging.getLogger("sessionlake.stream")
+
+PID_FILE = "sessionlake.pid"
+LOCK_FILE = "sessionlake.lock"
+
+
+class StreamAlreadyRunning(RuntimeError):
+    """Another process runs a stream on the same checkpoint."""
+
+
+@dataclass
+class RunSummary:
+    """What one ``sessionlake run`` did."""
+
+    batches: list[BatchReport] = field(default_factory=list)
+
+    @property
+    def processed(self) -> list[dict[str, Any]]:
+        """Metrics rows of the batches this run processed (replays already done excluded)."""
+        return [b.row for b in self.batches if not b.skipped]
+
+
+def local_path(uri: str) -> Path | None:
+    """The local path of ``uri`` when it is on this machine's file system, else ``None``."""
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        return Path(parsed.path if parsed.scheme else uri)
+    return None
+
+
+def check_source(settings: Settings) -> str:
+    """The source folder, checked before anything is read or written."""
+    if not settings.source:
+        raise ConfigError("no source folder: pass --source DIR or set SESSIONLAKE_SOURCE")
+    path = local_path(settings.source)
+    if path is not None and not path.is_dir():
+        raise ConfigError(
+            f"source folder {settings.source} does not exist or is not a folder: "
+            "create it, or point --source at the landing folder"
+        )
+    return settings.source
+
+
+@contextmanager
+def checkpoint_lock(checkpoint: str) -> Iterator[None]:
+    """Hold the checkpoint's lock for one stream at a time, with our pid beside it.
+
+    Two streams on one checkpoint would each commit the same batch ids; the second is
+    refused with a message instead. (Local checkpoints only: on object stores the
+    orchestrator, which runs one micro-batch DAG run at a time, is the guard.)
+    """
+    folder = local_path(checkpoint)
+    if folder is None:
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK_FILE, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = (folder / PID_FILE).read_text().strip() if (folder / PID_FILE).exists() else "?"
+            raise StreamAlreadyRunning(
+                f"another sessionlake run (pid {pid}) is using checkpoint {checkpoint}: "
+                "wait for it to finish, or stop it first"
+            ) from None
+        (folder / PID_FILE).write_text(str(os.getpid()))
+        try:
+            yield
+        finally:
+            (folder / PID_FILE).unlink(missing_ok=True)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def landing_files(spark: SparkSession, settings: Settings) -> DataFrame:
+    """The streaming DataFrame of whole files (``content``, ``file_path``) in the source."""
+    reader = spark.readStream.format("text").option("wholetext", "true")
+    if settings.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
+    return reader.load(settings.source).select(
+        F.col("value").alias("content"), F.col("_metadata.file_path").alias("file_path")
+    )
+
+
+def run_stream(
+    spark: SparkSession,
+    settings: Settings,
+    *,
+    clock: Clock = utc_now,
+    on_batch: Callable[[BatchReport], None] | None = None,
+) -> RunSummary:
+    """Run the stream until the source is drained (available-now) or it is stopped.
+
+    A continuous run stops gracefully on SIGTERM or SIGINT: the batch in flight finishes
+    and is committed, then the query stops.
+
+    :param clock: the batch clock (tests pass a fixed one).
+    :param on_batch: called with every batch's report, after its commit.
+    """
+    source = check_source(settings)
+    summary = RunSummary()
+    with checkpoint_lock(settings.checkpoint):
+        ensure_tables(spark, settings.lake)
+        identity = stream_identity(spark, settings.checkpoint)
+        root = storage.path_part(spark, source)
+        in_batch = threading.Event()
+
+        def handle(frame: DataFrame, batch_id: int) -> None:
+            in_batch.set()
+            try:
+                faults.set_batch(batch_id)
+                report = process_files(spark, frame, batch_id, settings, identity, root, clock)
+                summary.batches.append(report)
+                log.info("batch %s: %s", batch_id, report.row)
+                if on_batch is not None:
+                    on_batch(report)
+            finally:
+                in_batch.clear()
+
+        writer = (
+            landing_files(spark, settings).writeStream.foreachBatch(handle)
+            .option("checkpointLocation", f"{settings.checkpoint.rstrip('/')}/spark")
+            .queryName(f"sessionlake-{identity.stream_id}")
+        )
+        if settings.trigger == "available-now":
+            writer = writer.trigger(availableNow=True)
+        else:
+            seconds = int(settings.processing_interval.total_seconds())
+            writer = writer.trigger(processingTime=f"{seconds} seconds")
+        query = writer.start()
+        stop = threading.Event()
+        with _stop_on_signals(stop):
+            while query.isActive:
+                if stop.is_set() and not in_batch.is_set():
+                    query.stop()
+                    break
+                query.awaitTermination(0.5)
+        if query.exception() is not None:
+            raise query.exception()  # type: ignore[misc]
+    return summary
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into a graceful-stop request while the query runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        log.warning("signal %s received: stopping after the batch in flight", signum)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

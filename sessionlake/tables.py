@@ -1,0 +1,126 @@
+"""The lake's Delta tables: their names, their DDL (kept in ``sql/tables/``), and the
+small set of read and write primitives every stage uses.
+
+The SQL files are the single source of each table's schema: :func:`ensure_tables` applies
+them, so what a SQL user reads in ``sql/tables/sessions.sql`` is what the engine writes.
+Writes go through :func:`append` and :func:`merge_txn`, which carry a Delta transaction id
+(``txnAppId``/``txnVersion``) so that a micro-batch replayed after a crash is skipped by
+Delta instead of being written twice.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+
+from sessionlake.spark import PROJECT_ROOT
+
+EVENTS = "events"
+OPEN_SESSIONS = "open_sessions"
+SESSIONS = "sessions"
+SESSION_CHANGELOG = "session_changelog"
+LATE_EVENTS = "late_events"
+QUARANTINE = "quarantine"
+BATCH_METRICS = "batch_metrics"
+BATCH_LEDGER = "batch_ledger"
+
+#: The tables SQL users query by name (SPEC), in the order a micro-batch writes them.
+PUBLIC_TABLES: tuple[str, ...] = (
+    EVENTS,
+    OPEN_SESSIONS,
+    SESSIONS,
+    SESSION_CHANGELOG,
+    LATE_EVENTS,
+    QUARANTINE,
+    BATCH_METRICS,
+)
+ALL_TABLES: tuple[str, ...] = (*PUBLIC_TABLES, BATCH_LEDGER)
+
+
+def sql_dir() -> Path:
+    """The folder of the project's SQL files (``$SESSIONLAKE_SQL_DIR`` or ``sql/``)."""
+    return Path(os.environ.get("SESSIONLAKE_SQL_DIR") or PROJECT_ROOT / "sql")
+
+
+def table_ddl(table: str, location: str) -> str:
+    """The ``CREATE TABLE IF NOT EXISTS`` statement of ``table`` at ``location``."""
+    if "`" in location:
+        raise ValueError(f"a lake location must not contain a backtick: {location!r}")
+    text = (sql_dir() / "tables" / f"{table}.sql").read_text(encoding="utf-8")
+    return text.replace("${location}", location)
+
+
+def table_path(lake: str, table: str) -> str:
+    """Where ``table`` lives inside the lake."""
+    return f"{lake.rstrip('/')}/{table}"
+
+
+def ensure_tables(spark: SparkSession, lake: str) -> None:
+    """Create every table of the lake that does not exist yet (idempotent).
+
+    :param spark: a Delta-enabled session.
+    :param lake: the lake folder or URI.
+    """
+    for table in ALL_TABLES:
+        path = table_path(lake, table)
+        if not DeltaTable.isDeltaTable(spark, path):
+            spark.sql(table_ddl(table, path))
+
+
+def read_table(
+    spark: SparkSession, lake: str, table: str, version: int | None = None
+) -> DataFrame:
+    """A table of the lake, optionally as it was at ``version`` (time travel)."""
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return reader.load(table_path(lake, table))
+
+
+def table_version(spark: SparkSession, lake: str, table: str) -> int:
+    """The latest committed version of ``table``."""
+    history = DeltaTable.forPath(spark, table_path(lake, table)).history(1)
+    return int(history.select("version").head()[0])
+
+
+def append(frame: DataFrame, lake: str, table: str, txn: tuple[str, int] | None = None) -> None:
+    """Append ``frame`` to ``table``; with ``txn`` = (app id, version) at most once.
+
+    :param txn: Delta's idempotent-write key: a write whose app id has already committed
+        this version or a later one is skipped.
+    """
+    writer = frame.write.format("delta").mode("append")
+    if txn is not None:
+        writer = writer.option("txnAppId", txn[0]).option("txnVersion", txn[1])
+    writer.save(table_path(lake, table))
+
+
+@contextmanager
+def delta_txn(spark: SparkSession, txn: tuple[str, int] | None) -> Iterator[None]:
+    """Make the MERGE/UPDATE/DELETE inside the block idempotent for ``txn``.
+
+    Delta reads the key of these commands from session configuration, so it is set for the
+    block only and removed afterwards.
+    """
+    if txn is None:
+        yield
+        return
+    spark.conf.set("spark.databricks.delta.write.txnAppId", txn[0])
+    spark.conf.set("spark.databricks.delta.write.txnVersion", str(txn[1]))
+    try:
+        yield
+    finally:
+        spark.conf.unset("spark.databricks.delta.write.txnAppId")
+        spark.conf.unset("spark.databricks.delta.write.txnVersion")
+
+
+def last_operation_metrics(spark: SparkSession, lake: str, table: str) -> dict[str, int]:
+    """The operation metrics of the newest commit of ``table`` (rows and files touched)."""
+    row = DeltaTable.forPath(spark, table_path(lake, table)).history(1).head()
+    metrics = row["operationMetrics"] or {}
+    return {key: int(value) for key, value in metrics.items() if str(value).isdigit()}

@@ -1,0 +1,104 @@
+"""Validation shared by every format, and the duplicate check.
+
+A candidate event either becomes a valid event or a quarantine row with a reason; a valid
+event is either new or a duplicate of one already seen (same user, same ``event_id``),
+which is counted and dropped. Nothing else leaves the pipeline here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from sessionlake.config import format_duration
+
+#: Longest record parsed; a longer one is quarantined with its first MAX_RECORD_CHARS.
+MAX_RECORD_CHARS = 1 << 20
+
+EVENT_COLUMNS: tuple[str, ...] = (
+    "event_id", "user_id", "event_time", "event_type", "page", "properties",
+    "source_file", "source_line",
+)
+
+
+def cap_record_size(lines: DataFrame) -> DataFrame:
+    """Cut every line to one character more than :data:`MAX_RECORD_CHARS` before parsing.
+
+    A multi-megabyte line is almost always a broken producer (a binary blob, a missing
+    newline); parsing it whole would only cost memory. The extra character lets
+    :func:`apply_guards` tell that the record was longer than the limit.
+    """
+    return lines.withColumn("line", F.substring("line", 1, MAX_RECORD_CHARS + 1))
+
+
+def apply_guards(
+    candidates: DataFrame, processing_time: datetime, max_future_skew: timedelta
+) -> DataFrame:
+    """Add the format-independent reasons and derive missing event ids.
+
+    * A record too long to parse keeps its cut raw text and says so.
+    * An event more than ``max_future_skew`` ahead of the batch clock is quarantined, so
+      that one producer with a wrong clock cannot push the watermark forward and close
+      every open session.
+    * An event without an id gets ``<source file>#<line>``: a replayed file is recognised
+      as a duplicate, while two identical lines stay two events.
+    """
+    horizon = F.lit(processing_time + max_future_skew).cast("timestamp")
+    too_long = F.length("raw") > MAX_RECORD_CHARS
+    reason: Column = (
+        F.when(too_long, F.lit(f"record longer than {MAX_RECORD_CHARS} characters"))
+        .when(F.col("reason").isNotNull(), F.col("reason"))
+        .when(
+            F.col("event_time") > horizon,
+            F.concat(
+                F.lit("event_time "), F.date_format("event_time", "yyyy-MM-dd'T'HH:mm:ss'Z'"),
+                F.lit(f" is more than {format_duration(max_future_skew)} ahead of the "
+                      f"processing time {processing_time.isoformat()}"),
+            ),
+        )
+    )
+    return candidates.select(
+        F.coalesce(
+            "event_id", F.concat_ws("#", "source_file", F.col("source_line").cast("string"))
+        ).alias("event_id"),
+        "user_id", "event_time", "event_type", "page", "properties",
+        "source_file", "source_line",
+        F.substring("raw", 1, MAX_RECORD_CHARS).alias("raw"),
+        too_long.alias("raw_truncated"),
+        reason.alias("reason"),
+    )
+
+
+def quarantined(guarded: DataFrame) -> DataFrame:
+    """The records that failed a rule, with their raw text and reason."""
+    return guarded.where(F.col("reason").isNotNull()).select(
+        "raw", "raw_truncated", "source_file", "source_line",
+        F.when(F.trim("user_id") != "", F.col("user_id")).alias("user_id"), "reason",
+    )
+
+
+def valid_events(guarded: DataFrame) -> DataFrame:
+    """The records that passed every rule, as events."""
+    return guarded.where(F.col("reason").isNull()).select(*EVENT_COLUMNS)
+
+
+def mark_duplicates(events: DataFrame, seen: DataFrame) -> DataFrame:
+    """Flag repeated event ids with ``is_duplicate``.
+
+    Within the batch the first occurrence by (file, line) is kept; an id already in
+    ``seen`` (``user_id``, ``event_id`` of accepted events of earlier batches) is a
+    duplicate wherever it appears. The choice is deterministic, so a replay flags the same
+    rows.
+    """
+    first = Window.partitionBy("user_id", "event_id").orderBy("source_file", "source_line")
+    earlier = seen.select("user_id", "event_id", F.lit(True).alias("seen_before")).distinct()
+    return (
+        events.withColumn("occurrence", F.row_number().over(first))
+        .join(earlier, ["user_id", "event_id"], "left")
+        .select(
+            *EVENT_COLUMNS,
+            ((F.col("occurrence") > 1) | F.col("seen_before").isNotNull()).alias("is_duplicate"),
+        )
+    )

@@ -1,0 +1,24 @@
+-- The session state: one row per open session, changed by one changelog MERGE per
+-- micro-batch and pruned when sessions close. Partitioned by a hash bucket of the user so
+-- that the MERGE reads only the buckets of the batch's users.
+CREATE TABLE IF NOT EXISTS delta.`${location}` (
+  session_id     STRING    NOT NULL COMMENT 'Hash of user_id and session_start',
+  user_id        STRING    NOT NULL COMMENT 'Whose session this is',
+  user_bucket    INT       NOT NULL COMMENT 'pmod(xxhash64(user_id), buckets) (partition column)',
+  session_start  TIMESTAMP NOT NULL COMMENT 'First event time',
+  session_end    TIMESTAMP NOT NULL COMMENT 'Last event time; the session closes when the watermark reaches session_end + gap',
+  run_start      TIMESTAMP NOT NULL COMMENT 'Start of the gap-separated run this session belongs to; long runs are split every max duration from here',
+  event_count    BIGINT    NOT NULL COMMENT 'Events in the session',
+  page_views     BIGINT    NOT NULL COMMENT 'Events that name a page',
+  entry_page     STRING             COMMENT 'Page of the first event',
+  entry_event_id STRING    NOT NULL COMMENT 'Id of the first event (breaks ties between equal times)',
+  exit_page      STRING             COMMENT 'Page of the last event',
+  exit_event_id  STRING    NOT NULL COMMENT 'Id of the last event',
+  pages          ARRAY<STRING>      COMMENT 'Distinct pages seen so far',
+  updated_batch_id BIGINT  NOT NULL COMMENT 'Micro-batch of the last change',
+  updated_at     TIMESTAMP NOT NULL COMMENT 'Processing time of the last change'
+) USING DELTA
+PARTITIONED BY (user_bucket)
+TBLPROPERTIES (
+  'delta.enableDeletionVectors' = 'true'
+)

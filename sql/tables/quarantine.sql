@@ -1,0 +1,15 @@
+-- Records that failed parsing or validation, kept with their raw text and the reason, so
+-- that nothing is dropped silently and a fixed record can be replayed.
+CREATE TABLE IF NOT EXISTS delta.`${location}` (
+  raw             STRING    NOT NULL COMMENT 'The line as read (cut to 1 MiB, see raw_truncated)',
+  raw_truncated   BOOLEAN   NOT NULL COMMENT 'Whether raw was cut',
+  source_file     STRING    NOT NULL COMMENT 'File the record came from, relative to the source folder',
+  source_line     BIGINT    NOT NULL COMMENT 'Line number, from 1',
+  user_id         STRING             COMMENT 'The user, when it could be read (for erasure)',
+  reason          STRING    NOT NULL COMMENT 'What is wrong with it',
+  batch_id        BIGINT    NOT NULL COMMENT 'Micro-batch that read it',
+  quarantined_at  TIMESTAMP NOT NULL COMMENT 'Processing time of that batch'
+) USING DELTA
+TBLPROPERTIES (
+  'delta.enableDeletionVectors' = 'true'
+)

@@ -1,0 +1,18 @@
+-- One row per change to a session per micro-batch: the audit trail and downstream feed.
+-- change is open, extend, merge or close; a session opened and closed by one batch has both
+-- an open and a close row. previous_session_ids lists the ids a merge or a re-keying replaced.
+CREATE TABLE IF NOT EXISTS delta.`${location}` (
+  batch_id             BIGINT    NOT NULL COMMENT 'Micro-batch of the change (-1 for a backfill)',
+  change               STRING    NOT NULL COMMENT 'open | extend | merge | close | backfill',
+  session_id           STRING    NOT NULL COMMENT 'The session after the change',
+  user_id              STRING    NOT NULL COMMENT 'Whose session',
+  session_start        TIMESTAMP NOT NULL COMMENT 'After the change',
+  session_end          TIMESTAMP NOT NULL COMMENT 'After the change',
+  event_count          BIGINT    NOT NULL COMMENT 'After the change',
+  added_events         BIGINT    NOT NULL COMMENT 'Events this batch added to it',
+  previous_session_ids ARRAY<STRING>      COMMENT 'Open sessions this one replaced (merge, or a new start)',
+  changed_at           TIMESTAMP NOT NULL COMMENT 'Processing time of the batch'
+) USING DELTA
+TBLPROPERTIES (
+  'delta.enableDeletionVectors' = 'true'
+)
