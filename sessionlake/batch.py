@@ -13,10 +13,12 @@ batch id), so whatever was committed before the crash is skipped, not doubled.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -45,7 +47,6 @@ from sessionlake.sessionize import (
 from sessionlake.sources import adapter_for, split_lines
 from sessionlake.state import MergeResult, apply_changelog_merge
 from sessionlake.tables import (
-    BATCH_LEDGER,
     BATCH_METRICS,
     EVENTS,
     LATE_EVENTS,
@@ -67,6 +68,7 @@ from sessionlake.validation import (
 )
 
 Clock = Callable[[], datetime]
+log = logging.getLogger("sessionlake.batch")
 
 
 def utc_now() -> datetime:
@@ -128,6 +130,7 @@ class BatchReport:
 
     row: dict[str, Any]
     skipped: bool = False
+    phases_ms: dict[str, int] = field(default_factory=dict)
 
 
 def _as_utc(value: datetime | None) -> datetime | None:
@@ -136,12 +139,27 @@ def _as_utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-def batch_done(spark: SparkSession, settings: Settings, identity: StreamIdentity,
-               batch_id: int) -> bool:
-    """Whether this stream already committed the metrics row, the last write, of the batch."""
-    return not read_table(spark, settings.lake, BATCH_METRICS).where(
-        (F.col("stream_id") == identity.stream_id) & (F.col("batch_id") == batch_id)
-    ).isEmpty()
+def _ledger_uri(settings: Settings, identity: StreamIdentity, batch_id: int) -> str:
+    return (f"{settings.checkpoint.rstrip('/')}/ledger/"
+            f"{identity.stream_id}-{identity.epoch}-{batch_id}.json")
+
+
+def _read_ledger(
+    spark: SparkSession, settings: Settings, identity: StreamIdentity, batch_id: int
+) -> dict[str, Any] | None:
+    text = storage.read_text(spark, _ledger_uri(settings, identity, batch_id))
+    return None if text is None else dict(json.loads(text))
+
+
+def _write_ledger(
+    spark: SparkSession, settings: Settings, identity: StreamIdentity, batch_id: int,
+    entry: dict[str, Any],
+) -> None:
+    storage.write_text(spark, _ledger_uri(settings, identity, batch_id), json.dumps(entry))
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
 
 
 def record_inputs(
@@ -150,43 +168,44 @@ def record_inputs(
     identity: StreamIdentity,
     batch_id: int,
     clock: Clock,
-) -> BatchInputs:
-    """The batch's inputs: from the ledger when replayed, else recorded there now."""
-    ledger = read_table(spark, settings.lake, BATCH_LEDGER).where(
-        (F.col("stream_id") == identity.stream_id)
-        & (F.col("epoch") == identity.epoch)
-        & (F.col("batch_id") == batch_id)
-    ).head()
-    if ledger is not None:
-        return BatchInputs(
-            events_version=ledger["events_version"],
-            open_sessions_version=ledger["open_sessions_version"],
-            sessions_version=ledger["sessions_version"],
-            max_event_time_before=_as_utc(ledger["max_event_time_before"]),
-            processing_time=_as_utc(ledger["processing_time"]) or clock(),
-        )
-    max_before = read_table(spark, settings.lake, BATCH_METRICS).agg(
-        F.max("max_event_time")
-    ).head()[0]
+) -> tuple[BatchInputs, bool]:
+    """The batch's inputs, and whether the batch already completed.
+
+    A replayed batch gets the inputs its first attempt recorded in the ledger (a JSON file
+    per batch in the checkpoint, so that a restore of the checkpoint restores it too);
+    a new batch records them there now, before anything is written.
+    """
+    entry = _read_ledger(spark, settings, identity, batch_id)
+    if entry is None:
+        max_before = read_table(spark, settings.lake, BATCH_METRICS).agg(
+            F.max("max_event_time")
+        ).head()[0]
+        max_before = _as_utc(max_before)
+        entry = {
+            "events_version": table_version(spark, settings.lake, EVENTS),
+            "open_sessions_version": table_version(spark, settings.lake, OPEN_SESSIONS),
+            "sessions_version": table_version(spark, settings.lake, SESSIONS),
+            "max_event_time_before": None if max_before is None else max_before.isoformat(),
+            "processing_time": clock().astimezone(UTC).isoformat(),
+            "done": False,
+        }
+        _write_ledger(spark, settings, identity, batch_id, entry)
     inputs = BatchInputs(
-        events_version=table_version(spark, settings.lake, EVENTS),
-        open_sessions_version=table_version(spark, settings.lake, OPEN_SESSIONS),
-        sessions_version=table_version(spark, settings.lake, SESSIONS),
-        max_event_time_before=_as_utc(max_before),
-        processing_time=clock(),
+        events_version=int(entry["events_version"]),
+        open_sessions_version=int(entry["open_sessions_version"]),
+        sessions_version=int(entry["sessions_version"]),
+        max_event_time_before=_parse_time(entry["max_event_time_before"]),
+        processing_time=_parse_time(entry["processing_time"]) or clock(),
     )
-    row = Row(
-        stream_id=identity.stream_id, epoch=identity.epoch, batch_id=batch_id,
-        events_version=inputs.events_version,
-        open_sessions_version=inputs.open_sessions_version,
-        sessions_version=inputs.sessions_version,
-        max_event_time_before=inputs.max_event_time_before,
-        processing_time=inputs.processing_time,
-    )
-    schema = read_table(spark, settings.lake, BATCH_LEDGER).schema
-    append(spark.createDataFrame([row], schema), settings.lake, BATCH_LEDGER,
-           (identity.app_id, batch_id))
-    return inputs
+    return inputs, bool(entry.get("done"))
+
+
+def mark_done(
+    spark: SparkSession, settings: Settings, identity: StreamIdentity, batch_id: int
+) -> None:
+    """Note in the ledger that every table write of the batch has committed."""
+    entry = _read_ledger(spark, settings, identity, batch_id) or {}
+    _write_ledger(spark, settings, identity, batch_id, {**entry, "done": True})
 
 
 def watermark_of(max_event_time: datetime | None, grace: timedelta) -> datetime | None:
@@ -223,13 +242,20 @@ def process_lines(
 ) -> BatchReport:
     """Process one micro-batch of lines (``source_file``, ``source_line``, ``line``)."""
     started = time.monotonic()
-    if batch_done(spark, settings, identity, batch_id):
+    inputs, done = record_inputs(spark, settings, identity, batch_id, clock)
+    if done:
         return BatchReport(row={"batch_id": batch_id}, skipped=True)
-    inputs = record_inputs(spark, settings, identity, batch_id, clock)
     now = inputs.processing_time
     lake, gap, txn = settings.lake, settings.gap, (identity.app_id, batch_id)
     watermark = watermark_of(inputs.max_event_time_before, settings.grace)
     persisted: list[DataFrame] = []
+    phases: dict[str, int] = {}
+    clock_at = [time.monotonic()]
+
+    def phase(name: str) -> None:
+        now_at = time.monotonic()
+        phases[name] = int((now_at - clock_at[0]) * 1000)
+        clock_at[0] = now_at
 
     def keep(frame: DataFrame) -> DataFrame:
         persisted.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
@@ -258,6 +284,7 @@ def process_lines(
                          F.col("event_time"))).alias("last_behind_watermark"),
         ).head()
         buckets = sorted(int(b) for b in stats["buckets"])
+        phase("parse")
 
         # Duplicates: within the batch, and against the accepted events of the same days.
         seen = read_table(spark, lake, EVENTS, inputs.events_version).where(
@@ -281,6 +308,7 @@ def process_lines(
         state = read_table(spark, lake, OPEN_SESSIONS, inputs.open_sessions_version).where(
             F.col("user_bucket").isin(buckets)
         ).join(valid.select("user_id").distinct(), "user_id", "left_semi")
+        phase("duplicates_and_closed")
         pending = checked.where(F.col("late_reason").isNull()).drop("late_reason")
         fragments = events_as_fragments(pending).unionByName(
             open_sessions_as_fragments(state)
@@ -290,9 +318,15 @@ def process_lines(
         ))
         sessions = keep(aggregate_sessions(assigned.where(F.col("late_reason").isNull())))
 
-        new_max = sessions.agg(F.max("session_end")).head()[0]
+        outcome = assigned.where(~F.col("is_state")).agg(
+            F.count(F.when(F.col("late_reason").isNull(), 1)).alias("accepted"),
+            F.count(F.when(F.col("late_reason").isNotNull(), 1)).alias("late"),
+            F.max(F.when(F.col("late_reason").isNull(), F.col("event_time"))).alias("max_t"),
+        ).head()
+        phase("sessionize")
         max_event_time = max(
-            (t for t in (inputs.max_event_time_before, _as_utc(new_max)) if t is not None),
+            (t for t in (inputs.max_event_time_before, _as_utc(outcome["max_t"]))
+             if t is not None),
             default=None,
         )
         watermark_after = watermark_of(max_event_time, settings.grace)
@@ -302,57 +336,66 @@ def process_lines(
         )
         expiring = keep(expiring_open_sessions(untouched, watermark_after, gap))
 
-        # Writes, each at most once per batch.
-        quarantine_rows = quarantined(guarded)
-        append(_stamp(quarantine_rows, batch_id, "quarantined_at", now), lake, QUARANTINE, txn)
+        source = keep(merge_source(classified, expiring, settings.user_buckets, batch_id, now))
+        counts = _batch_counts(checked, outcome, classified, expiring, buckets)
+        phase("classify")
         late_rows = checked.where(F.col("late_reason").isNotNull()).select(
             *EVENT_COLUMNS, "late_reason"
         ).unionByName(
             assigned.where(~F.col("is_state") & F.col("late_reason").isNotNull()).select(
                 *EVENT_COLUMNS, "late_reason"
             )
-        )
-        append(
-            _stamp(
-                late_rows.withColumnRenamed("late_reason", "reason").withColumn(
-                    "watermark", F.lit(watermark).cast("timestamp")
-                ),
-                batch_id, "recorded_at", now,
-            ),
-            lake, LATE_EVENTS, txn,
+        ).withColumnRenamed("late_reason", "reason").withColumn(
+            "watermark", F.lit(watermark).cast("timestamp")
         )
         accepted = assigned.where(~F.col("is_state") & F.col("late_reason").isNull())
-        append(
-            _stamp(accepted.select(*EVENT_COLUMNS), batch_id, "ingested_at", now)
-            .withColumn("event_date", F.to_date("event_time")),
-            lake, EVENTS, txn,
-        )
-        faults.point("before_merge")
-        source = keep(merge_source(classified, expiring, settings.user_buckets, batch_id, now))
-        merge_buckets = sorted(
-            int(r[0]) for r in source.select("user_bucket").distinct().collect()
-        )
-        merged = apply_changelog_merge(spark, lake, source, merge_buckets, txn)
-        faults.point("after_merge")
         closing = as_closed_sessions(
             classified.where("closes"), gap, batch_id, now
-        ).unionByName(
-            as_closed_sessions(expiring, gap, batch_id, now)
-        )
-        append(closing, lake, SESSIONS, txn)
-        faults.point("after_sessions")
-        append(changelog_rows(classified, expiring, batch_id, now), lake,
-               SESSION_CHANGELOG, txn)
+        ).unionByName(as_closed_sessions(expiring, gap, batch_id, now))
 
-        counts = _batch_counts(checked, assigned, classified, expiring)
+        # Writes, each at most once per batch. The tables are independent, so their
+        # commits run side by side; batch_metrics, whose row marks the batch as done and
+        # carries the watermark forward, is written only after all of them succeeded.
+        appends = [
+            (stats["quarantined"], QUARANTINE,
+             _stamp(quarantined(guarded), batch_id, "quarantined_at", now)),
+            (counts["late"], LATE_EVENTS, _stamp(late_rows, batch_id, "recorded_at", now)),
+            (counts["accepted"], EVENTS,
+             _stamp(accepted.select(*EVENT_COLUMNS), batch_id, "ingested_at", now)
+             .withColumn("event_date", F.to_date("event_time"))),
+            (counts["closed"], SESSIONS, closing),
+            (counts["changes"], SESSION_CHANGELOG,
+             changelog_rows(classified, expiring, batch_id, now)),
+        ]
+
+        def update_state() -> tuple[MergeResult, int]:
+            faults.point("before_merge")
+            merged = apply_changelog_merge(spark, lake, source, counts["merge_buckets"], txn)
+            faults.point("after_merge")
+            return merged, read_table(spark, lake, OPEN_SESSIONS).count()
+
+        with ThreadPoolExecutor(max_workers=len(appends) + 1) as pool:
+            state_update = pool.submit(update_state)
+            writes = [pool.submit(append, frame, lake, table, txn)
+                      for rows, table, frame in appends if rows]
+            for write in writes:
+                write.result()
+            faults.point("after_sessions")
+            phase("appends")
+            merged, open_now = state_update.result()
+            phase("merge_wait")
+
         row = _metrics_row(
-            spark, settings, identity, batch_id, inputs, stats, counts, merged,
+            identity, batch_id, inputs, stats, counts, merged, open_now,
             max_event_time, watermark, watermark_after, started,
         )
         schema = read_table(spark, lake, BATCH_METRICS).schema
         append(spark.createDataFrame([Row(**row)], schema), lake, BATCH_METRICS, txn)
         faults.point("after_metrics")
-        return BatchReport(row=row)
+        mark_done(spark, settings, identity, batch_id)
+        phase("metrics")
+        log.debug("batch %s phases (ms): %s", batch_id, phases)
+        return BatchReport(row=row, phases_ms=phases)
     finally:
         for frame in persisted:
             frame.unpersist()
@@ -387,42 +430,51 @@ def _stamp(frame: DataFrame, batch_id: int, column: str, at: datetime) -> DataFr
 
 
 def _batch_counts(
-    checked: DataFrame, assigned: DataFrame, classified: DataFrame, expiring: DataFrame
-) -> dict[str, int]:
-    late_closed = checked.where(F.col("late_reason").isNotNull()).count()
-    events = assigned.where(~F.col("is_state")).agg(
-        F.count(F.when(F.col("late_reason").isNull(), 1)).alias("accepted"),
-        F.count(F.when(F.col("late_reason").isNotNull(), 1)).alias("late"),
+    checked: DataFrame,
+    outcome: Row,
+    classified: DataFrame,
+    expiring: DataFrame,
+    batch_buckets: list[int],
+) -> dict[str, Any]:
+    """Counts of the batch's outcomes, from the frames already held in memory."""
+    checks = checked.agg(
+        F.count(F.lit(1)).alias("unique"),
+        F.count("late_reason").alias("late"),
     ).head()
     sessions = classified.agg(
         F.count(F.when(F.col("change") == "open", 1)).alias("opened"),
+        F.count(F.when(F.col("change") != "unchanged", 1)).alias("changed"),
         F.count(F.when(F.col("closes"), 1)).alias("closed"),
     ).head()
+    expired = expiring.agg(
+        F.count(F.lit(1)).alias("count"), F.collect_set("user_bucket").alias("buckets")
+    ).head()
+    closed = int(sessions["closed"]) + int(expired["count"])
     return {
-        "unique": checked.count(),
-        "accepted": int(events["accepted"]),
-        "late": late_closed + int(events["late"]),
+        "unique": int(checks["unique"]),
+        "accepted": int(outcome["accepted"]),
+        "late": int(checks["late"]) + int(outcome["late"]),
         "opened": int(sessions["opened"]),
-        "closed": int(sessions["closed"]) + expiring.count(),
+        "closed": closed,
+        "changes": int(sessions["changed"]) + closed,
+        "merge_buckets": sorted({*batch_buckets, *(int(b) for b in expired["buckets"])}),
     }
 
 
 def _metrics_row(
-    spark: SparkSession,
-    settings: Settings,
     identity: StreamIdentity,
     batch_id: int,
     inputs: BatchInputs,
     stats: Row,
-    counts: dict[str, int],
+    counts: dict[str, Any],
     merged: MergeResult,
+    open_now: int,
     max_event_time: datetime | None,
     watermark: datetime | None,
     watermark_after: datetime | None,
     started: float,
 ) -> dict[str, Any]:
     valid = int(stats["input"]) - int(stats["quarantined"])
-    open_now = read_table(spark, settings.lake, OPEN_SESSIONS).count()
     duration_ms = int((time.monotonic() - started) * 1000)
     return {
         "batch_id": batch_id,

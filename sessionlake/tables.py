@@ -18,6 +18,7 @@ from pathlib import Path
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
+from sessionlake import storage
 from sessionlake.spark import PROJECT_ROOT
 
 EVENTS = "events"
@@ -27,7 +28,6 @@ SESSION_CHANGELOG = "session_changelog"
 LATE_EVENTS = "late_events"
 QUARANTINE = "quarantine"
 BATCH_METRICS = "batch_metrics"
-BATCH_LEDGER = "batch_ledger"
 
 #: The tables SQL users query by name (SPEC), in the order a micro-batch writes them.
 PUBLIC_TABLES: tuple[str, ...] = (
@@ -39,7 +39,7 @@ PUBLIC_TABLES: tuple[str, ...] = (
     QUARANTINE,
     BATCH_METRICS,
 )
-ALL_TABLES: tuple[str, ...] = (*PUBLIC_TABLES, BATCH_LEDGER)
+ALL_TABLES: tuple[str, ...] = PUBLIC_TABLES
 
 
 def sql_dir() -> Path:
@@ -83,9 +83,16 @@ def read_table(
 
 
 def table_version(spark: SparkSession, lake: str, table: str) -> int:
-    """The latest committed version of ``table``."""
-    history = DeltaTable.forPath(spark, table_path(lake, table)).history(1)
-    return int(history.select("version").head()[0])
+    """The latest committed version of ``table``: the newest commit file in its log.
+
+    Listing ``_delta_log`` costs one file-system call; asking for the history would run a
+    Spark job.
+    """
+    names = storage.list_names(spark, f"{table_path(lake, table)}/_delta_log")
+    versions = [int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit()]
+    if not versions:
+        raise FileNotFoundError(f"{table_path(lake, table)} is not a Delta table")
+    return max(versions)
 
 
 def append(frame: DataFrame, lake: str, table: str, txn: tuple[str, int] | None = None) -> None:

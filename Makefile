@@ -1,0 +1,57 @@
+# The one entry point for set-up, demo, tests, lint and benchmarks.
+# Every target installs what it needs on first use (virtual environment, pinned packages,
+# Delta jars from Maven Central) and is fast once installed.
+
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+DEMO   := demo
+export SPARK_LOCAL_IP ?= 127.0.0.1
+export PYSPARK_PYTHON := $(abspath $(BIN)/python)
+
+.PHONY: setup jars demo test test-fast lint bench clean help
+
+help:
+	@echo "make demo   - set up, sessionize the bundled Apache access log, print a report"
+	@echo "make test   - set up, lint, then run the whole test suite"
+	@echo "make lint   - ruff and mypy"
+	@echo "make bench  - benchmarks (see bench/README.md)"
+	@echo "make setup  - only the virtual environment and the Delta jars"
+
+setup: $(VENV)/.installed jars/.resolved
+
+$(VENV)/.installed: requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $@
+
+jars: jars/.resolved
+
+jars/.resolved: build/pom.xml
+	mkdir -p jars
+	mvn --batch-mode --quiet -f build/pom.xml dependency:copy-dependencies -Djars.dir=$(abspath jars)
+	touch $@
+
+demo: setup
+	rm -rf $(DEMO) && mkdir -p $(DEMO)/landing
+	gunzip -c data/apache_access_2015.log.gz > $(DEMO)/landing/apache_access_2015.log
+	$(BIN)/sessionlake run --source $(DEMO)/landing --format apache --lake $(DEMO)/lake
+	$(BIN)/sessionlake sql --lake $(DEMO)/lake "$$(cat sql/demo_report.sql)"
+
+lint: setup
+	$(BIN)/ruff check sessionlake tests dags plugins jobs bench
+	$(BIN)/mypy
+
+test: setup lint
+	$(BIN)/pytest
+
+test-fast: setup
+	$(BIN)/pytest -m "not slow"
+
+bench: setup
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(DEMO) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,81 @@
+"""Small helpers for the tests: inline events, batches, and answers to compare."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sessionlake.batch import BatchReport, StreamIdentity, process_lines
+from sessionlake.config import Settings
+from sessionlake.tables import ensure_tables, read_table
+
+#: The batch clock of the tests: after every event they use, so no future-skew surprises.
+NOW = datetime(2026, 2, 1, tzinfo=UTC)
+LINES_SCHEMA = "source_file string, source_line long, line string"
+
+
+def event(user: str, at: str, page: str | None = None, **fields: Any) -> str:
+    """One jsonl record; ``at`` is ``HH:MM`` or ``HH:MM:SS`` on 2026-01-05, or a full time."""
+    stamp = at if "T" in at else f"2026-01-05T{at if at.count(':') == 2 else at + ':00'}Z"
+    record: dict[str, Any] = {"user_id": user, "event_time": stamp}
+    if page is not None:
+        record["page"] = page
+    record.update(fields)
+    return json.dumps(record)
+
+
+def lines_frame(spark: SparkSession, lines: Sequence[str], file: str = "f.jsonl") -> DataFrame:
+    """A micro-batch of raw lines, numbered from 1 as the file source would."""
+    return spark.createDataFrame(
+        [(file, i + 1, line) for i, line in enumerate(lines)], LINES_SCHEMA
+    )
+
+
+def run_batches(
+    spark: SparkSession,
+    settings: Settings,
+    batches: Sequence[Sequence[str]],
+    identity: StreamIdentity | None = None,
+    first_batch_id: int = 0,
+) -> list[BatchReport]:
+    """Process each list of lines as one micro-batch (file ``b<N>.jsonl``)."""
+    ensure_tables(spark, settings.lake)
+    identity = identity or StreamIdentity("test", 0)
+    reports = []
+    for offset, lines in enumerate(batches):
+        batch_id = first_batch_id + offset
+        frame = lines_frame(spark, lines, f"b{batch_id}.jsonl")
+        reports.append(process_lines(spark, frame, batch_id, settings, identity, lambda: NOW))
+    return reports
+
+
+SESSION_KEY = ("user_id", "session_start", "session_end", "event_count", "entry_page",
+               "exit_page")
+
+
+def all_sessions(spark: SparkSession, lake: str) -> DataFrame:
+    """Closed and open sessions together, in comparable columns."""
+    closed = read_table(spark, lake, "sessions").select(
+        "session_id", *SESSION_KEY, "distinct_pages"
+    )
+    open_ = read_table(spark, lake, "open_sessions").select(
+        "session_id", *SESSION_KEY, F.size("pages").cast("int").alias("distinct_pages")
+    )
+    return closed.unionByName(open_)
+
+
+def rows(frame: DataFrame, *columns: str) -> list[tuple[Any, ...]]:
+    """Sorted tuples of ``columns`` (all columns when none are named)."""
+    selected = frame.select(*columns) if columns else frame
+    return sorted(tuple(r) for r in selected.collect())
+
+
+def hm(at: str) -> datetime:
+    """A naive UTC datetime on 2026-01-05 (as Spark returns timestamps)."""
+    hours, minutes, *rest = (int(x) for x in at.split(":"))
+    return datetime(2026, 1, 5, hours, minutes, rest[0] if rest else 0)

@@ -1,0 +1,183 @@
+"""Micro-batch semantics: lateness, bridging, duplicates, guards, conservation, idempotency."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from sessionlake.batch import StreamIdentity
+from sessionlake.config import Settings, settings_from
+from sessionlake.tables import PUBLIC_TABLES, read_table, table_version
+from tests.helpers import NOW, all_sessions, event, hm, rows, run_batches
+
+
+def settings(lake: str, **values: object) -> Settings:
+    return settings_from({"lake": lake, **values}, env={})
+
+
+def late_reasons(spark: SparkSession, lake: str) -> list[tuple[str, str]]:
+    return [(r[0], r[1]) for r in rows(read_table(spark, lake, "late_events"), "event_id",
+                                       "reason")]
+
+
+def test_late_event_within_grace_extends_an_open_session(spark: SparkSession, lake: str) -> None:
+    cfg = settings(lake)
+    run_batches(spark, cfg, [
+        [event("u", "10:00", "/a"), event("x", "10:20")],  # W becomes 10:15
+        [event("u", "09:58", "/early")],                   # behind W, but u's session is open
+    ])
+    assert late_reasons(spark, lake) == []
+    assert rows(all_sessions(spark, lake).where("user_id = 'u'"),
+                "session_start", "session_end", "event_count", "entry_page") == [
+        (hm("09:58"), hm("10:00"), 2, "/early"),
+    ]
+    changes = rows(read_table(spark, lake, "session_changelog").where("user_id = 'u'"),
+                   "batch_id", "change", "added_events")
+    assert changes == [(0, "open", 1), (1, "extend", 1)]
+    # The start moved, so the id changed: the old row is gone from the state.
+    assert read_table(spark, lake, "open_sessions").where("user_id = 'u'").count() == 1
+
+
+def test_event_beyond_grace_that_would_form_a_closed_session_is_late(
+    spark: SparkSession, lake: str
+) -> None:
+    cfg = settings(lake)
+    run_batches(spark, cfg, [
+        [event("x", "12:00")],                        # W becomes 11:55
+        [event("u", "10:00", event_id="late-1")],     # alone it would end before W - gap
+    ])
+    [(event_id, reason)] = late_reasons(spark, lake)
+    assert event_id == "late-1"
+    assert "would already be closed" in reason
+    assert all_sessions(spark, lake).where("user_id = 'u'").count() == 0
+
+
+@pytest.mark.parametrize(
+    ("at", "late"),
+    [
+        ("09:31", True),    # start - gap < t: within the gap before the closed session
+        ("10:10", True),    # inside the closed session
+        ("10:29", True),    # within the gap after it
+        ("10:31", False),   # beyond the gap after it, and its own session is still open
+    ],
+)
+def test_event_near_a_closed_session_is_late(
+    spark: SparkSession, lake: str, at: str, late: bool
+) -> None:
+    cfg = settings(lake)
+    run_batches(spark, cfg, [
+        [event("u", "10:00"), event("x", "11:00")],  # W 10:55 closes u's 10:00 session
+        [event("u", at, event_id="probe")],
+    ])
+    reasons = dict(late_reasons(spark, lake))
+    assert ("probe" in reasons) is late
+    if late:
+        assert reasons["probe"].startswith("within the gap of closed session")
+
+
+def test_late_event_bridges_two_open_sessions(spark: SparkSession, lake: str) -> None:
+    cfg = settings(lake, grace="60m")
+    run_batches(spark, cfg, [
+        [event("u", "10:00", "/a"), event("u", "10:50", "/c")],  # two open sessions
+        [event("u", "10:25", "/b")],                              # within the gap of both
+    ])
+    assert rows(all_sessions(spark, lake), "session_start", "session_end", "event_count",
+                "entry_page", "exit_page") == [(hm("10:00"), hm("10:50"), 3, "/a", "/c")]
+    [merge] = read_table(spark, lake, "session_changelog").where("change = 'merge'").collect()
+    assert len(merge["previous_session_ids"]) == 2
+    assert merge["session_id"] in merge["previous_session_ids"]
+    assert read_table(spark, lake, "open_sessions").count() == 1
+
+
+def test_duplicates_count_once_within_and_across_batches(spark: SparkSession, lake: str) -> None:
+    cfg = settings(lake)
+    reports = run_batches(spark, cfg, [
+        [event("u", "10:00", event_id="e1"), event("u", "10:01", event_id="e1"),
+         event("v", "10:00", event_id="e1")],       # same id, other user: not a duplicate
+        [event("u", "10:00", event_id="e1"), event("u", "10:02", event_id="e2")],
+    ])
+    assert [r.row["duplicates"] for r in reports] == [1, 1]
+    assert rows(all_sessions(spark, lake), "user_id", "event_count") == [("u", 2), ("v", 1)]
+    assert read_table(spark, lake, "events").count() == 3
+
+
+@pytest.mark.parametrize(
+    ("ahead", "quarantined"),
+    [(timedelta(minutes=30), False), (timedelta(hours=2), True)],
+)
+def test_events_too_far_in_the_future_are_quarantined(
+    spark: SparkSession, lake: str, ahead: timedelta, quarantined: bool
+) -> None:
+    stamp = (NOW + ahead).strftime("%Y-%m-%dT%H:%M:%SZ")
+    run_batches(spark, settings(lake), [[event("u", stamp)]])
+    reasons = [r[0] for r in rows(read_table(spark, lake, "quarantine"), "reason")]
+    assert bool(reasons) is quarantined
+    if quarantined:
+        assert "ahead of the processing time" in reasons[0]
+        # One bad clock must not move the watermark.
+        assert read_table(spark, lake, "batch_metrics").head()["watermark_after"] is None
+
+
+def test_long_sessions_split_across_batches_like_in_one_batch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    stamps = [f"{10 + m // 60:02d}:{m % 60:02d}" for m in range(0, 300, 20)]
+    lines = [event("bot", s) for s in stamps]
+    results = []
+    for name, batches in (("one", [lines]), ("many", [lines[:5], lines[5:9], lines[9:]])):
+        lake = str(tmp_path / name)
+        run_batches(spark, settings(lake, max_session_duration="2h"), batches)
+        results.append(rows(all_sessions(spark, lake), "session_start", "event_count"))
+    assert results[0] == results[1] == [(hm("10:00"), 6), (hm("12:00"), 6), (hm("14:00"), 3)]
+
+
+def test_watermark_survives_a_new_checkpoint(spark: SparkSession, lake: str) -> None:
+    cfg = settings(lake)
+    run_batches(spark, cfg, [[event("x", "12:00")]], identity=StreamIdentity("first", 0))
+    run_batches(spark, cfg, [[event("u", "10:00")]], identity=StreamIdentity("second", 0))
+    assert len(late_reasons(spark, lake)) == 1
+
+
+def test_conservation(spark: SparkSession, lake: str) -> None:
+    cfg = settings(lake)
+    batches = [
+        [event("u", "10:00", event_id="a"), event("u", "10:05", event_id="a"), "garbage",
+         event("v", "10:10"), json.dumps({"user_id": "", "event_time": "2026-01-05T10:00:00Z"})],
+        [event("x", "12:00"), event("w", "09:00"), event("u", "10:20", event_id="b")],
+        [event("u", "10:20", event_id="b"), event("y", "12:40"), "[1, 2]"],
+    ]
+    reports = run_batches(spark, cfg, batches)
+    metrics = [r.row for r in reports]
+    inputs = sum(len(b) for b in batches)
+    assert sum(m["input_records"] for m in metrics) == inputs
+    in_sessions = all_sessions(spark, lake).agg(F.sum("event_count")).head()[0]
+    late = read_table(spark, lake, "late_events").count()
+    quarantined = read_table(spark, lake, "quarantine").count()
+    duplicates = sum(m["duplicates"] for m in metrics)
+    assert (in_sessions, late, quarantined, duplicates) == (5, 1, 3, 2)
+    assert inputs == in_sessions + late + quarantined + duplicates
+    assert sum(m["accepted"] for m in metrics) == read_table(spark, lake, "events").count()
+
+
+def test_a_batch_applied_twice_changes_nothing(spark: SparkSession, lake: str) -> None:
+    cfg = settings(lake)
+    batch = [event("u", "10:00"), event("v", "11:00"), "not json"]
+    identity = StreamIdentity("twice", 0)
+    run_batches(spark, cfg, [batch], identity=identity)
+    versions = {t: table_version(spark, lake, t) for t in PUBLIC_TABLES}
+    counts = {t: read_table(spark, lake, t).count() for t in PUBLIC_TABLES}
+
+    # The same batch again, as after a crash right after its last write: the ledger entry
+    # is there but not marked done, so every write is attempted and skipped by Delta.
+    ledger = Path(cfg.checkpoint.removeprefix("file:")) / "ledger" / "twice-0-0.json"
+    entry = json.loads(ledger.read_text())
+    ledger.write_text(json.dumps({**entry, "done": False}))
+    run_batches(spark, cfg, [batch], identity=identity)
+
+    assert {t: table_version(spark, lake, t) for t in PUBLIC_TABLES} == versions
+    assert {t: read_table(spark, lake, t).count() for t in PUBLIC_TABLES} == counts

@@ -1,0 +1,91 @@
+"""Batch sessionization: the gap boundary, ids, analytics columns, long-session splits."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from sessionlake.sessionize import sessionize_events
+from sessionlake.sources import JsonLinesAdapter
+from sessionlake.validation import apply_guards, valid_events
+from tests.helpers import NOW, event, hm, lines_frame
+
+GAP = timedelta(minutes=30)
+DAY = timedelta(hours=24)
+
+
+def sessions_of(spark: SparkSession, lines: list[str], max_duration: timedelta = DAY):
+    parsed = apply_guards(JsonLinesAdapter().parse(lines_frame(spark, lines)), NOW,
+                          timedelta(hours=1))
+    return sessionize_events(valid_events(parsed), GAP, max_duration)
+
+
+@pytest.mark.parametrize(
+    ("second", "expected_sessions"),
+    [
+        ("10:29:59", 1),  # 1 s inside the gap: same session
+        ("10:30:00", 2),  # exactly the gap: a new session (Spark's session_window boundary)
+        ("10:30:01", 2),  # beyond the gap
+    ],
+)
+def test_gap_boundary(spark: SparkSession, second: str, expected_sessions: int) -> None:
+    sessions = sessions_of(spark, [event("u", "10:00"), event("u", second)])
+    assert sessions.count() == expected_sessions
+
+
+def test_analytics_columns(spark: SparkSession) -> None:
+    sessions = sessions_of(spark, [
+        event("u", "10:20", "/c"),          # arrives first, happens last
+        event("u", "10:00", "/a"),
+        event("u", "10:10", "/b"),
+        event("u", "10:15", "/a"),
+        event("v", "10:00", "/x"),
+    ])
+    expected = spark.createDataFrame(
+        [
+            # u: four events, entry /a at 10:00, exit /c at 10:20, pages a b c
+            ("u", hm("10:00"), hm("10:20"), 4, 4, "/a", "/c", ["/a", "/b", "/c"]),
+            # v: a single event
+            ("v", hm("10:00"), hm("10:00"), 1, 1, "/x", "/x", ["/x"]),
+        ],
+        "user_id string, session_start timestamp, session_end timestamp, event_count long, "
+        "page_views long, entry_page string, exit_page string, pages array<string>",
+    )
+    assertDataFrameEqual(
+        sessions.select(*expected.columns), expected, checkRowOrder=False
+    )
+
+
+def test_session_id_is_deterministic_and_depends_on_user_and_start(spark: SparkSession) -> None:
+    first = sessions_of(spark, [event("u", "10:00"), event("v", "10:00")])
+    again = sessions_of(spark, [event("v", "10:00"), event("u", "10:00"), event("u", "10:05")])
+    ids = dict(first.select("user_id", "session_id").collect())
+    assert ids == dict(again.select("user_id", "session_id").collect())
+    assert ids["u"] != ids["v"]
+    assert len(ids["u"]) == 32
+
+
+def test_equal_times_break_ties_by_event_id(spark: SparkSession) -> None:
+    sessions = sessions_of(spark, [
+        event("u", "10:00", "/second", event_id="b"),
+        event("u", "10:00", "/first", event_id="a"),
+    ])
+    row = sessions.head()
+    assert (row["entry_page"], row["exit_page"]) == ("/first", "/second")
+
+
+def test_sessions_longer_than_max_duration_are_split(spark: SparkSession) -> None:
+    # One event every 20 minutes for 5 hours: one gap-run, cut every 2 hours.
+    lines = [event("bot", f"{10 + m // 60:02d}:{m % 60:02d}") for m in range(0, 300, 20)]
+    sessions = sessions_of(spark, lines, max_duration=timedelta(hours=2))
+    spans = sessions.orderBy("session_start").select(
+        F.date_format("session_start", "HH:mm"), F.date_format("session_end", "HH:mm"),
+        "event_count",
+    ).collect()
+    assert [tuple(r) for r in spans] == [
+        ("10:00", "11:40", 6), ("12:00", "13:40", 6), ("14:00", "14:40", 3),
+    ]
