@@ -29,10 +29,11 @@ ISO_TIMESTAMP = (
     r"(Z|z|[+-]\d{2}(:?\d{2})?)?$"
 )
 #: Apache/NGINX combined log format: client, identity, user, [time], "request", status,
-#: bytes, then optional "referer" "agent".
+#: bytes, then "referer" "agent" (optional, for the common log format) and nothing else:
+#: a line cut inside a quoted field is not a log line.
 COMBINED_LOG = (
     r'^(\S+) (\S+) (\S+) \[([^\]]+)\] "([^"]*)" (\d{3}) (\S+)'
-    r'(?: "((?:[^"\\]|\\.)*)" "((?:[^"\\]|\\.)*)")?.*$'
+    r'(?: "((?:[^"\\]|\\.)*)" "((?:[^"\\]|\\.)*)")?\s*$'
 )
 APACHE_TIME_FORMAT = "dd/MMM/yyyy:HH:mm:ss Z"
 
@@ -156,7 +157,7 @@ class ApacheAccessLogAdapter:
             group(8).alias("referer"), group(9).alias("agent"),
         )
         request = F.split("request", " ")
-        target = F.element_at(request, 2)
+        target = F.try_element_at(request, F.lit(2))
         event_time = F.try_to_timestamp(F.col("time_text"), F.lit(APACHE_TIME_FORMAT))
         reason = _first_reason(
             (~F.col("matched"), "not a combined access log line"),
@@ -178,7 +179,7 @@ class ApacheAccessLogAdapter:
             F.lit(None).cast("string").alias("event_id"),
             F.col("client").alias("user_id"),
             event_time.alias("event_time"),
-            F.element_at(request, 1).alias("event_type"),
+            F.try_element_at(request, F.lit(1)).alias("event_type"),
             F.regexp_replace(target, r"\?.*$", "").alias("page"),
             properties.alias("properties"),
             "source_file", "source_line", "raw",

@@ -6,9 +6,27 @@ URI: the same code works for ``/data/lake``, ``file:///data/lake`` and ``s3a://b
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
+
+
+def local_path(uri: str) -> Path | None:
+    """The local path of ``uri`` when it is on this machine's file system, else ``None``.
+
+    Local files are handled with Python's own I/O (no Hadoop ``.crc`` side files, which
+    would make a hand-edited file unreadable); everything else goes through Hadoop.
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme == "":
+        return Path(uri)
+    if parsed.scheme == "file":
+        return Path(parsed.path)
+    return None
 
 
 def _fs_and_path(spark: SparkSession, uri: str) -> tuple[Any, Any]:
@@ -32,12 +50,18 @@ def path_part(spark: SparkSession, uri: str) -> str:
 
 def exists(spark: SparkSession, uri: str) -> bool:
     """Whether a file or folder exists at ``uri``."""
+    local = local_path(uri)
+    if local is not None:
+        return local.exists()
     fs, path = _fs_and_path(spark, uri)
     return bool(fs.exists(path))
 
 
 def read_text(spark: SparkSession, uri: str) -> str | None:
     """The text of the file at ``uri``, or ``None`` when there is none."""
+    local = local_path(uri)
+    if local is not None:
+        return local.read_text(encoding="utf-8") if local.exists() else None
     fs, path = _fs_and_path(spark, uri)
     if not fs.exists(path):
         return None
@@ -53,6 +77,13 @@ def read_text(spark: SparkSession, uri: str) -> str | None:
 
 def write_text(spark: SparkSession, uri: str, text: str) -> None:
     """Write ``text`` to ``uri`` whole: a temporary file renamed into place."""
+    local = local_path(uri)
+    if local is not None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".{local.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, local)
+        return
     fs, path = _fs_and_path(spark, uri)
     jvm = spark.sparkContext._jvm
     assert jvm is not None
@@ -69,6 +100,13 @@ def write_text(spark: SparkSession, uri: str, text: str) -> None:
 
 def delete(spark: SparkSession, uri: str) -> None:
     """Delete the file or folder at ``uri`` (recursively), if present."""
+    local = local_path(uri)
+    if local is not None:
+        if local.is_dir():
+            shutil.rmtree(local)
+        else:
+            local.unlink(missing_ok=True)
+        return
     fs, path = _fs_and_path(spark, uri)
     if fs.exists(path):
         fs.delete(path, True)
@@ -76,6 +114,12 @@ def delete(spark: SparkSession, uri: str) -> None:
 
 def copy_tree(spark: SparkSession, source: str, target: str) -> None:
     """Copy the folder ``source`` to ``target``, replacing whatever was there."""
+    src_local, dst_local = local_path(source), local_path(target)
+    if src_local is not None and dst_local is not None:
+        if dst_local.exists():
+            shutil.rmtree(dst_local)
+        shutil.copytree(src_local, dst_local)
+        return
     src_fs, src = _fs_and_path(spark, source)
     dst_fs, dst = _fs_and_path(spark, target)
     if dst_fs.exists(dst):
@@ -89,6 +133,9 @@ def copy_tree(spark: SparkSession, source: str, target: str) -> None:
 
 def list_names(spark: SparkSession, uri: str) -> list[str]:
     """Names of the entries of the folder ``uri`` (empty when it does not exist)."""
+    local = local_path(uri)
+    if local is not None:
+        return sorted(p.name for p in local.iterdir()) if local.is_dir() else []
     fs, path = _fs_and_path(spark, uri)
     if not fs.exists(path):
         return []

@@ -16,10 +16,8 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import FrameType
 from typing import Any
-from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -27,6 +25,7 @@ from pyspark.sql import functions as F
 from sessionlake import faults, storage
 from sessionlake.batch import BatchReport, Clock, process_files, stream_identity, utc_now
 from sessionlake.config import ConfigError, Settings
+from sessionlake.storage import local_path
 from sessionlake.tables import ensure_tables
 
 log = logging.getLogger("sessionlake.stream")
@@ -49,14 +48,6 @@ class RunSummary:
     def processed(self) -> list[dict[str, Any]]:
         """Metrics rows of the batches this run processed (replays already done excluded)."""
         return [b.row for b in self.batches if not b.skipped]
-
-
-def local_path(uri: str) -> Path | None:
-    """The local path of ``uri`` when it is on this machine's file system, else ``None``."""
-    parsed = urlparse(uri)
-    if parsed.scheme in ("", "file"):
-        return Path(parsed.path if parsed.scheme else uri)
-    return None
 
 
 def check_source(settings: Settings) -> str:

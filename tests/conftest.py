@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-import time
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # Spark hands timestamps to Python as naive local times: make local time UTC.

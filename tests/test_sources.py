@@ -1,0 +1,145 @@
+"""Source adapters: every malformed-record kind gets its reason; good records parse."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+import pytest
+from pyspark.sql import SparkSession
+
+from sessionlake.sources import ApacheAccessLogAdapter, JsonLinesAdapter, adapter_for
+from sessionlake.validation import MAX_RECORD_CHARS, apply_guards, cap_record_size
+from tests.conftest import DATA
+from tests.helpers import NOW, lines_frame
+
+SKEW = timedelta(hours=1)
+
+
+def parse(spark: SparkSession, lines: list[str], fmt: str = "jsonl") -> list[dict]:
+    frame = cap_record_size(lines_frame(spark, lines))
+    guarded = apply_guards(adapter_for(fmt).parse(frame), NOW, SKEW)
+    return [r.asDict() for r in guarded.orderBy("source_line").collect()]
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ('{"user_id": "u1", "event_time": ', "invalid JSON"),
+        ("\x00\x01\x02binary", "invalid JSON"),
+        ("[1, 2, 3]", "not a JSON object"),
+        ('"just a string"', "not a JSON object"),
+        ('{"event_time": "2026-01-05T10:00:00Z"}', "missing user_id"),
+        ('{"user_id": null, "event_time": "2026-01-05T10:00:00Z"}', "missing user_id"),
+        ('{"user_id": 42, "event_time": "2026-01-05T10:00:00Z"}', "user_id must be a string"),
+        ('{"user_id": "  ", "event_time": "2026-01-05T10:00:00Z"}',
+         "user_id must not be empty"),
+        ('{"user_id": "u1"}', "missing event_time"),
+        ('{"user_id": "u1", "event_time": 1767607200}', "event_time must be an ISO-8601 string"),
+        ('{"user_id": "u1", "event_time": "yesterday"}',
+         "event_time is not an ISO-8601 timestamp: yesterday"),
+        ('{"user_id": "u1", "event_time": "2026-13-45T10:00:00Z"}',
+         "event_time is not an ISO-8601 timestamp: 2026-13-45T10:00:00Z"),
+        ('{"user_id": "u1", "event_time": "2026-01-05T10:00:00Z", "event_id": 7}',
+         "event_id must be a string"),
+        ('{"user_id": "u1", "event_time": "2026-01-05T10:00:00Z", "event_id": ""}',
+         "event_id must not be empty"),
+        ('{"user_id": "u1", "event_time": "2026-01-05T10:00:00Z", "event_type": ["a"]}',
+         "event_type must be a string"),
+        ('{"user_id": "u1", "event_time": "2026-01-05T10:00:00Z", "page": {"p": 1}}',
+         "page must be a string"),
+        ('{"user_id": "u1", "event_time": "2026-01-05T10:00:00Z", "properties": "x"}',
+         "properties must be an object"),
+        ('{"user_id": "u1", "event_time": "2030-01-05T10:00:00Z"}',
+         "event_time 2030-01-05T10:00:00Z is more than 1h ahead of the processing time "
+         "2026-02-01T00:00:00+00:00"),
+    ],
+)
+def test_malformed_jsonl_records_get_a_reason(spark: SparkSession, line: str, reason: str) -> None:
+    [parsed] = parse(spark, [line])
+    assert parsed["reason"] == reason
+    assert parsed["raw"] == line
+    assert (parsed["source_file"], parsed["source_line"]) == ("f.jsonl", 1)
+
+
+def test_record_longer_than_the_limit_is_quarantined_cut(spark: SparkSession) -> None:
+    line = json.dumps({"user_id": "u1", "event_time": "2026-01-05T10:00:00Z",
+                       "page": "x" * MAX_RECORD_CHARS})
+    [parsed] = parse(spark, [line])
+    assert parsed["reason"].startswith("record longer than")
+    assert parsed["raw_truncated"] is True
+    assert len(parsed["raw"]) == MAX_RECORD_CHARS
+
+
+@pytest.mark.parametrize(
+    ("stamp", "expected"),
+    [
+        ("2026-01-05T10:00:00Z", datetime(2026, 1, 5, 10, 0)),
+        ("2026-01-05T10:00:00", datetime(2026, 1, 5, 10, 0)),           # no offset: UTC
+        ("2026-01-05T12:00:00+02:00", datetime(2026, 1, 5, 10, 0)),
+        ("2026-01-05 10:00:00.250Z", datetime(2026, 1, 5, 10, 0, 0, 250000)),
+    ],
+)
+def test_event_times_are_read_as_utc(spark: SparkSession, stamp: str, expected: datetime) -> None:
+    [parsed] = parse(spark, [json.dumps({"user_id": "u", "event_time": stamp})])
+    assert parsed["reason"] is None
+    assert parsed["event_time"] == expected
+
+
+def test_good_jsonl_record_keeps_every_field(spark: SparkSession) -> None:
+    line = json.dumps({
+        "user_id": "u1", "event_time": "2026-01-05T10:00:00Z", "event_id": "e-1",
+        "event_type": "click", "page": "/a", "properties": {"plan": "pro", "n": 3},
+        "new_field": True,
+    })
+    [parsed] = parse(spark, [line])
+    assert parsed["reason"] is None
+    assert (parsed["event_id"], parsed["event_type"], parsed["page"]) == ("e-1", "click", "/a")
+    # Properties become strings; an unknown top-level field is kept, not dropped.
+    assert parsed["properties"] == {"plan": "pro", "n": "3", "new_field": "true"}
+
+
+def test_defaults_for_optional_fields(spark: SparkSession) -> None:
+    lines = [json.dumps({"user_id": "u1", "event_time": "2026-01-05T10:00:00Z"})] * 2
+    first, second = parse(spark, lines)
+    assert first["event_type"] == "event"
+    # Identical lines stay two events: the derived id names file and line.
+    assert (first["event_id"], second["event_id"]) == ("f.jsonl#1", "f.jsonl#2")
+
+
+def test_apache_combined_log_lines(spark: SparkSession) -> None:
+    good = ('83.149.9.216 - - [17/May/2015:10:05:03 +0000] "GET /presentations/x.png?a=1 '
+            'HTTP/1.1" 200 203023 "http://semicomplete.com/" "Mozilla/5.0"')
+    cut = ('46.118.127.106 - - [20/May/2015:12:05:17 +0000] "GET /x.py HTTP/1.1" 200 235 "-" '
+           '"Mozilla/5.0 (compatible; Googlebot/2.1')
+    bad_time = '1.2.3.4 - - [17/Mai/2015:10:05:03 +0000] "GET / HTTP/1.1" 200 1 "-" "x"'
+    parsed = parse(spark, [good, cut, bad_time, "garbage"], "apache")
+    assert parsed[0]["reason"] is None
+    assert (parsed[0]["user_id"], parsed[0]["event_type"], parsed[0]["page"]) == (
+        "83.149.9.216", "GET", "/presentations/x.png")
+    assert parsed[0]["event_time"] == datetime(2015, 5, 17, 10, 5, 3)
+    assert parsed[0]["properties"] == {
+        "status": "200", "bytes": "203023", "query": "a=1",
+        "referer": "http://semicomplete.com/", "user_agent": "Mozilla/5.0",
+    }
+    assert [p["reason"] for p in parsed[1:]] == [
+        "not a combined access log line",
+        "unreadable log time: 17/Mai/2015:10:05:03 +0000",
+        "not a combined access log line",
+    ]
+
+
+def test_real_access_log_slice_parses(spark: SparkSession) -> None:
+    lines = (DATA / "apache_access_2015_head3000.log").read_text().splitlines()
+    frame = lines_frame(spark, lines, "access.log")
+    guarded = apply_guards(ApacheAccessLogAdapter().parse(frame), NOW, SKEW)
+    assert guarded.where("reason IS NULL").count() == 3000
+
+
+def test_unknown_format_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown input format 'xml'"):
+        adapter_for("xml")
+
+
+def test_jsonl_adapter_has_the_adapter_name() -> None:
+    assert JsonLinesAdapter().name == "jsonl"
