@@ -1,0 +1,119 @@
+"""The streaming job end to end on files: batching, parallelism and restarts change nothing."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from sessionlake.config import ConfigError, settings_from
+from sessionlake.sessionize import sessionize_events
+from sessionlake.sources import ApacheAccessLogAdapter
+from sessionlake.stream import run_stream
+from sessionlake.tables import read_table
+from sessionlake.validation import apply_guards, valid_events
+from tests.conftest import DATA
+from tests.helpers import NOW, SESSION_KEY, all_sessions, lines_frame
+
+pytestmark = pytest.mark.slow
+LOG = DATA / "apache_access_2015_head3000.log"
+
+
+def split_log(folder: Path, parts: int) -> list[Path]:
+    """The real log slice cut into ``parts`` files, in order.
+
+    Spark's file source takes files oldest first, so each file is given a modification
+    time one minute after the previous one, as files landing over time would have.
+    """
+    lines = LOG.read_text().splitlines(keepends=True)
+    size = -(-len(lines) // parts)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for i in range(parts):
+        path = folder / f"access-{i:02d}.log"
+        path.write_text("".join(lines[i * size:(i + 1) * size]))
+        os.utime(path, (1_700_000_000 + 60 * i, 1_700_000_000 + 60 * i))
+        files.append(path)
+    return files
+
+
+def reference_sessions(spark: SparkSession, files: list[Path]):
+    """Batch sessionization of the same lines: what every stream must end with."""
+    frames = [lines_frame(spark, f.read_text().splitlines(), f.name) for f in files]
+    lines = frames[0]
+    for frame in frames[1:]:
+        lines = lines.unionByName(frame)
+    events = valid_events(apply_guards(ApacheAccessLogAdapter().parse(lines), NOW,
+                                       timedelta(hours=1)))
+    return sessionize_events(events, timedelta(minutes=30), timedelta(hours=24))
+
+
+def run(spark: SparkSession, source: Path, lake: Path, **values: object) -> list[dict]:
+    settings = settings_from(
+        {"lake": str(lake), "source": str(source), "input_format": "apache", **values}, env={}
+    )
+    return run_stream(spark, settings, clock=lambda: NOW).processed
+
+
+def test_real_log_gives_the_same_sessions_in_one_batch_or_many(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    files = split_log(tmp_path / "landing", 4)
+    one = run(spark, tmp_path / "landing", tmp_path / "one")
+    many = run(spark, tmp_path / "landing", tmp_path / "many", max_files_per_trigger=1)
+    assert (len(one), len(many)) == (1, 4)
+    for lake in ("one", "many"):
+        assert read_table(spark, str(tmp_path / lake), "late_events").count() == 0
+        assert read_table(spark, str(tmp_path / lake), "quarantine").count() == 0
+    expected = reference_sessions(spark, files).select("session_id", *SESSION_KEY)
+    assertDataFrameEqual(all_sessions(spark, str(tmp_path / "one")).drop("distinct_pages"),
+                         expected, checkRowOrder=False)
+    assertDataFrameEqual(all_sessions(spark, str(tmp_path / "many")).drop("distinct_pages"),
+                         expected, checkRowOrder=False)
+    # Every accepted line is in events exactly once, and every event in one session.
+    assert sum(m["accepted"] for m in many) == 3000
+    assert read_table(spark, str(tmp_path / "many"), "events").count() == 3000
+
+
+def test_restart_on_the_same_checkpoint_at_another_parallelism(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    files = split_log(tmp_path / "all", 4)
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for f in files[:2]:
+        f.rename(landing / f.name)
+    first = run(spark, landing, tmp_path / "lake", max_files_per_trigger=1)
+    for f in files[2:]:
+        f.rename(landing / f.name)
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "7")
+    try:
+        second = run(spark, landing, tmp_path / "lake", shuffle_partitions=7)
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", str(previous))
+    # The restart picked up only the new files, from the checkpoint.
+    assert [m["batch_id"] for m in first + second] == [0, 1, 2]
+    expected = reference_sessions(spark, [landing / f.name for f in files])
+    assertDataFrameEqual(
+        all_sessions(spark, str(tmp_path / "lake")).drop("distinct_pages"),
+        expected.select("session_id", *SESSION_KEY), checkRowOrder=False,
+    )
+
+
+def test_a_run_with_nothing_new_changes_nothing(spark: SparkSession, tmp_path: Path) -> None:
+    split_log(tmp_path / "landing", 1)
+    run(spark, tmp_path / "landing", tmp_path / "lake")
+    assert run(spark, tmp_path / "landing", tmp_path / "lake") == []
+
+
+def test_missing_source_folder_is_refused_before_anything_is_written(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        run(spark, tmp_path / "nowhere", tmp_path / "lake")
+    assert not (tmp_path / "lake").exists()
