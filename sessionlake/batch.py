@@ -177,9 +177,9 @@ def record_inputs(
     """
     entry = _read_ledger(spark, settings, identity, batch_id)
     if entry is None:
-        max_before = read_table(spark, settings.lake, BATCH_METRICS).agg(
+        max_before = _one(read_table(spark, settings.lake, BATCH_METRICS).agg(
             F.max("max_event_time")
-        ).head()[0]
+        ))[0]
         max_before = _as_utc(max_before)
         entry = {
             "events_version": table_version(spark, settings.lake, EVENTS),
@@ -206,6 +206,14 @@ def mark_done(
     """Note in the ledger that every table write of the batch has committed."""
     entry = _read_ledger(spark, settings, identity, batch_id) or {}
     _write_ledger(spark, settings, identity, batch_id, {**entry, "done": True})
+
+
+def _one(frame: DataFrame) -> Row:
+    """The single row of an aggregate without grouping."""
+    row = frame.head()
+    if row is None:
+        raise RuntimeError("an aggregate returned no row")
+    return row
 
 
 def watermark_of(max_event_time: datetime | None, grace: timedelta) -> datetime | None:
@@ -268,7 +276,7 @@ def process_lines(
             now, settings.max_future_skew,
         ))
         valid = valid_events(guarded)
-        stats = guarded.agg(
+        stats = _one(guarded.agg(
             F.count(F.lit(1)).alias("input"),
             F.count("reason").alias("quarantined"),
             F.collect_set(F.when(F.col("reason").isNull(), F.to_date("event_time")))
@@ -282,7 +290,7 @@ def process_lines(
             F.max(F.when(F.col("reason").isNull()
                          & (F.col("event_time") < F.lit(watermark).cast("timestamp")),
                          F.col("event_time"))).alias("last_behind_watermark"),
-        ).head()
+        ))
         buckets = sorted(int(b) for b in stats["buckets"])
         phase("parse")
 
@@ -318,11 +326,11 @@ def process_lines(
         ))
         sessions = keep(aggregate_sessions(assigned.where(F.col("late_reason").isNull())))
 
-        outcome = assigned.where(~F.col("is_state")).agg(
+        outcome = _one(assigned.where(~F.col("is_state")).agg(
             F.count(F.when(F.col("late_reason").isNull(), 1)).alias("accepted"),
             F.count(F.when(F.col("late_reason").isNotNull(), 1)).alias("late"),
             F.max(F.when(F.col("late_reason").isNull(), F.col("event_time"))).alias("max_t"),
-        ).head()
+        ))
         phase("sessionize")
         max_event_time = max(
             (t for t in (inputs.max_event_time_before, _as_utc(outcome["max_t"]))
@@ -437,18 +445,18 @@ def _batch_counts(
     batch_buckets: list[int],
 ) -> dict[str, Any]:
     """Counts of the batch's outcomes, from the frames already held in memory."""
-    checks = checked.agg(
+    checks = _one(checked.agg(
         F.count(F.lit(1)).alias("unique"),
         F.count("late_reason").alias("late"),
-    ).head()
-    sessions = classified.agg(
+    ))
+    sessions = _one(classified.agg(
         F.count(F.when(F.col("change") == "open", 1)).alias("opened"),
         F.count(F.when(F.col("change") != "unchanged", 1)).alias("changed"),
         F.count(F.when(F.col("closes"), 1)).alias("closed"),
-    ).head()
-    expired = expiring.agg(
+    ))
+    expired = _one(expiring.agg(
         F.count(F.lit(1)).alias("count"), F.collect_set("user_bucket").alias("buckets")
-    ).head()
+    ))
     closed = int(sessions["closed"]) + int(expired["count"])
     return {
         "unique": int(checks["unique"]),

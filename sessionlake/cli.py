@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--format", dest="input_format", choices=("jsonl", "apache"),
                      help="input format (default jsonl)")
     _lake(run)
-    run.add_argument("--checkpoint", help="streaming checkpoint (default <lake>/_checkpoints/stream)")
+    run.add_argument("--checkpoint",
+                     help="streaming checkpoint (default <lake>/_checkpoints/stream)")
     run.add_argument("--gap", help="inactivity gap that ends a session (default 30m)")
     run.add_argument("--grace", help="how late an event may be and still count (default 5m)")
     run.add_argument("--max-session-duration", dest="max_session_duration",

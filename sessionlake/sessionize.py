@@ -36,12 +36,12 @@ FRAGMENT_COLUMNS: tuple[str, ...] = (
 
 def micros(value: timedelta) -> int:
     """A duration in whole microseconds, the unit sessionization computes in."""
-    return int(round(value.total_seconds() * _MICROS))
+    return round(value.total_seconds() * _MICROS)
 
 
 def micros_at(moment: datetime | None) -> int | None:
     """An instant in microseconds since the epoch (``None`` stays ``None``)."""
-    return None if moment is None else int(round(moment.timestamp() * _MICROS))
+    return None if moment is None else round(moment.timestamp() * _MICROS)
 
 
 def session_id(user_id: Column | str, session_start: Column | str) -> Column:

@@ -89,7 +89,8 @@ class JsonLinesAdapter:
                                                     "event_type", "page")],
             F.try_variant_get(v, "$.properties", "map<string,string>").alias("props"),
             F.from_json(
-                "line", MapType(StringType(), StringType()), {"mode": "PERMISSIVE"}
+                "line", MapType(StringType(), StringType()).simpleString(),
+                {"mode": "PERMISSIVE"},
             ).alias("all_fields"),
         )
 

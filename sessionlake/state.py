@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake.tables import OPEN_SESSIONS, delta_txn, last_operation_metrics, table_path
@@ -57,7 +57,7 @@ def apply_changelog_merge(
         & (F.col("t.user_bucket") == F.col("s.user_bucket"))
         & (F.col("t.session_id") == F.col("s.session_id"))
     )
-    values = {column: F.col(f"s.{column}") for column in OPEN_SESSION_COLUMNS}
+    values: dict[str, str | Column] = {c: F.col(f"s.{c}") for c in OPEN_SESSION_COLUMNS}
     with delta_txn(spark, txn):
         (
             target.alias("t")

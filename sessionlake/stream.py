@@ -155,7 +155,7 @@ def run_stream(
                 if stop.is_set() and not in_batch.is_set():
                     query.stop()
                     break
-                query.awaitTermination(0.5)
+                query.awaitTermination(1)
         if query.exception() is not None:
             raise query.exception()  # type: ignore[misc]
     return summary

@@ -129,5 +129,5 @@ def delta_txn(spark: SparkSession, txn: tuple[str, int] | None) -> Iterator[None
 def last_operation_metrics(spark: SparkSession, lake: str, table: str) -> dict[str, int]:
     """The operation metrics of the newest commit of ``table`` (rows and files touched)."""
     row = DeltaTable.forPath(spark, table_path(lake, table)).history(1).head()
-    metrics = row["operationMetrics"] or {}
+    metrics = (row["operationMetrics"] if row is not None else None) or {}
     return {key: int(value) for key, value in metrics.items() if str(value).isdigit()}

@@ -1,0 +1,89 @@
+"""The command line: exit status 2 and one line for bad arguments; a real run in a
+subprocess that changes --master and --shuffle-partitions between runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from sessionlake.cli import main
+from tests.conftest import DATA, REPO
+
+LOG_LINES = (DATA / "apache_access_2015_head3000.log").read_text().splitlines(keepends=True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--lake", "L", "--source", "nowhere"], "source folder nowhere does not exist"),
+        (["run", "--lake", "L", "--source", ".", "--gap", "soon"],
+         "gap must be a duration like 30m"),
+        (["run", "--lake", "L", "--source", ".", "--gap", "0s"], "gap must be longer than 0"),
+        (["run", "--lake", "L", "--source", ".", "--shuffle-partitions", "0"],
+         "shuffle-partitions must be a whole number >= 1"),
+        (["run", "--source", "."], "no lake location"),
+        (["run", "--lake", "L", "--source", ".", "--format", "xml"], "invalid choice: 'xml'"),
+        (["generate", "--out", "x", "--users", "0", "--events", "10"], "users"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SESSIONLAKE_LAKE", raising=False)
+    try:
+        status = main(argv)
+    except SystemExit as exit_:
+        status = int(exit_.code or 0)
+    err = capsys.readouterr().err.strip()
+    assert status == 2
+    assert len(err.splitlines()) == 1
+    assert message in err
+    assert not (tmp_path / "L").exists()
+
+
+def test_sql_on_a_missing_lake_and_bad_sql_exit_2(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sql", "--lake", str(tmp_path / "none"), "SELECT 1"]) == 2
+    assert "no sessionlake tables" in capsys.readouterr().err
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SESSIONLAKE_DRIVER_MEMORY": "1g"}
+    return subprocess.run(
+        [sys.executable, "-m", "sessionlake.cli", *args],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=600, check=False,
+    )
+
+
+@pytest.mark.slow
+def test_run_then_restart_on_another_master_then_query(tmp_path: Path) -> None:
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    landing.mkdir()
+    (landing / "a.log").write_text("".join(LOG_LINES[:1500]))
+    first = _cli("run", "--source", str(landing), "--format", "apache", "--lake", str(lake),
+                 "--master", "local[1]", "--shuffle-partitions", "1")
+    assert first.returncode == 0, first.stderr
+    assert "1500 records, 1500 accepted" in first.stdout
+    (landing / "b.log").write_text("".join(LOG_LINES[1500:]))
+    os.utime(landing / "b.log", (2_000_000_000, 2_000_000_000))
+    second = _cli("run", "--source", str(landing), "--format", "apache", "--lake", str(lake),
+                  "--master", "local[2]", "--shuffle-partitions", "3")
+    assert second.returncode == 0, second.stderr
+    assert "processed 1 micro-batch(es): 1500 records, 1500 accepted" in second.stdout
+
+    query = _cli("sql", "--lake", str(lake), "--output", "json",
+                 "SELECT (SELECT sum(event_count) FROM sessions) + "
+                 "(SELECT sum(event_count) FROM open_sessions) AS events, "
+                 "(SELECT count(*) FROM late_events) AS late")
+    assert query.returncode == 0, query.stderr
+    assert json.loads(query.stdout) == {"events": 3000, "late": 0}
