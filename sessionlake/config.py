@@ -82,6 +82,13 @@ def format_duration(value: timedelta) -> str:
     return f"{seconds:g}s"
 
 
+def absolute_location(location: str) -> str:
+    """A local path made absolute (Delta needs absolute paths); URIs stay as they are."""
+    if "://" in location or location.startswith("file:"):
+        return location
+    return os.path.abspath(os.path.expanduser(location))
+
+
 def _positive_int(value: Any, name: str) -> int:
     try:
         number = int(str(value))
@@ -166,11 +173,14 @@ def settings_from(
         raise ConfigError(
             f"no lake location: pass --lake DIR or set {ENV['lake']}"
         )
-    merged = replace(base, lake=str(lake)) if base else Settings(lake=str(lake))
+    lake = absolute_location(str(lake))
+    merged = replace(base, lake=lake) if base else Settings(lake=lake)
     updates: dict[str, Any] = {}
-    for key in ("source", "checkpoint_dir", "master"):
+    for key in ("source", "checkpoint_dir"):
         if key in current:
-            updates[key] = str(current[key])
+            updates[key] = absolute_location(str(current[key]))
+    if "master" in current:
+        updates["master"] = str(current["master"])
     if "input_format" in current:
         if current["input_format"] not in INPUT_FORMATS:
             raise ConfigError(
