@@ -54,7 +54,7 @@ def reference_sessions(spark: SparkSession, files: list[Path]):
 
 def run(spark: SparkSession, source: Path, lake: Path, **values: object) -> list[dict]:
     settings = settings_from(
-        {"lake": str(lake), "source": str(source), "input_format": "apache", **values}, env={}
+        {"lake": str(lake), "source": str(source), "input_format": "apache"} | values, env={}
     )
     return run_stream(spark, settings, clock=lambda: NOW).processed
 
@@ -117,3 +117,35 @@ def test_missing_source_folder_is_refused_before_anything_is_written(
     with pytest.raises(ConfigError, match="does not exist"):
         run(spark, tmp_path / "nowhere", tmp_path / "lake")
     assert not (tmp_path / "lake").exists()
+
+
+def test_generated_stream_equals_batch_sessionization_at_any_split_and_parallelism(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from sessionlake.generate import generate_clickstream
+    from sessionlake.sources import JsonLinesAdapter
+
+    landing = tmp_path / "landing"
+    generated = generate_clickstream(landing, users=200, events=3000, files=6, seed=11)
+    settings = {"input_format": "jsonl"}
+    one = run(spark, landing, tmp_path / "one", **settings)
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "5")
+    try:
+        many = run(spark, landing, tmp_path / "many", max_files_per_trigger=2, **settings)
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", str(previous))
+    assert (len(one), len(many)) == (1, 3)
+
+    frames = [lines_frame(spark, f.read_text().splitlines(), f.name) for f in generated.files]
+    lines = frames[0]
+    for frame in frames[1:]:
+        lines = lines.unionByName(frame)
+    events = valid_events(apply_guards(JsonLinesAdapter().parse(lines), NOW, timedelta(hours=1)))
+    expected = sessionize_events(events, timedelta(minutes=30), timedelta(hours=24)).select(
+        "session_id", *SESSION_KEY
+    )
+    for lake in ("one", "many"):
+        assert read_table(spark, str(tmp_path / lake), "late_events").count() == 0
+        assertDataFrameEqual(all_sessions(spark, str(tmp_path / lake)).drop("distinct_pages"),
+                             expected, checkRowOrder=False)
