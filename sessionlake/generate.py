@@ -123,10 +123,10 @@ def generate_clickstream(
     for i in np.flatnonzero(late):
         buckets[files - 1].append(line(int(i)))
 
-    duplicates = int(round(events * duplicate_fraction))
+    duplicates = round(events * duplicate_fraction)
     for i in rng.choice(events, size=duplicates, replace=duplicates > events):
         buckets[int(target[i])].append(line(int(i)))
-    malformed = int(round(events * malformed_fraction))
+    malformed = round(events * malformed_fraction)
     for k in range(malformed):
         buckets[int(rng.integers(files))].append(MALFORMED[k % len(MALFORMED)])
 

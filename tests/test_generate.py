@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from datetime import datetime
 from pathlib import Path
@@ -97,7 +98,7 @@ def test_sessions_look_like_sessions(tmp_path: Path) -> None:
         record = json.loads(line)
         by_user.setdefault(record["user_id"], []).append(_time(record["event_time"]))
     sessions = sum(
-        1 + sum((b - a).total_seconds() >= 1800 for a, b in zip(ts, ts[1:], strict=False))
+        1 + sum((b - a).total_seconds() >= 1800 for a, b in itertools.pairwise(ts))
         for ts in (sorted(t) for t in by_user.values())
     )
     assert 2 <= 3000 / sessions <= 20
