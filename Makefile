@@ -41,7 +41,7 @@ demo: setup
 	$(BIN)/sessionlake sql --lake $(DEMO)/lake "$$(cat sql/demo_report.sql)"
 
 lint: setup
-	$(BIN)/ruff check sessionlake tests dags plugins jobs bench
+	$(BIN)/ruff check $(wildcard sessionlake tests dags plugins jobs bench)
 	$(BIN)/mypy
 
 test: setup lint
