@@ -128,13 +128,9 @@ class Settings:
         """The streaming checkpoint: ``--checkpoint`` or ``<lake>/_checkpoints/stream``."""
         return self.checkpoint_dir or f"{self.lake.rstrip('/')}/_checkpoints/stream"
 
-    def table_path(self, table: str) -> str:
-        """Where the Delta table named ``table`` lives inside the lake."""
-        return f"{self.lake.rstrip('/')}/{table}"
-
     def with_overrides(self, **values: Any) -> Settings:
         """A copy with some values replaced and validated again."""
-        return settings_from(values, base=self)
+        return settings_from(values, env={}, base=self)
 
 
 def _pick(values: Mapping[str, Any], env: Mapping[str, str], key: str) -> Any:

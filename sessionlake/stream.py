@@ -121,7 +121,11 @@ def run_stream(
     source = check_source(settings)
     summary = RunSummary()
     with checkpoint_lock(settings.checkpoint):
-        ensure_tables(spark, settings.lake)
+        buckets = ensure_tables(spark, settings.lake, settings.user_buckets)
+        if buckets != settings.user_buckets:
+            log.warning("the lake's open_sessions has %s user buckets: using that, not %s",
+                        buckets, settings.user_buckets)
+            settings = settings.with_overrides(user_buckets=buckets)
         identity = stream_identity(spark, settings.checkpoint)
         root = storage.path_part(spark, source)
         in_batch = threading.Event()

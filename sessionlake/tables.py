@@ -47,12 +47,12 @@ def sql_dir() -> Path:
     return Path(os.environ.get("SESSIONLAKE_SQL_DIR") or PROJECT_ROOT / "sql")
 
 
-def table_ddl(table: str, location: str) -> str:
+def table_ddl(table: str, location: str, user_buckets: int = 16) -> str:
     """The ``CREATE TABLE IF NOT EXISTS`` statement of ``table`` at ``location``."""
     if "`" in location:
         raise ValueError(f"a lake location must not contain a backtick: {location!r}")
     text = (sql_dir() / "tables" / f"{table}.sql").read_text(encoding="utf-8")
-    return text.replace("${location}", location)
+    return text.replace("${location}", location).replace("${user_buckets}", str(user_buckets))
 
 
 def table_path(lake: str, table: str) -> str:
@@ -60,16 +60,23 @@ def table_path(lake: str, table: str) -> str:
     return f"{lake.rstrip('/')}/{table}"
 
 
-def ensure_tables(spark: SparkSession, lake: str) -> None:
+def ensure_tables(spark: SparkSession, lake: str, user_buckets: int = 16) -> int:
     """Create every table of the lake that does not exist yet (idempotent).
 
     :param spark: a Delta-enabled session.
     :param lake: the lake folder or URI.
+    :param user_buckets: how many user buckets ``open_sessions`` gets, if it is created now.
+    :return: the bucket count of the lake's ``open_sessions`` (fixed at its creation: a
+        stream must use it whatever its settings say, or its MERGE would miss rows).
     """
     for table in ALL_TABLES:
         path = table_path(lake, table)
         if not DeltaTable.isDeltaTable(spark, path):
-            spark.sql(table_ddl(table, path))
+            spark.sql(table_ddl(table, path, user_buckets))
+    properties = DeltaTable.forPath(spark, table_path(lake, OPEN_SESSIONS)).detail().head()
+    configured = (properties["properties"] or {}).get("sessionlake.userBuckets") if properties \
+        else None
+    return int(configured) if configured else user_buckets
 
 
 def read_table(

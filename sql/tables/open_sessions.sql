@@ -20,5 +20,7 @@ CREATE TABLE IF NOT EXISTS delta.`${location}` (
 ) USING DELTA
 PARTITIONED BY (user_bucket)
 TBLPROPERTIES (
-  'delta.enableDeletionVectors' = 'true'
+  'delta.enableDeletionVectors' = 'true',
+  -- Fixed when the table is created: every run of every stream reads it from here.
+  'sessionlake.userBuckets' = '${user_buckets}'
 )

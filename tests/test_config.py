@@ -1,0 +1,67 @@
+"""Settings: one parse and validation for flags, DAG params and the environment."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from sessionlake.config import ConfigError, format_duration, parse_duration, settings_from
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30m", 1800), ("90s", 90), ("24h", 86400), ("1d", 86400), ("1.5h", 5400), ("250ms", 0.25),
+     (45, 45), ("45", 45)],
+)
+def test_durations(text: str | int, seconds: float) -> None:
+    assert parse_duration(text, "gap") == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("text", ["soon", "-5m", "5 minutes", ""])
+def test_bad_durations_name_the_setting(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"^grace"):
+        parse_duration(text, "grace")
+
+
+def test_format_duration_round_trips() -> None:
+    for value in ("30m", "5m", "90s", "1d", "1.5h"):
+        parsed = parse_duration(value, "x")
+        assert parse_duration(format_duration(parsed), "x") == parsed
+    assert format_duration(parse_duration("24h", "x")) == "1d"
+
+
+def test_flags_win_over_environment_over_defaults(tmp_path) -> None:
+    env = {"SESSIONLAKE_LAKE": str(tmp_path / "env-lake"), "SESSIONLAKE_GAP": "10m"}
+    from_env = settings_from({}, env=env)
+    assert (from_env.lake, from_env.gap, from_env.grace) == (
+        str(tmp_path / "env-lake"), timedelta(minutes=10), timedelta(minutes=5))
+    flagged = settings_from({"gap": "20m"}, env=env)
+    assert flagged.gap == timedelta(minutes=20)
+    # Overrides keep what the base had, whatever the environment says.
+    assert flagged.with_overrides(user_buckets=8).gap == timedelta(minutes=20)
+
+
+def test_relative_paths_become_absolute_and_uris_stay(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert settings_from({"lake": "lake"}, env={}).lake == str(tmp_path / "lake")
+    assert settings_from({"lake": "s3a://bucket/lake"}, env={}).lake == "s3a://bucket/lake"
+    checkpoint = settings_from({"lake": "L"}, env={}).checkpoint
+    assert checkpoint == str(tmp_path / "L" / "_checkpoints" / "stream")
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({}, "no lake location"),
+        ({"lake": "L", "gap": "0s"}, "gap must be longer than 0"),
+        ({"lake": "L", "gap": "2h", "max_session_duration": "1h"},
+         "max-session-duration must be at least the gap"),
+        ({"lake": "L", "input_format": "csv"}, "format must be one of jsonl, apache"),
+        ({"lake": "L", "trigger": "sometimes"}, "trigger must be one of"),
+        ({"lake": "L", "user_buckets": "many"}, "user-buckets must be a whole number"),
+    ],
+)
+def test_bad_settings_are_refused_with_their_name(values: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        settings_from(values, env={})
