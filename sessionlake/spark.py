@@ -14,6 +14,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+LOG_CONFIG = PROJECT_ROOT / "conf" / "log4j2.properties"
 
 #: Settings that suit sessionlake's small, frequent batches on Delta.
 DEFAULT_CONF: dict[str, str] = {
@@ -80,6 +81,7 @@ def build_spark(
         "spark.jars": ",".join(delta_jars()),
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.driver.memory": os.environ.get("SESSIONLAKE_DRIVER_MEMORY", "4g"),
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}",
         **(conf or {}),
     }
     for key, value in settings.items():
