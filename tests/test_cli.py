@@ -21,7 +21,7 @@ LOG_LINES = (DATA / "apache_access_2015_head3000.log").read_text().splitlines(ke
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["run", "--lake", "L", "--source", "nowhere"], "source folder nowhere does not exist"),
+        (["run", "--lake", "L", "--source", "nowhere"], "nowhere does not exist"),
         (["run", "--lake", "L", "--source", ".", "--gap", "soon"],
          "gap must be a duration like 30m"),
         (["run", "--lake", "L", "--source", ".", "--gap", "0s"], "gap must be longer than 0"),

@@ -1,0 +1,119 @@
+"""SIGKILL at chosen points of a micro-batch, then a restart: the final tables must equal
+an uninterrupted run's — no session lost, none doubled, every record counted once.
+
+The kill points are deterministic (``SESSIONLAKE_FAULT=<point>@<batch>``, see
+``sessionlake/faults.py``); one scenario kills at a random moment instead. Some restarts
+change ``--shuffle-partitions`` and the master.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from sessionlake.generate import generate_clickstream
+from sessionlake.tables import read_table
+from tests.conftest import REPO
+from tests.helpers import all_sessions
+
+pytestmark = pytest.mark.slow
+
+
+def _command(landing: Path, lake: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "sessionlake.cli", "run", "--source", str(landing),
+            "--lake", str(lake), "--max-files-per-trigger", "1", *extra]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "SESSIONLAKE_FAULT"}
+    return {**env, "SESSIONLAKE_DRIVER_MEMORY": "1g", **extra}
+
+
+def run_cli(landing: Path, lake: Path, *extra: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(_command(landing, lake, *extra), cwd=REPO, env=_env(**env),
+                          capture_output=True, text=True, timeout=900, check=False)
+
+
+def outcome(spark: SparkSession, lake: Path) -> dict[str, list]:
+    """Everything that must not depend on crashes, as sorted lists."""
+    path = str(lake)
+
+    def sorted_rows(frame) -> list:
+        return sorted(tuple(r) for r in frame.collect())
+
+    return {
+        "sessions": sorted_rows(all_sessions(spark, path)),
+        "events": sorted_rows(read_table(spark, path, "events").select("user_id", "event_id")),
+        "late": sorted_rows(read_table(spark, path, "late_events").select("event_id", "reason")),
+        "quarantine": sorted_rows(
+            read_table(spark, path, "quarantine").select("source_file", "source_line", "reason")),
+        "changelog": sorted_rows(
+            read_table(spark, path, "session_changelog").select("batch_id", "change",
+                                                                "session_id")),
+        "metrics": sorted_rows(read_table(spark, path, "batch_metrics").select(
+            "batch_id", "input_records", "accepted", "late", "quarantined", "duplicates",
+            "closed_sessions", "open_sessions")),
+    }
+
+
+@pytest.fixture(scope="module")
+def landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("landing")
+    generate_clickstream(folder, users=40, events=400, files=3, seed=3, late_fraction=0.05,
+                         duplicate_fraction=0.03, malformed_fraction=0.03)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def expected(spark: SparkSession, landing: Path, tmp_path_factory: pytest.TempPathFactory):
+    lake = tmp_path_factory.mktemp("uninterrupted") / "lake"
+    done = run_cli(landing, lake)
+    assert done.returncode == 0, done.stderr
+    result = outcome(spark, lake)
+    assert len(result["metrics"]) == 3
+    assert result["late"] and result["quarantine"]
+    return result
+
+
+@pytest.mark.parametrize(
+    ("point", "restart_flags"),
+    [
+        ("ingest", ()),
+        ("before_merge", ("--shuffle-partitions", "3")),
+        ("after_merge", ("--master", "local[1]")),
+        ("after_metrics", ()),
+    ],
+)
+def test_kill_at_a_point_then_restart(
+    spark: SparkSession, landing: Path, expected: dict, tmp_path: Path,
+    point: str, restart_flags: tuple[str, ...],
+) -> None:
+    lake = tmp_path / "lake"
+    killed = run_cli(landing, lake, SESSIONLAKE_FAULT=f"{point}@1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    restarted = run_cli(landing, lake, *restart_flags)
+    assert restarted.returncode == 0, restarted.stderr[-2000:]
+    assert outcome(spark, lake) == expected
+
+
+def test_kill_at_a_random_moment_then_restart(
+    spark: SparkSession, landing: Path, expected: dict, tmp_path: Path
+) -> None:
+    lake = tmp_path / "lake"
+    delay = random.Random().uniform(15, 40)
+    process = subprocess.Popen(_command(landing, lake), cwd=REPO, env=_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(delay)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    restarted = run_cli(landing, lake)
+    assert restarted.returncode == 0, f"killed after {delay:.1f}s: {restarted.stderr[-2000:]}"
+    assert outcome(spark, lake) == expected, f"killed after {delay:.1f}s"
