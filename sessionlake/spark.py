@@ -22,6 +22,8 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
+    # The UI costs a listener per job; turn it on with SESSIONLAKE_SPARK_UI=true.
+    "spark.ui.enabled": os.environ.get("SESSIONLAKE_SPARK_UI", "false"),
     # The Delta log of a small table is replayed with this many tasks: the default of 50
     # makes every commit of a small batch pay for 50 tiny tasks.
     "spark.databricks.delta.snapshotPartitions": "2",

@@ -97,7 +97,7 @@ def test_kill_at_a_point_then_restart(
     point: str, restart_flags: tuple[str, ...],
 ) -> None:
     lake = tmp_path / "lake"
-    killed = run_cli(landing, lake, SESSIONLAKE_FAULT=f"{point}@1")
+    killed = run_cli(landing, lake, SESSIONLAKE_FAULT=f"{point}@0")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     restarted = run_cli(landing, lake, *restart_flags)
     assert restarted.returncode == 0, restarted.stderr[-2000:]
@@ -108,7 +108,7 @@ def test_kill_at_a_random_moment_then_restart(
     spark: SparkSession, landing: Path, expected: dict, tmp_path: Path
 ) -> None:
     lake = tmp_path / "lake"
-    delay = random.Random().uniform(15, 40)
+    delay = random.Random().uniform(20, 60)
     process = subprocess.Popen(_command(landing, lake), cwd=REPO, env=_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(delay)
