@@ -55,3 +55,23 @@ bench: setup
 
 clean:
 	rm -rf $(DEMO) .pytest_cache .mypy_cache .ruff_cache
+
+# --- Airflow -------------------------------------------------------------------------------
+# `make airflow`: Airflow 3 standalone (SQLite, LocalExecutor) on http://localhost:8080 with
+# the sessionlake DAGs; the admin password is in
+# airflow_home/simple_auth_manager_passwords.json.generated.
+.PHONY: airflow
+SESSIONLAKE_LAKE   ?= $(abspath $(DEMO))/lake
+SESSIONLAKE_SOURCE ?= $(abspath $(DEMO))/landing
+
+airflow: setup
+	mkdir -p airflow_home $(SESSIONLAKE_SOURCE)
+	AIRFLOW_HOME=$(PWD)/airflow_home \
+	AIRFLOW__CORE__DAGS_FOLDER=$(PWD)/dags \
+	AIRFLOW__CORE__PLUGINS_FOLDER=$(PWD)/plugins \
+	AIRFLOW__CORE__LOAD_EXAMPLES=False \
+	AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}' \
+	SESSIONLAKE_LAKE=$(SESSIONLAKE_LAKE) \
+	SESSIONLAKE_SOURCE=$(SESSIONLAKE_SOURCE) \
+	PATH=$(abspath $(BIN)):$$PATH \
+	$(BIN)/airflow standalone

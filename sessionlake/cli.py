@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from datetime import date
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -81,7 +82,89 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--duplicate-fraction", type=float, default=0.0, dest="duplicate_fraction")
     gen.add_argument("--malformed-fraction", type=float, default=0.0, dest="malformed_fraction")
     gen.add_argument("--seed", type=int, default=0)
+
+    _add_maintenance(commands)
     return parser
+
+
+def _at_least(minimum: int) -> Callable[[str], int]:
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= {minimum}")
+        return value
+
+    return whole
+
+
+def _iso_date(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date like 2026-01-31") from None
+
+
+def _user_id(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a user id must not be empty")
+    return text
+
+
+def _add_maintenance(commands: Any) -> None:
+    """The maintenance sub-commands behind the Airflow DAGs, callable by hand."""
+    checkpoint_help = "streaming checkpoint (default <lake>/_checkpoints/stream)"
+
+    snap = commands.add_parser("snapshot", help="a consistent restore point of the lake")
+    _lake(snap)
+    snap.add_argument("--checkpoint", help=checkpoint_help)
+    snap.add_argument("--name", help="a label for the restore point")
+    snap.add_argument("--list", action="store_true", help="list the restore points instead")
+    _common_spark(snap)
+
+    restore = commands.add_parser("restore", help="return the tables and checkpoint to a snapshot")
+    _lake(restore)
+    restore.add_argument("--checkpoint", help=checkpoint_help)
+    restore.add_argument("--snapshot", required=True, help="id printed by `sessionlake snapshot`")
+    _common_spark(restore)
+
+    compact = commands.add_parser("compact", help="OPTIMIZE tables where small files piled up")
+    _lake(compact)
+    compact.add_argument("--min-files", dest="min_files", type=_at_least(1), default=16,
+                         help="compact a table with at least this many small files (16)")
+    compact.add_argument("--table", dest="tables", action="append",
+                         help="only this table (repeatable; default every table)")
+    _common_spark(compact)
+
+    retention = commands.add_parser(
+        "retention", help="age limits, per-user erasure across every table, VACUUM")
+    _lake(retention)
+    retention.add_argument("--checkpoint", help=checkpoint_help)
+    retention.add_argument("--erase-user", dest="erase_users", action="append", default=[],
+                           type=_user_id, help="erase this user everywhere (repeatable)")
+    retention.add_argument("--sessions-max-age-days", dest="sessions_max_age_days",
+                           type=_at_least(1), help="delete sessions older than this")
+    retention.add_argument("--events-max-age-days", dest="events_max_age_days",
+                           type=_at_least(1), help="delete events older than this")
+    retention.add_argument("--vacuum-retain-hours", dest="vacuum_retain_hours",
+                           type=_at_least(0),
+                           help="VACUUM files older than this (never below what the stream "
+                                "or a kept snapshot needs, unless --force-vacuum)")
+    retention.add_argument("--force-vacuum", dest="force_vacuum", action="store_true",
+                           help="VACUUM even below what kept snapshots need (they expire)")
+    _common_spark(retention)
+
+    backfill = commands.add_parser(
+        "backfill", help="re-sessionize a date range from events, replacing it in sessions")
+    _lake(backfill)
+    backfill.add_argument("--from", dest="from_date", required=True, type=_iso_date,
+                          help="first session date (UTC), e.g. 2026-01-01")
+    backfill.add_argument("--to", dest="to_date", required=True, type=_iso_date,
+                          help="last session date (UTC), inclusive")
+    backfill.add_argument("--gap", help="inactivity gap (default: the configured gap, 30m)")
+    _common_spark(backfill)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -164,10 +247,101 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    """``sessionlake snapshot``: record a restore point and print its id (or list them)."""
+    from sessionlake.snapshots import SnapshotError, create_snapshot, list_snapshots
+
+    settings = _settings(args)
+    if args.list:
+        for snapshot in list_snapshots(settings.lake):
+            print(snapshot.summary())
+        return 0
+    spark = _spark(settings, "sessionlake-snapshot")
+    try:
+        snapshot = create_snapshot(spark, settings, name=args.name)
+    except SnapshotError as error:
+        raise UsageError(str(error)) from None
+    print(snapshot.summary())
+    print(f"snapshot {snapshot.snapshot_id}")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    """``sessionlake restore``: return every table and the checkpoint to a snapshot."""
+    from sessionlake.snapshots import SnapshotError, restore_snapshot
+
+    settings = _settings(args)
+    spark = _spark(settings, "sessionlake-restore")
+    try:
+        snapshot = restore_snapshot(spark, settings, args.snapshot)
+    except SnapshotError as error:
+        raise UsageError(str(error)) from None
+    print(f"restored {snapshot.summary()}")
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    """``sessionlake compact``: OPTIMIZE the tables that need it, report files before/after."""
+    from sessionlake.compaction import CompactionError, compact_lake
+
+    settings = _settings(args)
+    spark = _spark(settings, "sessionlake-compact")
+    try:
+        reports = compact_lake(spark, settings.lake, min_files=args.min_files,
+                               tables=args.tables)
+    except CompactionError as error:
+        raise UsageError(str(error)) from None
+    for report in reports:
+        print(report.summary())
+    return 0
+
+
+def cmd_retention(args: argparse.Namespace) -> int:
+    """``sessionlake retention``: age limits, erasures, VACUUM, and an audit row."""
+    from sessionlake.retention import RetentionError, RetentionRequest, enforce_retention
+
+    settings = _settings(args)
+    request = RetentionRequest(
+        erase_users=tuple(dict.fromkeys(args.erase_users)),
+        sessions_max_age_days=args.sessions_max_age_days,
+        events_max_age_days=args.events_max_age_days,
+        vacuum_retain_hours=args.vacuum_retain_hours,
+        force_vacuum=args.force_vacuum,
+    )
+    spark = _spark(settings, "sessionlake-retention")
+    try:
+        report = enforce_retention(spark, settings, request)
+    except RetentionError as error:
+        raise UsageError(str(error)) from None
+    print(report.summary())
+    return 0
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    """``sessionlake backfill``: re-sessionize a date range and replace it in ``sessions``."""
+    from sessionlake.backfill import BackfillError, backfill_sessions
+
+    if args.from_date > args.to_date:
+        raise UsageError(f"--from {args.from_date} is after --to {args.to_date}")
+    settings = _settings(args)
+    spark = _spark(settings, "sessionlake-backfill")
+    try:
+        report = backfill_sessions(spark, settings, args.from_date, args.to_date)
+    except BackfillError as error:
+        raise UsageError(str(error)) from None
+    print(report.summary())
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "sql": cmd_sql,
     "generate": cmd_generate,
+    "snapshot": cmd_snapshot,
+    "restore": cmd_restore,
+    "compact": cmd_compact,
+    "retention": cmd_retention,
+    "backfill": cmd_backfill,
 }
 
 

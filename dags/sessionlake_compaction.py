@@ -1,0 +1,49 @@
+"""
+### sessionlake_compaction
+
+Daily `sessionlake compact --min-files N`: OPTIMIZE, clustered by user, the tables where at
+least N small files have piled up. Safe beside the stream (a concurrent commit is retried).
+
+Params: `min_files` (>= 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pendulum
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, Param, task
+
+from sessionlake import orchestration as orch
+
+with DAG(
+    dag_id="sessionlake_compaction",
+    doc_md=__doc__,
+    schedule="@daily",
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["sessionlake", "maintenance"],
+    params={
+        "min_files": Param(16, type="integer", minimum=1,
+                           description="compact a table only with at least this many small files"),
+    },
+):
+
+    @task(multiple_outputs=True)
+    def validate_params(params: dict[str, Any]) -> orch.SparkJob:
+        """Check the params and build the job before any data is touched."""
+        checked = orch.validate_compaction_params(params)
+        return orch.spark_job(orch.compaction_args(orch.locations_from_env(), checked))
+
+    job = validate_params()
+    SparkSubmitOperator(
+        task_id="compact",
+        conn_id="spark_default",
+        application=str(orch.JOB_SCRIPT),
+        application_args=job["args"],
+        conf=job["conf"],
+        env_vars=job["env"],
+        name="sessionlake-compaction",
+    )

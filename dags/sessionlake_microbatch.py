@@ -1,0 +1,55 @@
+"""
+### sessionlake_microbatch
+
+Every five minutes, one **available-now** `sessionlake run` over the landing folder
+(`SESSIONLAKE_SOURCE`) into the lake (`SESSIONLAKE_LAKE`): whatever files arrived since the
+last run become one or more micro-batches, committed exactly once, then the job stops.
+
+`max_active_runs=1`: two runs on one checkpoint would commit the same batch ids (the job
+also refuses to start while another run holds the checkpoint's lock).
+
+Params: `shuffle_partitions` (>= 1; may change between runs, the checkpoint has no state).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pendulum
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, Param, task
+
+from sessionlake import orchestration as orch
+
+with DAG(
+    dag_id="sessionlake_microbatch",
+    doc_md=__doc__,
+    schedule=timedelta(minutes=5),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    dagrun_timeout=timedelta(hours=1),
+    tags=["sessionlake", "streaming"],
+    params={
+        "shuffle_partitions": Param(4, type="integer", minimum=1,
+                                    description="spark.sql.shuffle.partitions of this run"),
+    },
+):
+
+    @task(multiple_outputs=True)
+    def validate_params(params: dict[str, Any]) -> orch.SparkJob:
+        """Check the params and build the job before any data is touched."""
+        checked = orch.validate_microbatch_params(params)
+        return orch.spark_job(orch.microbatch_args(orch.locations_from_env(), checked))
+
+    job = validate_params()
+    SparkSubmitOperator(
+        task_id="run_microbatch",
+        conn_id="spark_default",
+        application=str(orch.JOB_SCRIPT),
+        application_args=job["args"],
+        conf=job["conf"],
+        env_vars=job["env"],
+        name="sessionlake-microbatch",
+    )

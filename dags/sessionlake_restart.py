@@ -1,0 +1,76 @@
+"""
+### sessionlake_restart
+
+Stop the continuous `sessionlake run` and start it again at a new parallelism or on a new
+master, from the same checkpoint:
+
+1. find the run holding the checkpoint (`<checkpoint>/sessionlake.pid`), SIGTERM it and wait
+   until it exits (graceful: the batch in flight commits first);
+2. start `sessionlake run --trigger continuous --shuffle-partitions N --master M` detached
+   (its output goes to `<checkpoint>/sessionlake-continuous.log`);
+3. verify it resumed: a new `batch_metrics` commit of the same stream with a higher batch id
+   within `SESSIONLAKE_RESTART_TIMEOUT` seconds (300), so data must be arriving.
+
+With no run holding the checkpoint, steps 2 and 3 start one. The long-running job is a
+detached process, not a SparkSubmitOperator: it must outlive this DAG run.
+
+Params: `shuffle_partitions` (>= 1), `master` (`local[*]`, `local[N]`, `spark://host:port`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pendulum
+from airflow.sdk import DAG, Param, chain, task
+
+from sessionlake import orchestration as orch
+
+with DAG(
+    dag_id="sessionlake_restart",
+    doc_md=__doc__,
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["sessionlake", "streaming", "maintenance"],
+    params={
+        "shuffle_partitions": Param(4, type="integer", minimum=1),
+        "master": Param("local[*]", type="string", description="local[*], spark://host:port"),
+    },
+):
+
+    @task
+    def validate_params(params: dict[str, Any]) -> list[str]:
+        """Check the params and build the new run's command before anything is stopped."""
+        checked = orch.validate_restart_params(params)
+        return orch.continuous_run_args(orch.locations_from_env(), checked)
+
+    @task
+    def stop_running_stream() -> dict[str, Any]:
+        """SIGTERM the run holding the checkpoint; return where its stream stopped."""
+        where = orch.locations_from_env()
+        stopped = orch.stop_continuous_run(where.checkpoint, orch.restart_timeout())
+        position = orch.stream_position(where.lake, where.checkpoint)
+        return {"stopped_pid": stopped, "stream_id": position.stream_id,
+                "last_batch_id": position.last_batch_id}
+
+    @task
+    def start_stream(args: list[str]) -> int:
+        """Start the new continuous run, detached; return its pid."""
+        return orch.start_continuous_run(args, orch.locations_from_env().checkpoint)
+
+    @task
+    def verify_resumed(before: dict[str, Any], pid: int) -> dict[str, Any]:
+        """Wait for a new batch of the same stream from the new run."""
+        where = orch.locations_from_env()
+        previous = orch.StreamPosition(before["stream_id"], before["last_batch_id"])
+        now = orch.wait_for_resumed_stream(where.lake, where.checkpoint, previous, pid,
+                                           orch.restart_timeout())
+        return {"pid": pid, "stream_id": now.stream_id, "last_batch_id": now.last_batch_id}
+
+    args = validate_params()
+    before = stop_running_stream()
+    pid = start_stream(args)
+    chain(args, before, pid)
+    verify_resumed(before, pid)

@@ -1,0 +1,54 @@
+"""
+### sessionlake_retention
+
+Daily `sessionlake retention`: erase the listed users from every table, drop sessions and
+events older than the age limits, VACUUM files older than the retention, and write an
+audit row. A null limit leaves that step out.
+
+Params: `erase_user_ids` (list of user ids), `sessions_max_age_days`, `events_max_age_days`
+(days >= 1), `vacuum_retain_hours` (hours >= 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pendulum
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, Param, task
+
+from sessionlake import orchestration as orch
+
+with DAG(
+    dag_id="sessionlake_retention",
+    doc_md=__doc__,
+    schedule="@daily",
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["sessionlake", "maintenance", "privacy"],
+    params={
+        "erase_user_ids": Param([], type="array", items={"type": "string", "minLength": 1},
+                                description="users to erase from every table"),
+        "sessions_max_age_days": Param(365, type=["null", "integer"], minimum=1),
+        "events_max_age_days": Param(90, type=["null", "integer"], minimum=1),
+        "vacuum_retain_hours": Param(168, type=["null", "integer"], minimum=0),
+    },
+):
+
+    @task(multiple_outputs=True)
+    def validate_params(params: dict[str, Any]) -> orch.SparkJob:
+        """Check the params and build the job before any data is touched."""
+        checked = orch.validate_retention_params(params)
+        return orch.spark_job(orch.retention_args(orch.locations_from_env(), checked))
+
+    job = validate_params()
+    SparkSubmitOperator(
+        task_id="enforce_retention",
+        conn_id="spark_default",
+        application=str(orch.JOB_SCRIPT),
+        application_args=job["args"],
+        conf=job["conf"],
+        env_vars=job["env"],
+        name="sessionlake-retention",
+    )

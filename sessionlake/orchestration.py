@@ -1,0 +1,533 @@
+"""What the Airflow DAGs need from sessionlake, in one place and free of Airflow.
+
+The DAG files in ``dags/`` only wire tasks together; everything they decide lives here so it
+can be tested as plain functions:
+
+- **locations**: the lake, landing folder and checkpoint, from ``SESSIONLAKE_LAKE``,
+  ``SESSIONLAKE_SOURCE`` and ``SESSIONLAKE_CHECKPOINT`` (:func:`locations_from_env`);
+- **params**: one ``validate_*_params`` function per DAG turns the UI trigger's params into a
+  typed value, or raises :class:`ValueError` naming the param, its value and why;
+- **command lines**: one ``*_args`` function per job builds the ``sessionlake`` CLI's argv.
+  Every value is its own argv item (free text as ``--flag=value``, so that a value starting
+  with ``-`` is never read as a flag); nothing is formatted into SQL or a shell line;
+- **spark-submit**: the conf and environment of ``jobs/sessionlake_job.py``
+  (:func:`spark_job`);
+- **restart**: stop the continuous run that holds the checkpoint, start a new one detached,
+  and wait until it has committed a batch of the same stream (:func:`stop_continuous_run`,
+  :func:`start_continuous_run`, :func:`wait_for_resumed_stream`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any, TypedDict
+
+from sessionlake.config import ConfigError, format_duration, parse_duration, settings_from
+from sessionlake.spark import DEFAULT_CONF, LOG_CONFIG, PROJECT_ROOT, delta_jars
+
+#: The spark-submit entry point every Spark task runs.
+JOB_SCRIPT = PROJECT_ROOT / "jobs" / "sessionlake_job.py"
+#: Written by :func:`sessionlake.stream.checkpoint_lock` while a run holds the checkpoint.
+PID_FILE = "sessionlake.pid"
+LOCK_FILE = "sessionlake.lock"
+#: The stream's identity (``stream_id``, restore ``epoch``), kept in the checkpoint folder.
+IDENTITY_FILE = "sessionlake.json"
+#: Output of a detached continuous run, in the checkpoint folder.
+CONTINUOUS_LOG = "sessionlake-continuous.log"
+
+_MASTER = re.compile(
+    r"^(local(\[(\*|[1-9]\d*)(,[1-9]\d*)?\])?"
+    r"|local-cluster\[[1-9]\d*,[1-9]\d*,[1-9]\d*\]"
+    r"|spark://[\w.-]+:\d+(,[\w.-]+:\d+)*"
+    r"|yarn|k8s://\S+)$"
+)
+_IDENTIFIER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+# --- locations -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Locations:
+    """Where a DAG's job reads and writes: absolute paths or URIs."""
+
+    lake: str
+    source: str | None
+    checkpoint: str
+
+
+def locations_from_env(env: Mapping[str, str] | None = None) -> Locations:
+    """The lake, landing folder and checkpoint from ``SESSIONLAKE_*`` variables.
+
+    :param env: the environment (default ``os.environ``).
+    :return: the locations; the checkpoint defaults to ``<lake>/_checkpoints/stream``.
+    :raises ValueError: when ``SESSIONLAKE_LAKE`` is not set.
+    """
+    try:
+        settings = settings_from({}, env=os.environ if env is None else env)
+    except ConfigError as error:
+        raise ValueError(f"{error} in the Airflow workers' environment") from None
+    return Locations(settings.lake, settings.source, settings.checkpoint)
+
+
+def _need_source(locations: Locations) -> str:
+    if not locations.source:
+        raise ValueError(
+            "SESSIONLAKE_SOURCE is not set: set it to the landing folder in the Airflow "
+            "workers' environment"
+        )
+    return locations.source
+
+
+# --- params ----------------------------------------------------------------------------
+
+
+def _bad(name: str, value: Any, why: str) -> ValueError:
+    return ValueError(f"param {name}={value!r} is invalid: {why}")
+
+
+def _whole(params: Mapping[str, Any], name: str, minimum: int) -> int:
+    value = params.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise _bad(name, value, f"must be a whole number >= {minimum}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise _bad(name, value, f"must be a whole number >= {minimum}") from None
+    if number < minimum:
+        raise _bad(name, value, f"must be >= {minimum}")
+    return number
+
+
+def _optional_whole(params: Mapping[str, Any], name: str, minimum: int) -> int | None:
+    return None if params.get(name) is None else _whole(params, name, minimum)
+
+
+def _iso_date(params: Mapping[str, Any], name: str) -> date:
+    value = params.get(name)
+    if isinstance(value, date):
+        return value
+    try:
+        return date.fromisoformat(str(value))
+    except ValueError:
+        raise _bad(name, value, "must be an ISO date like 2026-01-31") from None
+
+
+def _identifier(params: Mapping[str, Any], name: str) -> str:
+    value = params.get(name)
+    if not isinstance(value, str) or not _IDENTIFIER.match(value):
+        raise _bad(
+            name, value,
+            "must be 1-128 letters, digits, '_', '.', ':' or '-', starting with a letter or digit",
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class MicrobatchParams:
+    """``sessionlake_microbatch``: one available-now run over the landing folder."""
+
+    shuffle_partitions: int
+
+
+@dataclass(frozen=True)
+class BackfillParams:
+    """``sessionlake_backfill``: re-sessionize ``from_date``..``to_date`` (inclusive)."""
+
+    from_date: date
+    to_date: date
+    gap: timedelta
+
+
+@dataclass(frozen=True)
+class CompactionParams:
+    """``sessionlake_compaction``: compact tables with at least ``min_files`` small files."""
+
+    min_files: int
+
+
+@dataclass(frozen=True)
+class SnapshotParams:
+    """``sessionlake_snapshot``: a restore point, optionally named."""
+
+    name: str | None
+
+
+@dataclass(frozen=True)
+class RestoreParams:
+    """``sessionlake_restore``: return tables and checkpoint to ``snapshot_id``."""
+
+    snapshot_id: str
+
+
+@dataclass(frozen=True)
+class RetentionParams:
+    """``sessionlake_retention``: erasures, age limits (``None``: no limit) and VACUUM."""
+
+    erase_user_ids: tuple[str, ...]
+    sessions_max_age_days: int | None
+    events_max_age_days: int | None
+    vacuum_retain_hours: int | None
+
+
+@dataclass(frozen=True)
+class RestartParams:
+    """``sessionlake_restart``: the new continuous run's parallelism and master."""
+
+    shuffle_partitions: int
+    master: str
+
+
+def validate_microbatch_params(params: Mapping[str, Any]) -> MicrobatchParams:
+    """Check the micro-batch DAG's params.
+
+    Example::
+
+        validate_microbatch_params({"shuffle_partitions": 8})  # MicrobatchParams(8)
+
+    :raises ValueError: naming the param, its value and why it is wrong.
+    """
+    return MicrobatchParams(_whole(params, "shuffle_partitions", 1))
+
+
+def validate_backfill_params(params: Mapping[str, Any]) -> BackfillParams:
+    """Check the backfill DAG's params: ISO dates with ``from_date <= to_date`` and a gap.
+
+    ``gap_minutes`` is a number of minutes (``30``) or a duration (``30m``, ``1h``).
+
+    :raises ValueError: naming the param, its value and why it is wrong.
+    """
+    first, last = _iso_date(params, "from_date"), _iso_date(params, "to_date")
+    if first > last:
+        raise _bad("from_date", params.get("from_date"),
+                   f"must not be after to_date={params.get('to_date')!r}")
+    value = params.get("gap_minutes")
+    if isinstance(value, bool) or value is None:
+        raise _bad("gap_minutes", value, "must be minutes (30) or a duration (30m, 1h)")
+    text = str(value).strip()
+    try:
+        gap = parse_duration(f"{text}m" if text.isdigit() else text, "gap_minutes")
+    except ConfigError as error:
+        raise _bad("gap_minutes", value, str(error)) from None
+    if gap <= timedelta(0):
+        raise _bad("gap_minutes", value, "must be longer than 0")
+    return BackfillParams(first, last, gap)
+
+
+def validate_compaction_params(params: Mapping[str, Any]) -> CompactionParams:
+    """Check the compaction DAG's params (``min_files >= 1``).
+
+    :raises ValueError: naming the param, its value and why it is wrong.
+    """
+    return CompactionParams(_whole(params, "min_files", 1))
+
+
+def validate_snapshot_params(params: Mapping[str, Any]) -> SnapshotParams:
+    """Check the snapshot DAG's params: an optional name made of safe characters.
+
+    :raises ValueError: naming the param, its value and why it is wrong.
+    """
+    if params.get("name") in (None, ""):
+        return SnapshotParams(None)
+    return SnapshotParams(_identifier(params, "name"))
+
+
+def validate_restore_params(params: Mapping[str, Any]) -> RestoreParams:
+    """Check the restore DAG's params: the id ``sessionlake snapshot`` printed.
+
+    :raises ValueError: naming the param, its value and why it is wrong.
+    """
+    return RestoreParams(_identifier(params, "snapshot_id"))
+
+
+def validate_retention_params(params: Mapping[str, Any]) -> RetentionParams:
+    """Check the retention DAG's params.
+
+    ``erase_user_ids`` is a list of non-empty strings; the age limits are days >= 1 and
+    ``vacuum_retain_hours`` hours >= 0; ``None`` leaves a limit out.
+
+    :raises ValueError: naming the param, its value and why it is wrong.
+    """
+    users = params.get("erase_user_ids") or []
+    if not isinstance(users, list | tuple):
+        raise _bad("erase_user_ids", users, "must be a list of user ids")
+    for user in users:
+        if not isinstance(user, str) or not user.strip():
+            raise _bad("erase_user_ids", users, f"{user!r} is not a non-empty string")
+    return RetentionParams(
+        erase_user_ids=tuple(dict.fromkeys(users)),
+        sessions_max_age_days=_optional_whole(params, "sessions_max_age_days", 1),
+        events_max_age_days=_optional_whole(params, "events_max_age_days", 1),
+        vacuum_retain_hours=_optional_whole(params, "vacuum_retain_hours", 0),
+    )
+
+
+def validate_restart_params(params: Mapping[str, Any]) -> RestartParams:
+    """Check the restart DAG's params: partitions >= 1 and a Spark master URL.
+
+    Masters: ``local``, ``local[N]``, ``local[*]``, ``spark://host:port[,host:port]``,
+    ``yarn``, ``k8s://...``.
+
+    :raises ValueError: naming the param, its value and why it is wrong.
+    """
+    master = params.get("master")
+    if not isinstance(master, str) or not _MASTER.match(master.strip()):
+        raise _bad("master", master,
+                    "must be local[*], local[N], spark://host:port, yarn or k8s://...")
+    return RestartParams(_whole(params, "shuffle_partitions", 1), master.strip())
+
+
+# --- command lines ---------------------------------------------------------------------
+
+
+def _checkpoint(locations: Locations) -> list[str]:
+    return ["--checkpoint", locations.checkpoint]
+
+
+def microbatch_args(locations: Locations, params: MicrobatchParams) -> list[str]:
+    """``sessionlake run`` over what is in the landing folder, then stop."""
+    return ["run", "--source", _need_source(locations), "--lake", locations.lake,
+            *_checkpoint(locations), "--trigger", "available-now",
+            "--shuffle-partitions", str(params.shuffle_partitions)]
+
+
+def continuous_run_args(locations: Locations, params: RestartParams) -> list[str]:
+    """``sessionlake run`` that keeps running, at the restart's parallelism and master."""
+    return ["run", "--source", _need_source(locations), "--lake", locations.lake,
+            *_checkpoint(locations), "--trigger", "continuous",
+            "--shuffle-partitions", str(params.shuffle_partitions), "--master", params.master]
+
+
+def backfill_args(locations: Locations, params: BackfillParams) -> list[str]:
+    """``sessionlake backfill`` of a date range from ``events``."""
+    return ["backfill", "--lake", locations.lake, "--from", params.from_date.isoformat(),
+            "--to", params.to_date.isoformat(), "--gap", format_duration(params.gap)]
+
+
+def compaction_args(locations: Locations, params: CompactionParams) -> list[str]:
+    """``sessionlake compact`` of the tables with at least ``min_files`` small files."""
+    return ["compact", "--lake", locations.lake, "--min-files", str(params.min_files)]
+
+
+def snapshot_args(locations: Locations, params: SnapshotParams) -> list[str]:
+    """``sessionlake snapshot`` of the tables with the checkpoint."""
+    name = [] if params.name is None else [f"--name={params.name}"]
+    return ["snapshot", "--lake", locations.lake, *_checkpoint(locations), *name]
+
+
+def restore_args(locations: Locations, params: RestoreParams) -> list[str]:
+    """``sessionlake restore`` of the tables and the checkpoint to a snapshot."""
+    return ["restore", "--lake", locations.lake, *_checkpoint(locations),
+            f"--snapshot={params.snapshot_id}"]
+
+
+def retention_args(locations: Locations, params: RetentionParams) -> list[str]:
+    """``sessionlake retention``: erasures (one ``--erase-user`` each), limits, VACUUM."""
+    args = ["retention", "--lake", locations.lake]
+    args += [f"--erase-user={user}" for user in params.erase_user_ids]
+    limits = (("--sessions-max-age-days", params.sessions_max_age_days),
+              ("--events-max-age-days", params.events_max_age_days),
+              ("--vacuum-retain-hours", params.vacuum_retain_hours))
+    for flag, value in limits:
+        if value is not None:
+            args += [flag, str(value)]
+    return args
+
+
+# --- spark-submit ----------------------------------------------------------------------
+
+
+class SparkJob(TypedDict):
+    """What a ``SparkSubmitOperator`` needs: application args, Spark conf, environment."""
+
+    args: list[str]
+    conf: dict[str, str]
+    env: dict[str, str]
+
+
+def python_executable() -> str:
+    """The interpreter for the driver and executors: ``$SESSIONLAKE_PYTHON`` or this one."""
+    return os.environ.get("SESSIONLAKE_PYTHON") or sys.executable
+
+
+def spark_submit_conf() -> dict[str, str]:
+    """Spark conf for ``spark-submit``: sessionlake's defaults and the Delta jars.
+
+    The driver JVM starts before the job's Python runs, so the jars, the driver memory
+    (``$SESSIONLAKE_DRIVER_MEMORY``, default 4g) and the Delta extension go here.
+
+    :raises sessionlake.spark.JarsMissingError: when the jars have not been fetched.
+    """
+    return {
+        **DEFAULT_CONF,
+        "spark.jars": ",".join(delta_jars()),
+        "spark.driver.memory": os.environ.get("SESSIONLAKE_DRIVER_MEMORY", "4g"),
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}",
+        "spark.pyspark.python": python_executable(),
+    }
+
+
+def spark_submit_env() -> dict[str, str]:
+    """Environment of ``spark-submit``: the project's interpreter for Python workers."""
+    return {
+        "PYSPARK_PYTHON": python_executable(),
+        "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+    }
+
+
+def spark_job(args: Sequence[str]) -> SparkJob:
+    """The ``SparkSubmitOperator`` inputs of one ``sessionlake`` command."""
+    return SparkJob(args=list(args), conf=spark_submit_conf(), env=spark_submit_env())
+
+
+# --- restart ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    """The stream of a checkpoint and the last batch it committed (``-1``: none yet)."""
+
+    stream_id: str | None
+    last_batch_id: int
+
+
+def _local(location: str) -> Path:
+    if location.startswith("file:"):
+        return Path(location.removeprefix("file:").replace("///", "/", 1))
+    if "://" in location:
+        raise ValueError(f"restart needs a local checkpoint and lake, got {location}")
+    return Path(location)
+
+
+def restart_timeout() -> float:
+    """Seconds to wait for a run to stop or to resume: ``$SESSIONLAKE_RESTART_TIMEOUT``, 300."""
+    return float(os.environ.get("SESSIONLAKE_RESTART_TIMEOUT", "300"))
+
+
+def running_pid(checkpoint: str) -> int | None:
+    """The pid of the run holding the checkpoint's lock, or ``None`` when it is free."""
+    folder = _local(checkpoint)
+    if not _lock_held(folder):
+        return None
+    text = (folder / PID_FILE).read_text().strip() if (folder / PID_FILE).exists() else ""
+    return int(text) if text.isdigit() else None
+
+
+def _lock_held(folder: Path) -> bool:
+    if not (folder / LOCK_FILE).exists():
+        return False
+    with open(folder / LOCK_FILE, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    return False
+
+
+def stop_continuous_run(checkpoint: str, timeout: float = 300.0) -> int | None:
+    """SIGTERM the run holding the checkpoint and wait until it has let go of it.
+
+    The run stops gracefully: the micro-batch in flight finishes and commits first.
+
+    :return: the pid that was stopped, or ``None`` when no run held the checkpoint.
+    :raises TimeoutError: when it still holds the checkpoint after ``timeout`` seconds.
+    """
+    pid = running_pid(checkpoint)
+    if pid is None:
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _lock_held(_local(checkpoint)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"sessionlake run pid {pid} still holds {checkpoint} {timeout:.0f}s after "
+                "SIGTERM: check its batch, or stop it with SIGKILL and restart"
+            )
+        time.sleep(1)
+    return pid
+
+
+def stream_position(lake: str, checkpoint: str) -> StreamPosition:
+    """The checkpoint's stream id and the last batch id it committed to ``batch_metrics``.
+
+    Read without Spark: each ``batch_metrics`` append carries Delta's transaction key
+    (app id ``sessionlake-<stream_id>-e<epoch>``, version = batch id) in its commit file.
+    """
+    identity = _local(checkpoint) / IDENTITY_FILE
+    stream_id = json.loads(identity.read_text())["stream_id"] if identity.exists() else None
+    last = -1
+    log = _local(lake) / "batch_metrics" / "_delta_log"
+    if stream_id is not None and log.is_dir():
+        prefix = f"sessionlake-{stream_id}-e"
+        for commit in log.glob("*.json"):
+            for line in commit.read_text().splitlines():
+                txn = json.loads(line).get("txn") if line.strip() else None
+                if txn and str(txn.get("appId", "")).startswith(prefix):
+                    last = max(last, int(txn["version"]))
+    return StreamPosition(stream_id, last)
+
+
+def start_continuous_run(args: Sequence[str], checkpoint: str) -> int:
+    """Start ``sessionlake <args>`` detached, its output in the checkpoint folder.
+
+    :return: the new process's pid.
+    """
+    folder = _local(checkpoint)
+    folder.mkdir(parents=True, exist_ok=True)
+    command = [str(Path(python_executable()).parent / "sessionlake"), *args]
+    env = {**os.environ, **spark_submit_env()}
+    with open(folder / CONTINUOUS_LOG, "ab") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+    return process.pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def wait_for_resumed_stream(
+    lake: str, checkpoint: str, before: StreamPosition, pid: int, timeout: float = 300.0
+) -> StreamPosition:
+    """Wait until the new run has committed a batch after ``before``, on the same stream.
+
+    :raises RuntimeError: when the run exited, or started a stream other than ``before``'s.
+    :raises TimeoutError: when no new batch was committed within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        now = stream_position(lake, checkpoint)
+        if before.stream_id is not None and now.stream_id not in (None, before.stream_id):
+            raise RuntimeError(
+                f"the checkpoint's stream changed from {before.stream_id} to {now.stream_id}: "
+                "the new run did not resume from the checkpoint"
+            )
+        if now.stream_id is not None and now.last_batch_id > before.last_batch_id:
+            return now
+        if not _alive(pid):
+            tail = (_local(checkpoint) / CONTINUOUS_LOG).read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the new sessionlake run (pid {pid}) exited:\n{tail}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"the new run (pid {pid}) committed no batch after {before.last_batch_id} "
+                f"in {timeout:.0f}s: is data arriving in the landing folder?"
+            )
+        time.sleep(2)

@@ -1,0 +1,189 @@
+"""Whole DAG runs with `dag.test()`: real spark-submit jobs on a temporary lake.
+
+Each spark-submit costs a JVM start (about 20 s here), so the micro-batch DAG runs once and
+the maintenance DAGs reuse its lake.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from sessionlake import orchestration as orch
+from tests.dags.conftest import BIN, DAGS
+
+pytestmark = pytest.mark.usefixtures("airflow_home")
+
+
+def _event(user: str, at: str, event_id: str) -> str:
+    return json.dumps({"user_id": user, "event_time": f"2026-01-05T{at}Z", "event_id": event_id})
+
+
+#: u1: one session of three events; u2: one event; u3 at 12:00 moves the watermark past
+#: both sessions' end + gap, so they close into `sessions`.
+EVENTS = [_event("u1", "10:00:00", "a"), _event("u1", "10:10:00", "b"),
+          _event("u2", "10:05:00", "c"), _event("u1", "10:20:00", "d"),
+          _event("u3", "12:00:00", "e")]
+
+
+def read_delta(table: Path) -> pd.DataFrame:
+    """A small Delta table read from its log without Spark: live files = adds - removes."""
+    live: dict[str, None] = {}
+    for commit in sorted((table / "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            action = json.loads(line)
+            if "add" in action:
+                live[action["add"]["path"]] = None
+            elif "remove" in action:
+                live.pop(action["remove"]["path"], None)
+    frames = [pd.read_parquet(table / path) for path in live]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def run_dag(dag_id: str, conf: dict[str, Any] | None = None) -> Any:
+    """`dag.test()` of one DAG; returns its DagRun."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(DAGS / f"{dag_id}.py")).dags[dag_id]
+    return dag.test(run_conf=conf or {})
+
+
+def _task_states(run: Any) -> dict[str, str]:
+    return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
+
+
+def _cli_has(command: str) -> bool:
+    done = subprocess.run([str(BIN / "sessionlake"), command, "--help"], capture_output=True)
+    return done.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A lake filled by one `sessionlake_microbatch` run over EVENTS."""
+    root = tmp_path_factory.mktemp("microbatch")
+    landing = root / "landing"
+    landing.mkdir()
+    (landing / "part-0001.jsonl").write_text("\n".join(EVENTS) + "\n")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SESSIONLAKE_LAKE", str(root / "lake"))
+        env.setenv("SESSIONLAKE_SOURCE", str(landing))
+        env.delenv("SESSIONLAKE_CHECKPOINT", raising=False)
+        run = run_dag("sessionlake_microbatch", {"shuffle_partitions": 2})
+        yield {"root": root, "lake": root / "lake", "run": run}
+
+
+def test_microbatch_dag_sessionizes_the_landing_folder(lake: dict[str, Any]) -> None:
+    assert str(lake["run"].state) == "success", _task_states(lake["run"])
+    sessions = read_delta(lake["lake"] / "sessions").sort_values("user_id")
+    assert list(sessions["user_id"]) == ["u1", "u2"]
+    assert list(sessions["event_count"]) == [3, 1]
+    metrics = read_delta(lake["lake"] / "batch_metrics")
+    assert int(metrics["input_records"].sum()) == len(EVENTS)
+
+
+@pytest.mark.parametrize(
+    ("dag_id", "conf", "param"),
+    [
+        ("sessionlake_microbatch", {"shuffle_partitions": 0}, "shuffle_partitions"),
+        ("sessionlake_restart", {"shuffle_partitions": 2, "master": "mesos://m:5050"}, "master"),
+        ("sessionlake_backfill",
+         {"from_date": "2026-02-01", "to_date": "2026-01-01", "gap_minutes": 30}, "from_date"),
+        ("sessionlake_retention", {"erase_user_ids": ["u1", " "]}, "erase_user_ids"),
+    ],
+)
+def test_bad_params_fail_the_run_before_any_table_exists(
+    dag_id: str, conf: dict[str, Any], param: str, locations: dict[str, Path],
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
+) -> None:
+    try:
+        run = run_dag(dag_id, conf)
+    except Exception as error:  # rejected by the param's schema before the run starts
+        assert param in str(error)
+    else:
+        assert str(run.state) == "failed"
+        assert _task_states(run)["validate_params"] == "failed"
+        # The task log (structlog, to stdout) carries the validation message.
+        assert f"param {param}=" in caplog.text + capsys.readouterr().out
+    assert not locations["lake"].exists()
+
+
+MAINTENANCE = [
+    ("sessionlake_snapshot", "snapshot", {"name": "dag-test"}),
+    ("sessionlake_compaction", "compact", {"min_files": 1}),
+    ("sessionlake_backfill", "backfill",
+     {"from_date": "2026-01-05", "to_date": "2026-01-05", "gap_minutes": 30}),
+    ("sessionlake_retention", "retention",
+     {"erase_user_ids": ["u2"], "sessions_max_age_days": 3650, "events_max_age_days": 3650,
+      "vacuum_retain_hours": 0}),
+    ("sessionlake_restore", "restore", None),
+]
+
+
+@pytest.mark.parametrize(("dag_id", "command", "conf"), MAINTENANCE,
+                         ids=[m[0] for m in MAINTENANCE])
+def test_maintenance_dag_runs_its_cli_command(
+    dag_id: str, command: str, conf: dict[str, Any] | None, lake: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if not _cli_has(command):
+        pytest.skip(f"`sessionlake {command} --help` fails: the sub-command is not there yet")
+    monkeypatch.setenv("SESSIONLAKE_LAKE", str(lake["lake"]))
+    monkeypatch.setenv("SESSIONLAKE_SOURCE", str(lake["root"] / "landing"))
+    if conf is None:  # restore: to a snapshot taken by hand
+        done = subprocess.run([str(BIN / "sessionlake"), "snapshot", "--lake", str(lake["lake"])],
+                              capture_output=True, text=True, check=True)
+        conf = {"snapshot_id": done.stdout.strip().splitlines()[-1].split()[-1]}
+    run = run_dag(dag_id, conf)
+    assert str(run.state) == "success", _task_states(run)
+    if command == "retention":
+        assert "u2" not in set(read_delta(lake["lake"] / "sessions")["user_id"])
+
+
+def _feed(landing: Path, stop: threading.Event) -> None:
+    """A live source: a new file of two events every 3 s, later in event time each time."""
+    n = 0
+    while not stop.wait(3):
+        n += 1
+        minute = f"{10 + n // 60:02d}:{n % 60:02d}:00"
+        lines = [_event(f"r{n % 3}", minute, f"f{n}a"), _event("r9", minute, f"f{n}b")]
+        (landing / f"feed-{n:04d}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.slow
+def test_restart_dag_resumes_the_stream_at_a_new_parallelism(
+    locations: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SESSIONLAKE_RESTART_TIMEOUT", "120")
+    checkpoint = str(locations["lake"] / "_checkpoints" / "stream")
+    stop = threading.Event()
+    feeder = threading.Thread(target=_feed, args=(locations["source"], stop), daemon=True)
+    feeder.start()
+    pids: list[int] = []
+    try:
+        first = run_dag("sessionlake_restart", {"shuffle_partitions": 2, "master": "local[2]"})
+        assert str(first.state) == "success", _task_states(first)
+        pids.append(orch.running_pid(checkpoint) or -1)
+        before = orch.stream_position(str(locations["lake"]), checkpoint)
+
+        second = run_dag("sessionlake_restart", {"shuffle_partitions": 3, "master": "local[1]"})
+        assert str(second.state) == "success", _task_states(second)
+        pids.append(orch.running_pid(checkpoint) or -1)
+        after = orch.stream_position(str(locations["lake"]), checkpoint)
+    finally:
+        stop.set()
+        orch.stop_continuous_run(checkpoint, timeout=120)
+        for pid in pids:
+            if pid > 0:
+                os.waitpid(pid, 0)  # the runs were started by this process: reap them
+    assert -1 not in pids and pids[0] != pids[1]
+    assert after.stream_id == before.stream_id and after.last_batch_id > before.last_batch_id
+    log = (Path(checkpoint) / orch.CONTINUOUS_LOG).read_text()
+    assert "Traceback" not in log, log[-2000:]

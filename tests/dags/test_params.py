@@ -1,0 +1,160 @@
+"""The DAGs' param validators and command lines: plain functions, no Spark, no Airflow."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sessionlake import orchestration as orch
+
+WHERE = orch.Locations(lake="/l", source="/in", checkpoint="/l/_checkpoints/stream")
+
+
+@pytest.mark.parametrize(
+    ("validate", "params", "expected"),
+    [
+        (orch.validate_microbatch_params, {"shuffle_partitions": 8}, orch.MicrobatchParams(8)),
+        (orch.validate_microbatch_params, {"shuffle_partitions": "3"}, orch.MicrobatchParams(3)),
+        (orch.validate_backfill_params,
+         {"from_date": "2026-01-01", "to_date": "2026-01-01", "gap_minutes": 30},
+         orch.BackfillParams(date(2026, 1, 1), date(2026, 1, 1), timedelta(minutes=30))),
+        (orch.validate_backfill_params,  # a duration instead of minutes
+         {"from_date": "2026-01-01", "to_date": "2026-01-31", "gap_minutes": "1h"},
+         orch.BackfillParams(date(2026, 1, 1), date(2026, 1, 31), timedelta(hours=1))),
+        (orch.validate_compaction_params, {"min_files": 1}, orch.CompactionParams(1)),
+        (orch.validate_snapshot_params, {"name": None}, orch.SnapshotParams(None)),
+        (orch.validate_snapshot_params, {"name": "before-upgrade_2.1"},
+         orch.SnapshotParams("before-upgrade_2.1")),
+        (orch.validate_restore_params, {"snapshot_id": "20260105T101500Z-3f2a"},
+         orch.RestoreParams("20260105T101500Z-3f2a")),
+        (orch.validate_retention_params,  # duplicates erased once; 0 hours is allowed
+         {"erase_user_ids": ["u1", "u 2", "u1"], "sessions_max_age_days": 1,
+          "events_max_age_days": None, "vacuum_retain_hours": 0},
+         orch.RetentionParams(("u1", "u 2"), 1, None, 0)),
+        (orch.validate_restart_params, {"shuffle_partitions": 2, "master": "local[2]"},
+         orch.RestartParams(2, "local[2]")),
+        (orch.validate_restart_params, {"shuffle_partitions": 2, "master": "local[*]"},
+         orch.RestartParams(2, "local[*]")),
+        (orch.validate_restart_params,
+         {"shuffle_partitions": 64, "master": "spark://m1:7077,m2:7077"},
+         orch.RestartParams(64, "spark://m1:7077,m2:7077")),
+    ],
+)
+def test_good_params_are_typed(
+    validate: Callable[[dict[str, Any]], Any], params: dict[str, Any], expected: Any
+) -> None:
+    assert validate(params) == expected
+
+
+@pytest.mark.parametrize(
+    ("validate", "params", "message"),
+    [
+        (orch.validate_microbatch_params, {"shuffle_partitions": 0}, "shuffle_partitions=0"),
+        (orch.validate_microbatch_params, {"shuffle_partitions": "many"}, "whole number"),
+        (orch.validate_microbatch_params, {"shuffle_partitions": True}, "shuffle_partitions"),
+        (orch.validate_microbatch_params, {}, "shuffle_partitions=None"),
+        (orch.validate_backfill_params,
+         {"from_date": "2026-02-01", "to_date": "2026-01-01", "gap_minutes": 30},
+         "from_date='2026-02-01' is invalid: must not be after to_date='2026-01-01'"),
+        (orch.validate_backfill_params,
+         {"from_date": "01/02/2026", "to_date": "2026-01-01", "gap_minutes": 30},
+         "from_date='01/02/2026' is invalid: must be an ISO date"),
+        (orch.validate_backfill_params,
+         {"from_date": "2026-01-01", "to_date": "2026-13-01", "gap_minutes": 30}, "to_date"),
+        (orch.validate_backfill_params,
+         {"from_date": "2026-01-01", "to_date": "2026-01-02", "gap_minutes": "soon"},
+         "gap_minutes='soon'"),
+        (orch.validate_backfill_params,
+         {"from_date": "2026-01-01", "to_date": "2026-01-02", "gap_minutes": 0},
+         "must be longer than 0"),
+        (orch.validate_compaction_params, {"min_files": -1}, "min_files=-1"),
+        (orch.validate_snapshot_params, {"name": "../../etc"}, "name='../../etc'"),
+        (orch.validate_snapshot_params, {"name": "--lake=/elsewhere"}, "starting with a letter"),
+        (orch.validate_restore_params, {"snapshot_id": ""}, "snapshot_id=''"),
+        (orch.validate_restore_params, {"snapshot_id": "x'; DROP TABLE sessions"},
+         "snapshot_id"),
+        (orch.validate_retention_params, {"erase_user_ids": "u1"}, "must be a list"),
+        (orch.validate_retention_params, {"erase_user_ids": ["u1", " "]}, "' ' is not"),
+        (orch.validate_retention_params, {"erase_user_ids": [7]}, "7 is not a non-empty"),
+        (orch.validate_retention_params, {"sessions_max_age_days": 0}, "sessions_max_age_days=0"),
+        (orch.validate_retention_params, {"events_max_age_days": "x"}, "events_max_age_days"),
+        (orch.validate_retention_params, {"vacuum_retain_hours": -1}, "vacuum_retain_hours=-1"),
+        (orch.validate_restart_params, {"shuffle_partitions": 2, "master": "mesos://m:5050"},
+         "master='mesos://m:5050'"),
+        (orch.validate_restart_params, {"shuffle_partitions": 2, "master": "local[0]"}, "master"),
+        (orch.validate_restart_params, {"shuffle_partitions": 0, "master": "local[2]"},
+         "shuffle_partitions=0"),
+    ],
+)
+def test_bad_params_name_the_param_value_and_reason(
+    validate: Callable[[dict[str, Any]], Any], params: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=r"param .* is invalid") as error:
+        validate(params)
+    assert message in str(error.value)
+
+
+def test_command_lines_keep_every_value_its_own_argument() -> None:
+    retention = orch.RetentionParams(("-rf", "a b"), 30, None, 0)
+    assert orch.retention_args(WHERE, retention) == [
+        "retention", "--lake", "/l", "--erase-user=-rf", "--erase-user=a b",
+        "--sessions-max-age-days", "30", "--vacuum-retain-hours", "0",
+    ]
+    backfill = orch.BackfillParams(date(2026, 1, 1), date(2026, 1, 2), timedelta(minutes=45))
+    assert orch.backfill_args(WHERE, backfill) == [
+        "backfill", "--lake", "/l", "--from", "2026-01-01", "--to", "2026-01-02", "--gap", "45m",
+    ]
+    assert orch.microbatch_args(WHERE, orch.MicrobatchParams(3)) == [
+        "run", "--source", "/in", "--lake", "/l", "--checkpoint", "/l/_checkpoints/stream",
+        "--trigger", "available-now", "--shuffle-partitions", "3",
+    ]
+    assert orch.continuous_run_args(WHERE, orch.RestartParams(8, "local[2]"))[-5:] == [
+        "continuous", "--shuffle-partitions", "8", "--master", "local[2]",
+    ]
+    assert orch.snapshot_args(WHERE, orch.SnapshotParams("n1"))[-1] == "--name=n1"
+    assert orch.restore_args(WHERE, orch.RestoreParams("s1"))[-1] == "--snapshot=s1"
+    assert orch.compaction_args(WHERE, orch.CompactionParams(5)) == [
+        "compact", "--lake", "/l", "--min-files", "5",
+    ]
+
+
+def test_locations_come_from_the_environment(tmp_path: Path) -> None:
+    env = {"SESSIONLAKE_LAKE": str(tmp_path / "lake"), "SESSIONLAKE_SOURCE": "in"}
+    where = orch.locations_from_env(env)
+    assert where.lake == str(tmp_path / "lake")
+    assert where.checkpoint == f"{tmp_path / 'lake'}/_checkpoints/stream"
+    assert Path(where.source or "").is_absolute()
+    custom = orch.locations_from_env({**env, "SESSIONLAKE_CHECKPOINT": str(tmp_path / "cp")})
+    assert custom.checkpoint == str(tmp_path / "cp")
+    with pytest.raises(ValueError, match="SESSIONLAKE_LAKE"):
+        orch.locations_from_env({})
+    with pytest.raises(ValueError, match="SESSIONLAKE_SOURCE"):
+        orch.microbatch_args(orch.locations_from_env({"SESSIONLAKE_LAKE": "/l"}),
+                             orch.MicrobatchParams(1))
+
+
+def test_spark_job_carries_the_delta_jars_and_the_interpreter() -> None:
+    job = orch.spark_job(["sql", "SELECT 1"])
+    assert job["args"] == ["sql", "SELECT 1"]
+    assert "delta-spark_" in job["conf"]["spark.jars"]
+    assert job["conf"]["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert Path(job["env"]["PYSPARK_PYTHON"]).exists()
+
+
+def test_stream_position_reads_the_batch_metrics_transactions(tmp_path: Path) -> None:
+    checkpoint, lake = tmp_path / "cp", tmp_path / "lake"
+    checkpoint.mkdir()
+    assert orch.stream_position(str(lake), str(checkpoint)) == orch.StreamPosition(None, -1)
+    (checkpoint / "sessionlake.json").write_text('{"stream_id": "s1", "epoch": 0}')
+    log = lake / "batch_metrics" / "_delta_log"
+    log.mkdir(parents=True)
+    (log / "00000000000000000001.json").write_text(
+        '{"txn": {"appId": "sessionlake-s1-e0", "version": 4}}\n{"add": {}}\n')
+    (log / "00000000000000000002.json").write_text(
+        '{"txn": {"appId": "sessionlake-other-e0", "version": 9}}\n')
+    assert orch.stream_position(str(lake), str(checkpoint)) == orch.StreamPosition("s1", 4)
+    assert orch.running_pid(str(checkpoint)) is None
