@@ -68,10 +68,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     sql = commands.add_parser("sql", help="Delta SQL over the lake's tables by name")
     _lake(sql)
-    sql.add_argument("statement", help='for example "SELECT count(*) FROM sessions"')
+    sql.add_argument("statement", nargs="?",
+                     help='for example "SELECT count(*) FROM sessions"')
+    sql.add_argument("--query", help="run this named query instead (see --list)")
+    sql.add_argument("--param", dest="params", action="append", default=[],
+                     help="name=value for the named query (repeatable)")
+    sql.add_argument("--list", action="store_true", help="list the named queries and exit")
+    sql.add_argument("--as-of", dest="as_of",
+                     help="read the lake as it was: a version of sessions, or a UTC time "
+                          "such as 2026-01-31 or 2026-01-31T18:00:00Z")
     sql.add_argument("--output", choices=("table", "csv", "json"), default="table")
     sql.add_argument("--limit", type=int, default=None, help="print at most this many rows")
     _common_spark(sql)
+
+    serve = commands.add_parser(
+        "serve", help="a Spark Connect server with the lake's tables, for notebooks and BI")
+    _lake(serve)
+    serve.add_argument("--port", type=_at_least(1), default=15002,
+                       help="Spark Connect port (15002)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (127.0.0.1; 0.0.0.0 for every interface)")
+    _common_spark(serve)
 
     gen = commands.add_parser("generate", help="write a synthetic clickstream (jsonl)")
     gen.add_argument("--out", required=True, help="folder to write part-*.jsonl files into")
@@ -209,21 +226,60 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    """``sessionlake sql``: run a statement and print its rows."""
+    """``sessionlake sql``: run a statement or a named query and print its rows."""
     from pyspark.errors import AnalysisException, ParseException
 
-    from sessionlake.query import LakeNotFound, format_frame, run_sql
+    from sessionlake.query import (
+        LakeNotFound,
+        QueryError,
+        format_frame,
+        named_queries,
+        parse_as_of,
+        parse_param_assignments,
+        run_named_query,
+        run_sql,
+    )
 
+    if args.list:
+        for name, query in named_queries().items():
+            flags = "".join(f" [--param {p.name}={p.default}]" for p in query.params)
+            print(f"{name}{flags}\n    {query.description}")
+        return 0
+    if (args.statement is None) == (args.query is None):
+        raise UsageError("give either a SQL statement or --query NAME (see --list)")
+    if args.params and args.query is None:
+        raise UsageError("--param goes with --query NAME")
+    try:
+        params = parse_param_assignments(args.params)
+        as_of = parse_as_of(args.as_of) if args.as_of else None
+    except QueryError as error:
+        raise UsageError(str(error)) from None
     settings = _settings(args)
     spark = _spark(settings, "sessionlake-sql")
     try:
-        frame = run_sql(spark, settings.lake, args.statement)
+        if args.query is not None:
+            frame = run_named_query(spark, settings.lake, args.query, params, as_of)
+        else:
+            frame = run_sql(spark, settings.lake, args.statement, as_of)
         sys.stdout.write(format_frame(frame, args.output, args.limit))
-    except LakeNotFound as error:
+    except (LakeNotFound, QueryError) as error:
         raise UsageError(str(error)) from None
     except (AnalysisException, ParseException) as error:
         first = str(error).strip().splitlines()[0]
         raise UsageError(f"the query failed: {first}") from None
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``sessionlake serve``: Spark Connect with the lake's tables until SIGTERM/SIGINT."""
+    from sessionlake.query import LakeNotFound
+    from sessionlake.serve import serve_lake
+
+    settings = _settings(args)
+    try:
+        serve_lake(settings, host=args.host, port=args.port)
+    except LakeNotFound as error:
+        raise UsageError(str(error)) from None
     return 0
 
 
@@ -337,6 +393,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "sql": cmd_sql,
     "generate": cmd_generate,
+    "serve": cmd_serve,
     "snapshot": cmd_snapshot,
     "restore": cmd_restore,
     "compact": cmd_compact,

@@ -1,38 +1,212 @@
-"""Delta SQL over the lake's tables by their names, and result printing."""
+"""Delta SQL over the lake's tables by their names: ad-hoc statements, the named analytic
+queries of ``sql/queries/``, time travel, and result printing.
+
+A named query is one ``.sql`` file: a ``-- description:`` line, optional
+``-- param: <name> <type> <default> -- <what it is>`` lines, then one SELECT that reads its
+params from the one-row view ``query_params`` (``CROSS JOIN query_params p`` ... ``p.name``).
+User values reach Spark as the typed cells of that row, built with a DataFrame, never pasted
+into SQL text. (Spark's own parameter markers, ``spark.sql(text, args=...)``, would be the
+natural tool, but Delta 4.4's SQL extension leaves them unbound on Spark 4.2.) Queries
+without params are also registered as views under their names, so
+``SELECT * FROM bounce_rate`` works too.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
-from collections.abc import Sequence
-from datetime import date, datetime
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from pathlib import Path
 from typing import Any
 
 from delta.tables import DeltaTable
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-from sessionlake.tables import PUBLIC_TABLES, table_path
+from sessionlake.tables import PUBLIC_TABLES, sql_dir, table_path
 
 OUTPUT_FORMATS: tuple[str, ...] = ("table", "csv", "json")
+PARAM_TYPES: tuple[str, ...] = ("string", "int", "date", "timestamp")
+
+_PARAM_LINE = re.compile(r"^--\s*param:\s*(\w+)\s+(\w+)\s+(\S+)(?:\s+--\s*(.*))?$")
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
+_DESCRIPTION_LINE = re.compile(r"^--\s*description:\s*(.+)$")
 
 
 class LakeNotFound(RuntimeError):
     """The lake folder holds no sessionlake tables."""
 
 
-def register_tables(spark: SparkSession, lake: str) -> list[str]:
-    """Register every table of the lake as a temporary view under its SPEC name.
+class QueryError(ValueError):
+    """A named query or one of its params is wrong: the message says which and why."""
+
+
+@dataclass(frozen=True)
+class QueryParam:
+    """A named query's parameter: its type, the default, and what it means."""
+
+    name: str
+    type: str
+    default: str
+    description: str
+
+
+@dataclass(frozen=True)
+class NamedQuery:
+    """One analytic query of ``sql/queries/``."""
+
+    name: str
+    description: str
+    params: tuple[QueryParam, ...]
+    text: str
+
+
+def queries_dir() -> Path:
+    """The folder of the named queries."""
+    return sql_dir() / "queries"
+
+
+def parse_named_query(name: str, text: str) -> NamedQuery:
+    """Read a named query's header (description, params) and keep its text."""
+    if not _NAME.fullmatch(name):
+        raise QueryError(f"query file {name}.sql: the name must be lower-case letters, digits, _")
+    description, params = "", []
+    for line in text.splitlines():
+        if found := _DESCRIPTION_LINE.match(line.strip()):
+            description = found.group(1).strip()
+        elif found := _PARAM_LINE.match(line.strip()):
+            param_name, kind, default, about = found.groups()
+            if kind not in PARAM_TYPES:
+                raise QueryError(f"query {name}: param {param_name} has unknown type {kind}")
+            params.append(QueryParam(param_name, kind, default, (about or "").strip()))
+    return NamedQuery(name, description, tuple(params), text)
+
+
+def named_queries(folder: Path | None = None) -> dict[str, NamedQuery]:
+    """Every named query, by name (the file name without ``.sql``), sorted by name."""
+    files = sorted((folder or queries_dir()).glob("*.sql"))
+    return {f.stem: parse_named_query(f.stem, f.read_text()) for f in files}
+
+
+def _typed(param: QueryParam, text: str) -> Any:
+    try:
+        if param.type == "int":
+            return int(text)
+        if param.type == "date":
+            return date.fromisoformat(text)
+        if param.type == "timestamp":
+            return datetime.fromisoformat(text)
+    except ValueError:
+        raise QueryError(
+            f"param {param.name}={text!r} is not a valid {param.type}"
+        ) from None
+    return text
+
+
+def bind_params(query: NamedQuery, given: Mapping[str, str]) -> dict[str, Any]:
+    """The query's params as typed values: given ones over defaults.
+
+    :raises QueryError: for a param the query does not have, or a value of the wrong type.
+    """
+    known = {p.name: p for p in query.params}
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        accepted = ", ".join(known) or "none"
+        raise QueryError(
+            f"query {query.name} has no param {unknown[0]} (its params: {accepted})"
+        )
+    return {name: _typed(p, given.get(name, p.default)) for name, p in known.items()}
+
+
+def parse_param_assignments(items: Sequence[str]) -> dict[str, str]:
+    """``["k=v", ...]`` from ``--param`` flags as a dict.
+
+    :raises QueryError: for an item without ``=`` or with an empty name.
+    """
+    values: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise QueryError(f"--param {item!r} must look like name=value")
+        values[name.strip()] = value
+    return values
+
+
+@dataclass(frozen=True)
+class AsOf:
+    """A point in the lake's past: a version of ``sessions`` or a timestamp."""
+
+    version: int | None = None
+    timestamp: datetime | None = None
+
+
+def parse_as_of(text: str) -> AsOf:
+    """``--as-of``: a whole number (a version of ``sessions``) or an ISO date/timestamp (UTC).
+
+    :raises QueryError: for anything else.
+    """
+    value = text.strip()
+    if value.isdigit():
+        return AsOf(version=int(value))
+    try:
+        return AsOf(timestamp=datetime.fromisoformat(value.replace("Z", "+00:00")))
+    except ValueError:
+        raise QueryError(
+            f"--as-of {text!r} must be a version of sessions (12) or a time "
+            "(2026-01-31 or 2026-01-31T18:00:00Z)"
+        ) from None
+
+
+def as_of_timestamp(spark: SparkSession, lake: str, as_of: AsOf) -> str:
+    """The commit time to read every table at: a version of ``sessions`` becomes its time.
+
+    Reading every table at one time (not each at one version number) gives the lake as it
+    was at that moment, since version numbers differ from table to table.
+    """
+    if as_of.timestamp is not None:
+        stamp = as_of.timestamp
+        if stamp.tzinfo is not None:  # the Spark session's time zone is UTC
+            stamp = stamp.astimezone(UTC).replace(tzinfo=None)
+        return stamp.isoformat(sep=" ")
+    history = DeltaTable.forPath(spark, table_path(lake, "sessions")).history()
+    found = history.where(F.col("version").isin(as_of.version)).select("timestamp").collect()
+    if not found:
+        raise QueryError(f"--as-of {as_of.version}: sessions has no version {as_of.version}")
+    return str(found[0]["timestamp"])
+
+
+def _reader(spark: SparkSession, path: str, timestamp: str | None) -> DataFrame | None:
+    reader = spark.read.format("delta")
+    if timestamp is not None:
+        reader = reader.option("timestampAsOf", timestamp)
+    try:
+        return reader.load(path)
+    except AnalysisException:
+        if timestamp is None:
+            raise
+        return None  # the table did not exist yet at that time
+
+
+def register_tables(spark: SparkSession, lake: str, as_of: AsOf | None = None) -> list[str]:
+    """Register every table of the lake (as it is, or as it was) as a view under its name.
 
     :return: the names registered.
     :raises LakeNotFound: when the lake has none of the tables.
     """
+    timestamp = as_of_timestamp(spark, lake, as_of) if as_of else None
     names = []
     for table in PUBLIC_TABLES:
         path = table_path(lake, table)
         if DeltaTable.isDeltaTable(spark, path):
-            spark.read.format("delta").load(path).createOrReplaceTempView(table)
-            names.append(table)
+            frame = _reader(spark, path, timestamp)
+            if frame is not None:
+                frame.createOrReplaceTempView(table)
+                names.append(table)
     if not names:
         raise LakeNotFound(
             f"no sessionlake tables in {lake}: check --lake, or create them with "
@@ -41,10 +215,57 @@ def register_tables(spark: SparkSession, lake: str) -> list[str]:
     return names
 
 
-def run_sql(spark: SparkSession, lake: str, statement: str) -> DataFrame:
-    """Run ``statement`` with the lake's tables registered by name."""
-    register_tables(spark, lake)
+def register_views(spark: SparkSession, queries: Mapping[str, NamedQuery]) -> list[str]:
+    """Register the named queries without params as temporary views under their names."""
+    names = []
+    for name, query in queries.items():
+        if not query.params:
+            spark.sql(query.text).createOrReplaceTempView(name)
+            names.append(name)
+    return names
+
+
+def run_sql(
+    spark: SparkSession, lake: str, statement: str, as_of: AsOf | None = None
+) -> DataFrame:
+    """Run ``statement`` with the lake's tables and param-free named queries by name."""
+    register_tables(spark, lake, as_of)
+    register_views(spark, named_queries())
     return spark.sql(statement)
+
+
+_SPARK_TYPES = {"string": "string", "int": "bigint", "date": "date", "timestamp": "timestamp"}
+PARAMS_VIEW = "query_params"
+
+
+def register_params(spark: SparkSession, query: NamedQuery, values: Mapping[str, Any]) -> None:
+    """Make ``values`` the one row of the ``query_params`` view, typed as the query declares."""
+    schema = ", ".join(f"`{p.name}` {_SPARK_TYPES[p.type]}" for p in query.params)
+    row = tuple(values[p.name] for p in query.params)
+    frame = spark.createDataFrame([row], schema) if query.params else spark.range(1)
+    frame.createOrReplaceTempView(PARAMS_VIEW)
+
+
+def run_named_query(
+    spark: SparkSession,
+    lake: str,
+    name: str,
+    params: Mapping[str, str] | None = None,
+    as_of: AsOf | None = None,
+) -> DataFrame:
+    """Run the named query ``name`` with ``params`` as the row of ``query_params``.
+
+    :raises QueryError: for an unknown name or bad params (before reading any table).
+    """
+    queries = named_queries()
+    if name not in queries:
+        raise QueryError(
+            f"no query named {name!r}: `sessionlake sql --list` shows the {len(queries)} there are"
+        )
+    values = bind_params(queries[name], params or {})
+    register_tables(spark, lake, as_of)
+    register_params(spark, queries[name], values)
+    return spark.sql(queries[name].text)
 
 
 def _text(value: Any) -> str:

@@ -1,0 +1,242 @@
+"""The named analytic queries on a small lake whose answers are worked out by hand below,
+time travel with --as-of, bound params, and the command line's errors.
+
+The lake (all times UTC; gap 30m):
+
+    2026-01-05  S1 u1 10:00 /  10:05 /product  10:07 /checkout (purchase)  420 s, 3 events
+                S2 u2 10:00 /                                               0 s, bounce
+                S3 u3 11:00:00 /about  11:00:05 /about                     5 s, 2 page views
+                S4 u1 13:00 /product (purchase)                             0 s, bounce, conversion
+    2026-01-06  S5 u1 09:00 /  09:00:30 /checkout                         30 s, 2 events
+                S6 u4 09:10 /                                               0 s, bounce
+    2026-01-07  u9 12:00 /   still open (it moves the watermark past every session above)
+
+Batch A holds 2026-01-05 and u4's event (which closes the first day); batch B the rest.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+
+from sessionlake.cli import main
+from sessionlake.config import settings_from
+from sessionlake.query import (
+    AsOf,
+    QueryError,
+    bind_params,
+    named_queries,
+    parse_as_of,
+    run_named_query,
+    run_sql,
+)
+from sessionlake.tables import table_path
+from tests.helpers import event, run_batches
+
+
+def _at(day: int, clock: str) -> str:
+    return f"2026-01-{day:02d}T{clock}Z"
+
+
+BATCH_A = [
+    event("u1", _at(5, "10:00:00"), "/", event_id="a1"),
+    event("u1", _at(5, "10:05:00"), "/product", event_id="a2"),
+    event("u1", _at(5, "10:07:00"), "/checkout", event_id="a3", event_type="purchase"),
+    event("u2", _at(5, "10:00:00"), "/", event_id="b1"),
+    event("u3", _at(5, "11:00:00"), "/about", event_id="c1"),
+    event("u3", _at(5, "11:00:05"), "/about", event_id="c2"),
+    event("u1", _at(5, "13:00:00"), "/product", event_id="a4", event_type="purchase"),
+    event("u4", _at(6, "09:10:00"), "/", event_id="d1"),
+]
+BATCH_B = [
+    event("u1", _at(6, "09:00:00"), "/", event_id="a5"),
+    event("u1", _at(6, "09:00:30"), "/checkout", event_id="a6"),
+    event("u9", _at(7, "12:00:00"), "/", event_id="z1"),
+]
+DAY5, DAY6 = date(2026, 1, 5), date(2026, 1, 6)
+
+
+@pytest.fixture(scope="module")
+def known_lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The lake above, with the version of ``sessions`` after batch A."""
+    lake = str(tmp_path_factory.mktemp("query") / "lake")
+    settings = settings_from({"lake": lake})
+    run_batches(spark, settings, [BATCH_A])
+    after_a = DeltaTable.forPath(spark, table_path(lake, "sessions")).history(1)
+    version_a = after_a.collect()[0]["version"]
+    run_batches(spark, settings, [BATCH_B], first_batch_id=1)
+    return {"lake": lake, "version_a": version_a}
+
+
+def _rows(spark: SparkSession, lake: str, name: str, **params: str) -> list[tuple[Any, ...]]:
+    frame = run_named_query(spark, lake, name, params)
+    return [tuple(row) for row in frame.collect()]
+
+
+
+HAND_ANSWERS: dict[str, list[tuple[Any, ...]]] = {
+    # date, sessions, users, events, avg duration (420+0+5+0)/4, bounce 2/4
+    "sessions_per_day": [(DAY5, 4, 3, 7, 106.3, 50.0), (DAY6, 2, 2, 3, 15.0, 50.0)],
+    "sessions_per_hour": [
+        (datetime(2026, 1, 5, 10), 2, 2, 210.0),
+        (datetime(2026, 1, 5, 11), 1, 1, 5.0),
+        (datetime(2026, 1, 5, 13), 1, 1, 0.0),
+        (datetime(2026, 1, 6, 9), 2, 2, 15.0),
+    ],
+    "bounce_rate": [(DAY5, 4, 2, 50.0), (DAY6, 2, 1, 50.0)],
+    # S1 by duration, S3 by page views, S4 by its purchase; S5 by duration
+    "engaged_sessions": [(DAY5, 4, 3, 75.0), (DAY6, 2, 1, 50.0)],
+    "entry_pages": [("/", 4, 50.0), ("/about", 1, 0.0), ("/product", 1, 100.0)],
+    "exit_pages": [("/", 2), ("/checkout", 2), ("/about", 1), ("/product", 1)],
+    # durations 420, 0, 5, 0, 30, 0
+    "duration_distribution": [(0, "0 s", 3, 50.0), (1, "1-10 s", 1, 16.7),
+                              (2, "11-60 s", 1, 16.7), (4, "3-10 min", 1, 16.7)],
+    # event counts 3, 1, 2, 1, 2, 1
+    "events_per_session_distribution": [(0, "1", 3, 50.0), (1, "2", 2, 33.3),
+                                        (2, "3", 1, 16.7)],
+    # page views (3+1+2+1)/4 and (2+1)/2; distinct pages (3+1+1+1)/4 and (2+1)/2
+    "pages_per_session": [(DAY5, 4, 1.75, 1.5), (DAY6, 2, 1.5, 1.5)],
+    # u1, u2, u3 first seen on the 5th; u1 returns on the 6th, u4 is new
+    "returning_users": [(DAY5, 3, 0), (DAY6, 1, 1)],
+    # sessions with "/": S1, S2, S5, S6; "/checkout" after it: S1, S5
+    "funnel": [(4, 2, 50.0)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(HAND_ANSWERS))
+def test_named_query_gives_the_hand_worked_answer(
+    spark: SparkSession, known_lake: dict[str, Any], name: str
+) -> None:
+    got = _rows(spark, known_lake["lake"], name)
+    expected = HAND_ANSWERS[name]
+    assert len(got) == len(expected)
+    for row, want in zip(got, expected, strict=True):
+        assert tuple(float(v) if isinstance(v, Decimal) else v for v in row) == want
+
+
+def test_every_named_query_has_a_hand_worked_answer_or_its_own_test() -> None:
+    assert set(named_queries()) == set(HAND_ANSWERS) | {"all_sessions"}
+    assert all(q.description for q in named_queries().values())
+
+
+def test_all_sessions_marks_open_and_closed(
+    spark: SparkSession, known_lake: dict[str, Any]
+) -> None:
+    frame = run_named_query(spark, known_lake["lake"], "all_sessions")
+    status = {(r["user_id"], r["session_start"]): r["status"] for r in frame.collect()}
+    assert len(status) == 7
+    assert status[("u9", datetime(2026, 1, 7, 12))] == "open"
+    assert sorted(status.values()).count("closed") == 6
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"conversion_event": "nothing"}, [(DAY5, 4, 2, 50.0), (DAY6, 2, 1, 50.0)]),
+        ({"conversion_event": "purchase' OR '1'='1"}, [(DAY5, 4, 2, 50.0), (DAY6, 2, 1, 50.0)]),
+    ],
+    ids=["other-conversion", "injection-is-a-literal"],
+)
+def test_params_are_bound_values(
+    spark: SparkSession, known_lake: dict[str, Any], params: dict[str, str],
+    expected: list[tuple[Any, ...]],
+) -> None:
+    got = _rows(spark, known_lake["lake"], "engaged_sessions", **params)
+    assert [tuple(float(v) if isinstance(v, Decimal) else v for v in r) for r in got] == expected
+
+
+def test_date_params_narrow_the_range(spark: SparkSession, known_lake: dict[str, Any]) -> None:
+    got = _rows(spark, known_lake["lake"], "sessions_per_day", from_date="2026-01-06")
+    assert [r[0] for r in got] == [DAY6]
+
+
+def test_as_of_a_version_of_sessions_sees_the_lake_as_it_was(
+    spark: SparkSession, known_lake: dict[str, Any]
+) -> None:
+    lake = known_lake["lake"]
+    then = run_named_query(spark, lake, "sessions_per_day",
+                           as_of=AsOf(version=known_lake["version_a"]))
+    assert [(r["session_date"], r["sessions"]) for r in then.collect()] == [(DAY5, 4)]
+    # The other tables are read at the same moment: batch B's events are not there yet.
+    events = run_sql(spark, lake, "SELECT count(*) AS n FROM events",
+                     AsOf(version=known_lake["version_a"])).collect()[0]["n"]
+    assert events == len(BATCH_A)
+    now = run_sql(spark, lake, "SELECT count(*) AS n FROM events").collect()[0]["n"]
+    assert now == len(BATCH_A) + len(BATCH_B)
+
+
+def test_views_without_params_are_queryable_by_name(
+    spark: SparkSession, known_lake: dict[str, Any]
+) -> None:
+    frame = run_sql(spark, known_lake["lake"], "SELECT * FROM bounce_rate ORDER BY 1")
+    assert [r["bounces"] for r in frame.collect()] == [2, 1]
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "message"),
+    [
+        ("nope", {}, "no query named 'nope'"),
+        ("funnel", {"step3": "x"}, "has no param step3"),
+        ("sessions_per_day", {"from_date": "yesterday"}, "is not a valid date"),
+    ],
+)
+def test_bad_query_or_params_are_rejected(
+    spark: SparkSession, known_lake: dict[str, Any], name: str, params: dict[str, str],
+    message: str,
+) -> None:
+    with pytest.raises(QueryError, match=message):
+        run_named_query(spark, known_lake["lake"], name, params)
+
+
+def test_bind_params_uses_defaults() -> None:
+    query = named_queries()["funnel"]
+    assert bind_params(query, {"step2": "/buy"}) == {"step1": "/", "step2": "/buy"}
+
+
+@pytest.mark.parametrize("text", ["12", "2026-01-31", "2026-01-31T18:00:00Z"])
+def test_as_of_accepts_versions_and_times(text: str) -> None:
+    parsed = parse_as_of(text)
+    assert (parsed.version is not None) != (parsed.timestamp is not None)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["sql", "--query", "nope"], "no query named 'nope'"),
+        (["sql", "--query", "funnel", "--param", "step3=x"], "has no param step3"),
+        (["sql", "--query", "funnel", "--param", "nonsense"], "must look like name=value"),
+        (["sql", "--query", "sessions_per_day", "--param", "to_date=soon"], "not a valid date"),
+        (["sql", "SELECT 1", "--query", "funnel"], "either a SQL statement or --query"),
+        (["sql", "SELECT 1", "--as-of", "last tuesday"], "--as-of 'last tuesday'"),
+    ],
+)
+def test_cli_errors_are_one_line_and_exit_2(
+    known_lake: dict[str, Any], argv: list[str], message: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([*argv, "--lake", known_lake["lake"]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_cli_lists_and_runs_named_queries(
+    known_lake: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sql", "--list"]) == 0
+    listing = capsys.readouterr().out
+    assert "funnel [--param step1=/] [--param step2=/checkout]" in listing
+    assert main(["sql", "--lake", known_lake["lake"], "--query", "funnel", "--output", "csv",
+                 "--param", "step2=/checkout"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "step1_sessions,step2_sessions,conversion_pct", "4,2,50"]
+
+
+def test_sql_files_of_the_queries_are_the_ones_listed() -> None:
+    folder = Path(__file__).resolve().parent.parent / "sql" / "queries"
+    assert {p.stem for p in folder.glob("*.sql")} == set(named_queries())

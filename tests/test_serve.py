@@ -1,0 +1,96 @@
+"""`sessionlake serve`: a real Spark Connect round trip from a thin client process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from sessionlake.config import settings_from
+from tests.conftest import REPO
+from tests.helpers import event, run_batches
+
+CLIENT = """
+import json, sys
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+sessions = spark.sql("SELECT user_id, event_count FROM sessions ORDER BY user_id").collect()
+bounces = spark.table("bounce_rate").collect()
+print(json.dumps({"sessions": [list(r) for r in sessions],
+                  "bounces": [r["bounces"] for r in bounces]}))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_spark_connect_client_queries_the_lake(
+    spark: SparkSession, lake: str, tmp_path: Path
+) -> None:
+    settings = settings_from({"lake": lake})
+    run_batches(spark, settings, [[
+        event("u1", "10:00", "/"), event("u1", "10:05", "/a"), event("u2", "10:00", "/"),
+        event("u3", "12:00", "/"),  # moves the watermark past u1's and u2's sessions
+    ]])
+    port = _free_port()
+    env = {**os.environ, "SESSIONLAKE_DRIVER_MEMORY": "1g"}
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "sessionlake"), "serve", "--lake", lake,
+         "--port", str(port), "--master", "local[1]"],
+        stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=REPO,
+    )
+    try:
+        assert server.stdout is not None
+        banner = server.stdout.readline()  # printed once the tables are registered
+        assert f"sc://127.0.0.1:{port}" in banner, (tmp_path / "serve.log").read_text()[-2000:]
+        deadline = time.monotonic() + 120
+        while True:
+            client = subprocess.run([sys.executable, "-c", CLIENT, f"sc://127.0.0.1:{port}"],
+                                    capture_output=True, text=True, timeout=180)
+            if client.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert client.returncode == 0, client.stderr[-2000:]
+        answer = json.loads(client.stdout.strip().splitlines()[-1])
+        assert answer == {"sessions": [["u1", 2], ["u2", 1]], "bounces": [1]}
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+    assert server.returncode == 0
+
+
+def test_serve_refuses_a_lake_without_tables(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "sessionlake"), "serve", "--lake",
+         str(tmp_path / "nothing"), "--port", str(_free_port()), "--master", "local[1]"],
+        capture_output=True, text=True, timeout=180,
+        env={**os.environ, "SESSIONLAKE_DRIVER_MEMORY": "1g"},
+    )
+    assert done.returncode == 2
+    assert "no sessionlake tables" in done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("port", ["0", "http"])
+def test_serve_rejects_a_bad_port(port: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "sessionlake"), "serve", "--lake", str(tmp_path),
+         "--port", port], capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2 and "--port" in done.stderr
