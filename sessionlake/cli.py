@@ -203,14 +203,19 @@ def _spark(settings: Settings, app: str) -> Any:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``sessionlake run``: drain (or follow) the landing folder into the lake."""
-    from sessionlake.stream import StreamAlreadyRunning, check_source, run_stream
+    from sessionlake.stream import (
+        RestoreUnfinished,
+        StreamAlreadyRunning,
+        check_source,
+        run_stream,
+    )
 
     settings = _settings(args)
     check_source(settings)
     spark = _spark(settings, "sessionlake-run")
     try:
         summary = run_stream(spark, settings)
-    except StreamAlreadyRunning as error:
+    except (StreamAlreadyRunning, RestoreUnfinished) as error:
         raise UsageError(str(error)) from None
     rows = summary.processed
     totals = {k: sum(r[k] for r in rows) for k in (

@@ -29,7 +29,9 @@ def local_path(uri: str) -> Path | None:
     return None
 
 
-def _fs_and_path(spark: SparkSession, uri: str) -> tuple[Any, Any]:
+def _fs_and_path(spark: SparkSession | None, uri: str) -> tuple[Any, Any]:
+    if spark is None:
+        raise ValueError(f"{uri} is not a local path: a Spark session is needed to reach it")
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     path = jvm.org.apache.hadoop.fs.Path(uri)
@@ -48,7 +50,7 @@ def path_part(spark: SparkSession, uri: str) -> str:
     return str(fs.makeQualified(path).toUri().getPath())
 
 
-def exists(spark: SparkSession, uri: str) -> bool:
+def exists(spark: SparkSession | None, uri: str) -> bool:
     """Whether a file or folder exists at ``uri``."""
     local = local_path(uri)
     if local is not None:
@@ -57,7 +59,7 @@ def exists(spark: SparkSession, uri: str) -> bool:
     return bool(fs.exists(path))
 
 
-def read_text(spark: SparkSession, uri: str) -> str | None:
+def read_text(spark: SparkSession | None, uri: str) -> str | None:
     """The text of the file at ``uri``, or ``None`` when there is none."""
     local = local_path(uri)
     if local is not None:
@@ -65,6 +67,7 @@ def read_text(spark: SparkSession, uri: str) -> str | None:
     fs, path = _fs_and_path(spark, uri)
     if not fs.exists(path):
         return None
+    assert spark is not None
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     stream = fs.open(path)
@@ -98,7 +101,7 @@ def write_text(spark: SparkSession, uri: str, text: str) -> None:
     fs.rename(tmp, path)
 
 
-def delete(spark: SparkSession, uri: str) -> None:
+def delete(spark: SparkSession | None, uri: str) -> None:
     """Delete the file or folder at ``uri`` (recursively), if present."""
     local = local_path(uri)
     if local is not None:
@@ -131,7 +134,7 @@ def copy_tree(spark: SparkSession, source: str, target: str) -> None:
     )
 
 
-def list_names(spark: SparkSession, uri: str) -> list[str]:
+def list_names(spark: SparkSession | None, uri: str) -> list[str]:
     """Names of the entries of the folder ``uri`` (empty when it does not exist)."""
     local = local_path(uri)
     if local is not None:
@@ -140,3 +143,30 @@ def list_names(spark: SparkSession, uri: str) -> list[str]:
     if not fs.exists(path):
         return []
     return sorted(str(status.getPath().getName()) for status in fs.listStatus(path))
+
+
+def tree_state(spark: SparkSession | None, uri: str) -> dict[str, tuple[int, int]]:
+    """Every file under the folder ``uri``: relative path -> (size, modification time).
+
+    Two equal states mean nothing was written in between (used to take a stable copy of a
+    folder that a running stream keeps writing).
+    """
+    local = local_path(uri)
+    if local is not None:
+        if not local.is_dir():
+            return {}
+        return {
+            str(p.relative_to(local)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in local.rglob("*") if p.is_file()
+        }
+    fs, path = _fs_and_path(spark, uri)
+    if not fs.exists(path):
+        return {}
+    root = str(fs.makeQualified(path).toString()).rstrip("/")
+    state: dict[str, tuple[int, int]] = {}
+    files = fs.listFiles(path, True)
+    while files.hasNext():
+        status = files.next()
+        name = str(status.getPath().toString())[len(root) + 1:]
+        state[name] = (int(status.getLen()), int(status.getModificationTime()))
+    return state

@@ -9,6 +9,7 @@ offsets: ``--shuffle-partitions`` and ``--master`` may change between runs.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -32,10 +33,33 @@ log = logging.getLogger("sessionlake.stream")
 
 PID_FILE = "sessionlake.pid"
 LOCK_FILE = "sessionlake.lock"
+#: Left in the checkpoint by a restore that has not finished (see ``sessionlake.snapshots``).
+RESTORING_MARKER = "sessionlake-restoring.json"
 
 
 class StreamAlreadyRunning(RuntimeError):
     """Another process runs a stream on the same checkpoint."""
+
+
+class RestoreUnfinished(RuntimeError):
+    """A restore of the checkpoint was cut off half-way: the run would mix two states."""
+
+
+def check_no_restore_pending(spark: SparkSession, checkpoint: str) -> None:
+    """Refuse to run on a checkpoint whose restore was cut off half-way.
+
+    Tables and checkpoint are restored one after the other; resuming on a mix of the two
+    would silently lose or double batches, so the restore must be run again first.
+
+    :raises RestoreUnfinished: naming the snapshot to restore again.
+    """
+    text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{RESTORING_MARKER}")
+    if text is not None:
+        snapshot_id = json.loads(text).get("snapshot_id", "?")
+        raise RestoreUnfinished(
+            f"a restore to snapshot {snapshot_id} did not finish on {checkpoint}: run "
+            f"`sessionlake restore --snapshot {snapshot_id}` again before running the stream"
+        )
 
 
 @dataclass
@@ -121,6 +145,7 @@ def run_stream(
     source = check_source(settings)
     summary = RunSummary()
     with checkpoint_lock(settings.checkpoint):
+        check_no_restore_pending(spark, settings.checkpoint)
         buckets = ensure_tables(spark, settings.lake, settings.user_buckets)
         if buckets != settings.user_buckets:
             log.warning("the lake's open_sessions has %s user buckets: using that, not %s",

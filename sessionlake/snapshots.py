@@ -1,0 +1,365 @@
+"""Snapshots: consistent restore points of the whole lake, and restoring them.
+
+A snapshot is the version of every table together with a copy of the streaming
+checkpoint, taken at a micro-batch boundary: the tables hold exactly the batches the copied
+checkpoint has committed. Restoring one returns every table (Delta ``RESTORE``) and the
+checkpoint to that point, so that the next run resumes there and, fed the same input,
+ends with the same result as if nothing had been restored. This is the answer to state
+stores whose restore replays a whole changelog: here it is one metadata commit per table.
+
+Taking a snapshot never stops a running stream:
+
+* the checkpoint is copied until the copy is a stable point-in-time image (the same files
+  before and after the copy); such an image is the same as a crash state, which Spark's
+  checkpoint recovers from by design;
+* every table write of batch ``b`` carries Delta's transaction key (app id, ``b``), so the
+  version of a table "after batch ``c``" is the one just before its first commit keyed with
+  a batch after ``c`` (commits of compaction or retention in between change no rows).
+
+A restore bumps the stream's epoch: Delta ``RESTORE`` does not roll back the transaction
+keys in a table's log, so the batches replayed after the restore must write under a new app
+id, or Delta would skip them as already committed.
+
+Snapshots are kept in ``<lake>/_snapshots/<id>/``: ``snapshot.json`` (the catalog entry)
+and ``checkpoint/`` (the copy).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+
+from sessionlake import storage
+from sessionlake.batch import IDENTITY_FILE, StreamIdentity, write_stream_identity
+from sessionlake.config import Settings
+from sessionlake.stream import (
+    LOCK_FILE,
+    PID_FILE,
+    RESTORING_MARKER,
+    StreamAlreadyRunning,
+    checkpoint_lock,
+)
+from sessionlake.tables import ALL_TABLES, table_path, table_version
+
+log = logging.getLogger("sessionlake.snapshots")
+
+SNAPSHOTS_DIR = "_snapshots"
+MANIFEST = "snapshot.json"
+#: Files of the checkpoint folder that belong to the running process, not to the stream.
+_PROCESS_FILES = (LOCK_FILE, PID_FILE, RESTORING_MARKER)
+_COPY_ATTEMPTS = 20
+
+
+class SnapshotError(Exception):
+    """A snapshot cannot be taken or restored; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A catalog entry: when, which batch, and the version of every table."""
+
+    snapshot_id: str
+    created_at: str
+    name: str | None
+    stream_id: str | None
+    epoch: int | None
+    last_batch_id: int
+    table_versions: dict[str, int] = field(default_factory=dict)
+    has_checkpoint: bool = True
+
+    def summary(self) -> str:
+        """One line for the command line and task logs."""
+        label = f" ({self.name})" if self.name else ""
+        versions = ", ".join(f"{t}@{v}" for t, v in sorted(self.table_versions.items()))
+        batch = "no batch yet" if self.last_batch_id < 0 else f"after batch {self.last_batch_id}"
+        return f"{self.snapshot_id}{label} {self.created_at} {batch}: {versions}"
+
+    @property
+    def created(self) -> datetime:
+        """``created_at`` as a time."""
+        return datetime.fromisoformat(self.created_at)
+
+
+def snapshots_root(lake: str) -> str:
+    """The catalog folder of the lake's snapshots."""
+    return f"{lake.rstrip('/')}/{SNAPSHOTS_DIR}"
+
+
+def _snapshot_dir(lake: str, snapshot_id: str) -> str:
+    return f"{snapshots_root(lake)}/{snapshot_id}"
+
+
+def list_snapshots(lake: str, spark: SparkSession | None = None) -> list[Snapshot]:
+    """The lake's snapshots, oldest first (``spark`` is needed for remote lakes only)."""
+    root = snapshots_root(lake)
+    if storage.local_path(root) is None and spark is None:
+        raise SnapshotError(f"listing the snapshots of {lake} needs a Spark session")
+    found = []
+    for name in storage.list_names(spark, root):
+        text = storage.read_text(spark, f"{root}/{name}/{MANIFEST}")
+        if text is not None:
+            found.append(Snapshot(**json.loads(text)))
+    return sorted(found, key=lambda s: (s.created_at, s.snapshot_id))
+
+
+def find_snapshot(lake: str, snapshot_id: str, spark: SparkSession | None = None) -> Snapshot:
+    """The catalog entry of ``snapshot_id``.
+
+    :raises SnapshotError: naming the ids that do exist.
+    """
+    snapshots = list_snapshots(lake, spark)
+    for snapshot in snapshots:
+        if snapshot.snapshot_id == snapshot_id:
+            return snapshot
+    known = ", ".join(s.snapshot_id for s in snapshots[-5:]) or "none yet"
+    raise SnapshotError(
+        f"no snapshot {snapshot_id!r} in {lake} (newest: {known}); "
+        "list them with `sessionlake snapshot --list`"
+    )
+
+
+def _require_lake(spark: SparkSession, lake: str) -> None:
+    missing = [t for t in ALL_TABLES if not DeltaTable.isDeltaTable(spark, table_path(lake, t))]
+    if missing:
+        raise SnapshotError(
+            f"{lake} is not a sessionlake lake (no table {', '.join(missing)}): "
+            "`sessionlake run` creates it"
+        )
+
+
+def last_committed_batch(spark: SparkSession, spark_checkpoint: str) -> int:
+    """The newest batch id in a Spark checkpoint's ``commits`` log (-1 when none)."""
+    ids = [int(n) for n in storage.list_names(spark, f"{spark_checkpoint}/commits") if n.isdigit()]
+    return max(ids, default=-1)
+
+
+def copy_stable(spark: SparkSession, source: str, target: str) -> None:
+    """Copy the folder ``source`` to ``target`` as a point-in-time image.
+
+    A running stream keeps writing its checkpoint; the copy is repeated until no file of
+    ``source`` was added, removed or changed while it was being copied.
+
+    :raises SnapshotError: when the folder never stood still long enough.
+    """
+    for _ in range(_COPY_ATTEMPTS):
+        before = storage.tree_state(spark, source)
+        storage.copy_tree(spark, source, target)
+        if storage.tree_state(spark, source) == before:
+            for name in _PROCESS_FILES:
+                storage.delete(spark, f"{target}/{name}")
+            _drop_orphan_checksums(spark, target)
+            return
+    raise SnapshotError(
+        f"the checkpoint {source} changed during each of {_COPY_ATTEMPTS} copies: try again"
+    )
+
+
+def _drop_orphan_checksums(spark: SparkSession, folder: str) -> None:
+    """Delete ``.NAME.crc`` files whose ``NAME`` is not there.
+
+    Hadoop renames a file and its checksum one after the other; an image taken between the
+    two may hold the checksum alone, on which Spark's next write of ``NAME`` would fail.
+    """
+    files = set(storage.tree_state(spark, folder))
+    for path in files:
+        parent, _, name = path.rpartition("/")
+        if name.startswith(".") and name.endswith(".crc"):
+            data = f"{parent}/{name[1:-4]}" if parent else name[1:-4]
+            if data not in files:
+                storage.delete(spark, f"{folder}/{path}")
+
+
+def _commit_txn_versions(spark: SparkSession, log_dir: str, version: int, app_id: str) -> list[int]:
+    """The transaction versions that commit ``version`` recorded for ``app_id``."""
+    text = storage.read_text(spark, f"{log_dir}/{version:020d}.json")
+    if text is None:
+        raise FileNotFoundError(f"{log_dir}/{version:020d}.json")
+    found = []
+    for line in text.splitlines():
+        txn = json.loads(line).get("txn") if line.strip() else None
+        if txn and txn.get("appId") == app_id:
+            found.append(int(txn["version"]))
+    return found
+
+
+def version_after_batch(
+    spark: SparkSession, lake: str, table: str, app_id: str, batch_id: int
+) -> int:
+    """The version of ``table`` holding exactly the batches up to ``batch_id`` of ``app_id``.
+
+    Walks the table's commits from the newest back: a commit keyed with a later batch of the
+    stream belongs after the snapshot; the first commit keyed with this batch or an earlier
+    one (or the table's creation) bounds the walk.
+    """
+    log_dir = f"{table_path(lake, table)}/_delta_log"
+    newest = table_version(spark, lake, table)
+    chosen = newest
+    for version in range(newest, -1, -1):
+        try:
+            keys = _commit_txn_versions(spark, log_dir, version, app_id)
+        except FileNotFoundError:  # log cleaned up this far back: nothing older can matter
+            break
+        if any(k > batch_id for k in keys):
+            chosen = version - 1
+        elif keys:
+            break
+    return chosen
+
+
+def _read_identity(spark: SparkSession, checkpoint: str) -> StreamIdentity | None:
+    text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{IDENTITY_FILE}")
+    if text is None:
+        return None
+    data = json.loads(text)
+    return StreamIdentity(stream_id=str(data["stream_id"]), epoch=int(data["epoch"]))
+
+
+def new_snapshot_id(now: datetime) -> str:
+    """A sortable, unique id: ``20260105T101500Z-3f9a1c``."""
+    return f"{now.strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(3)}"
+
+
+def create_snapshot(
+    spark: SparkSession, settings: Settings, name: str | None = None,
+    now: datetime | None = None,
+) -> Snapshot:
+    """Record a consistent restore point of the lake and its checkpoint.
+
+    Safe while a stream runs: the point is the last batch the copied checkpoint committed.
+
+    :param name: an optional label, shown in the catalog.
+    :return: the catalog entry written.
+    :raises SnapshotError: when the lake does not exist.
+    """
+    lake = settings.lake
+    _require_lake(spark, lake)
+    now = now or datetime.now(UTC)
+    snapshot_id = new_snapshot_id(now)
+    folder = _snapshot_dir(lake, snapshot_id)
+    checkpoint = settings.checkpoint.rstrip("/")
+    has_checkpoint = storage.exists(spark, checkpoint)
+    identity: StreamIdentity | None = None
+    last_batch = -1
+    if has_checkpoint:
+        copy_stable(spark, checkpoint, f"{folder}/checkpoint")
+        identity = _read_identity(spark, f"{folder}/checkpoint")
+        last_batch = last_committed_batch(spark, f"{folder}/checkpoint/spark")
+    if identity is None:
+        versions = {t: table_version(spark, lake, t) for t in ALL_TABLES}
+    else:
+        versions = {t: version_after_batch(spark, lake, t, identity.app_id, last_batch)
+                    for t in ALL_TABLES}
+    snapshot = Snapshot(
+        snapshot_id=snapshot_id,
+        created_at=now.isoformat(),
+        name=name,
+        stream_id=identity.stream_id if identity else None,
+        epoch=identity.epoch if identity else None,
+        last_batch_id=last_batch,
+        table_versions=versions,
+        has_checkpoint=has_checkpoint,
+    )
+    # The manifest is written last: a snapshot cut off before it is not in the catalog.
+    storage.write_text(spark, f"{folder}/{MANIFEST}", json.dumps(asdict(snapshot), indent=1))
+    log.info("snapshot %s", snapshot.summary())
+    return snapshot
+
+
+@contextmanager
+def _restore_marked(spark: SparkSession, checkpoint: str, snapshot: Snapshot) -> Iterator[None]:
+    """Leave a marker in the checkpoint while a restore is half done.
+
+    Tables and checkpoint are restored one after the other; should the restore be cut off,
+    the marker stops the next run from resuming on a mix of the two (see
+    :func:`sessionlake.stream.check_no_restore_pending`), and the restore can simply be run again.
+    """
+    marker = f"{checkpoint}/{RESTORING_MARKER}"
+    storage.write_text(spark, marker, json.dumps({"snapshot_id": snapshot.snapshot_id}))
+    yield
+    storage.delete(spark, marker)
+
+
+def _restore_table(spark: SparkSession, lake: str, table: str, version: int) -> bool:
+    """``RESTORE`` one table to ``version``; ``False`` when it already is there."""
+    if table_version(spark, lake, table) == version:
+        return False
+    target = DeltaTable.forPath(spark, table_path(lake, table))
+    history = target.history(1).head()
+    if history is not None and history["operation"] == "RESTORE" and \
+            str((history["operationParameters"] or {}).get("version")) == str(version):
+        return False  # a previous attempt of this restore got this far
+    try:
+        target.restoreToVersion(version)
+    except Exception as error:
+        text = str(error)
+        if "FileNotFound" in text or "DELTA_FILE_NOT_FOUND" in text or "missing" in text.lower():
+            raise SnapshotError(
+                f"{table} cannot return to version {version}: its data files have been "
+                "vacuumed since the snapshot was taken"
+            ) from None
+        raise
+    return True
+
+
+def _replace_checkpoint(
+    spark: SparkSession, checkpoint: str, snapshot_dir: str, snapshot: Snapshot
+) -> StreamIdentity | None:
+    """Put the snapshot's checkpoint copy in place, under a new epoch of its stream."""
+    current = _read_identity(spark, checkpoint)
+    for name in storage.list_names(spark, checkpoint):
+        if name not in _PROCESS_FILES:
+            storage.delete(spark, f"{checkpoint}/{name}")
+    if not snapshot.has_checkpoint or snapshot.stream_id is None:
+        return None  # the next run starts the stream afresh, as the snapshot had none
+    copy = f"{snapshot_dir}/checkpoint"
+    for name in storage.list_names(spark, copy):
+        if name != IDENTITY_FILE:
+            storage.copy_tree(spark, f"{copy}/{name}", f"{checkpoint}/{name}")
+    epochs = [snapshot.epoch or 0, *([current.epoch] if current else [])]
+    identity = StreamIdentity(snapshot.stream_id, max(epochs) + 1)
+    write_stream_identity(spark, checkpoint, identity)
+    return identity
+
+
+def restore_snapshot(spark: SparkSession, settings: Settings, snapshot_id: str) -> Snapshot:
+    """Return every table and the streaming checkpoint to ``snapshot_id``.
+
+    Refused while a stream runs on the checkpoint (stop it first: the restart DAG, or
+    SIGTERM); the checkpoint's lock is held throughout, so no run can start half-way.
+    Running it again after an interruption finishes the job.
+
+    :return: the snapshot restored.
+    :raises SnapshotError: unknown id, no lake, a running stream, or vacuumed files.
+    """
+    lake, checkpoint = settings.lake, settings.checkpoint.rstrip("/")
+    snapshot = find_snapshot(lake, snapshot_id, spark)
+    _require_lake(spark, lake)
+    try:
+        with checkpoint_lock(checkpoint), _restore_marked(spark, checkpoint, snapshot):
+            restored = [t for t, v in snapshot.table_versions.items()
+                        if _restore_table(spark, lake, t, v)]
+            identity = _replace_checkpoint(
+                spark, checkpoint, _snapshot_dir(lake, snapshot_id), snapshot
+            )
+    except StreamAlreadyRunning as error:
+        raise SnapshotError(f"{error} (a restore needs the stream stopped)") from None
+    log.info("restored %s (tables changed: %s; stream %s)", snapshot_id,
+             ", ".join(restored) or "none", identity)
+    return snapshot
+
+
+def kept_since(lake: str, spark: SparkSession | None = None) -> datetime | None:
+    """When the oldest kept snapshot was taken (``None`` without snapshots).
+
+    VACUUM must keep every file removed since then, or that snapshot could not be restored.
+    """
+    snapshots = list_snapshots(lake, spark)
+    return snapshots[0].created if snapshots else None

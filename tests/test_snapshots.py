@@ -1,0 +1,189 @@
+"""Snapshots and restore: a restored lake, fed the same input, ends where it would have."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from sessionlake import storage
+from sessionlake.config import Settings, settings_from
+from sessionlake.snapshots import (
+    SnapshotError,
+    create_snapshot,
+    find_snapshot,
+    list_snapshots,
+    restore_snapshot,
+)
+from sessionlake.stream import (
+    RESTORING_MARKER,
+    RestoreUnfinished,
+    checkpoint_lock,
+    run_stream,
+)
+from sessionlake.tables import PUBLIC_TABLES, read_table, table_version
+from tests.helpers import NOW, event
+
+#: Four landing files; each adds users, extends sessions, closes some, and the third one
+#: brings a late event and a malformed line, so that every table is written.
+FILES = [
+    [event("u1", "10:00", "/"), event("u2", "10:05", "/a")],
+    [event("u1", "10:20", "/b"), event("u3", "11:00", "/"), "{not json"],
+    [event("u1", "12:00", "/c"), event("u2", "10:06", "/late"), event("u4", "12:10", "/")],
+    [event("u3", "12:30", "/d"), event("u5", "13:30", "/"), event("u4", "12:11", "/x")],
+]
+
+#: Columns that are the same whatever the wall clock (batch_metrics keeps durations too).
+STABLE_METRICS = ("batch_id", "input_records", "accepted", "late", "quarantined",
+                  "duplicates", "sessions_opened", "closed_sessions", "open_sessions",
+                  "max_event_time", "watermark_before", "watermark_after")
+
+
+def land(landing: Path, index: int) -> None:
+    """Drop landing file ``index``, one minute newer than the one before."""
+    landing.mkdir(parents=True, exist_ok=True)
+    path = landing / f"part-{index:02d}.jsonl"
+    path.write_text("\n".join(FILES[index]) + "\n")
+    stamp = 1_700_000_000 + 60 * index
+    os.utime(path, (stamp, stamp))
+
+
+def settings(root: Path, name: str) -> Settings:
+    return settings_from({"lake": str(root / name), "source": str(root / f"{name}-landing"),
+                          "max_files_per_trigger": 2}, env={})
+
+
+def run(spark: SparkSession, config: Settings) -> list[dict[str, Any]]:
+    return run_stream(spark, config, clock=lambda: NOW).processed
+
+
+def tables_of(spark: SparkSession, lake: str) -> dict[str, Any]:
+    """Every table's rows, without the columns that name the stream."""
+    frames = {t: read_table(spark, lake, t) for t in PUBLIC_TABLES}
+    frames["batch_metrics"] = frames["batch_metrics"].select(*STABLE_METRICS)
+    return frames
+
+
+def assert_same_lake(spark: SparkSession, lake: str, expected: str) -> None:
+    got, want = tables_of(spark, lake), tables_of(spark, expected)
+    for table in PUBLIC_TABLES:
+        assertDataFrameEqual(got[table], want[table], checkRowOrder=False)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The reference: files 0-1 in one run, files 2-3 in the next, nothing restored."""
+    root = tmp_path_factory.mktemp("reference")
+    config = settings(root, "lake")
+    land(Path(config.source or ""), 0)
+    land(Path(config.source or ""), 1)
+    run(spark, config)
+    land(Path(config.source or ""), 2)
+    land(Path(config.source or ""), 3)
+    run(spark, config)
+    return config.lake
+
+
+def test_restore_then_resume_ends_as_if_nothing_was_restored(
+    spark: SparkSession, tmp_path: Path, uninterrupted: str
+) -> None:
+    config = settings(tmp_path, "lake")
+    landing = Path(config.source or "")
+    land(landing, 0)
+    land(landing, 1)
+    run(spark, config)
+    snapshot = create_snapshot(spark, config, name="after-first-run")
+    land(landing, 2)
+    land(landing, 3)
+    run(spark, config)
+    assert_same_lake(spark, config.lake, uninterrupted)
+
+    # Twice: the second restore of the same snapshot must not be skipped as "done" either.
+    for _ in range(2):
+        restore_snapshot(spark, config, snapshot.snapshot_id)
+        assert read_table(spark, config.lake, "events").count() == 4
+        assert [m["batch_id"] for m in run(spark, config)] == [1]
+        assert_same_lake(spark, config.lake, uninterrupted)
+
+
+def test_a_snapshot_taken_during_a_batch_holds_the_batches_before_it(
+    spark: SparkSession, tmp_path: Path, uninterrupted: str
+) -> None:
+    """A checkpoint copied while batch 1 was in flight: its table writes are left out."""
+    config = settings(tmp_path, "lake")
+    for index in range(4):
+        land(Path(config.source or ""), index)
+    run(spark, config)  # batches 0 and 1, two files each
+    commit = Path(config.checkpoint) / "spark" / "commits" / "1"
+    saved = commit.read_text()
+    commit.unlink()  # as copied a moment before batch 1 committed to Spark
+    snapshot = create_snapshot(spark, config)
+    commit.write_text(saved)
+
+    assert snapshot.last_batch_id == 0
+    assert snapshot.table_versions["batch_metrics"] < table_version(
+        spark, config.lake, "batch_metrics")
+    restore_snapshot(spark, config, snapshot.snapshot_id)
+    assert read_table(spark, config.lake, "batch_metrics").count() == 1
+    assert [m["batch_id"] for m in run(spark, config)] == [1]
+    assert_same_lake(spark, config.lake, uninterrupted)
+
+
+def test_the_catalog_lists_snapshots_oldest_first(spark: SparkSession, tmp_path: Path) -> None:
+    config = settings(tmp_path, "lake")
+    land(Path(config.source or ""), 0)
+    run(spark, config)
+    first = create_snapshot(spark, config, name="one")
+    second = create_snapshot(spark, config)
+    listed = list_snapshots(config.lake)
+    assert [s.snapshot_id for s in listed] == [first.snapshot_id, second.snapshot_id]
+    assert find_snapshot(config.lake, first.snapshot_id).name == "one"
+    assert first.table_versions == second.table_versions
+    assert "one" in first.summary() and "after batch 0" in first.summary()
+
+
+def test_restore_is_refused_while_a_stream_runs(spark: SparkSession, tmp_path: Path) -> None:
+    config = settings(tmp_path, "lake")
+    land(Path(config.source or ""), 0)
+    run(spark, config)
+    snapshot = create_snapshot(spark, config)
+    land(Path(config.source or ""), 1)
+    run(spark, config)
+    versions = {t: table_version(spark, config.lake, t) for t in PUBLIC_TABLES}
+    with checkpoint_lock(config.checkpoint), pytest.raises(SnapshotError, match="stopped"):
+        restore_snapshot(spark, config, snapshot.snapshot_id)
+    assert versions == {t: table_version(spark, config.lake, t) for t in PUBLIC_TABLES}
+
+
+def test_a_cut_off_restore_blocks_the_stream_until_it_is_run_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    config = settings(tmp_path, "lake")
+    land(Path(config.source or ""), 0)
+    run(spark, config)
+    snapshot = create_snapshot(spark, config)
+    marker = Path(config.checkpoint) / RESTORING_MARKER
+    storage.write_text(spark, str(marker), f'{{"snapshot_id": "{snapshot.snapshot_id}"}}')
+    with pytest.raises(RestoreUnfinished, match=snapshot.snapshot_id):
+        run(spark, config)
+    restore_snapshot(spark, config, snapshot.snapshot_id)
+    assert not marker.exists()
+    assert run(spark, config) == []
+
+
+@pytest.mark.parametrize("case", ["unknown id", "no lake"])
+def test_bad_requests_are_refused(spark: SparkSession, tmp_path: Path, case: str) -> None:
+    config = settings(tmp_path, "lake")
+    if case == "no lake":
+        with pytest.raises(SnapshotError, match="sessionlake run"):
+            create_snapshot(spark, config)
+        assert not Path(config.lake).exists()
+    else:
+        land(Path(config.source or ""), 0)
+        run(spark, config)
+        with pytest.raises(SnapshotError, match="no snapshot 'nope'"):
+            restore_snapshot(spark, config, "nope")
