@@ -33,6 +33,7 @@ from sessionlake.changelog import (
     expiring_open_sessions,
     merge_source,
 )
+from sessionlake.checkpoint import IDENTITY_FILE
 from sessionlake.config import Settings
 from sessionlake.sessionize import (
     aggregate_sessions,
@@ -87,9 +88,6 @@ class StreamIdentity:
     def app_id(self) -> str:
         """The ``txnAppId`` of this stream's writes (changes with every restore)."""
         return f"sessionlake-{self.stream_id}-e{self.epoch}"
-
-
-IDENTITY_FILE = "sessionlake.json"
 
 
 def stream_identity(spark: SparkSession, checkpoint: str) -> StreamIdentity:

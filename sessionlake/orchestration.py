@@ -20,7 +20,6 @@ can be tested as plain functions:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -34,16 +33,14 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Any, TypedDict
 
+from sessionlake.checkpoint import IDENTITY_FILE, PID_FILE, lock_held
 from sessionlake.config import ConfigError, format_duration, parse_duration, settings_from
 from sessionlake.spark import DEFAULT_CONF, LOG_CONFIG, PROJECT_ROOT, delta_jars
 
 #: The spark-submit entry point every Spark task runs.
 JOB_SCRIPT = PROJECT_ROOT / "jobs" / "sessionlake_job.py"
 #: Written by :func:`sessionlake.stream.checkpoint_lock` while a run holds the checkpoint.
-PID_FILE = "sessionlake.pid"
-LOCK_FILE = "sessionlake.lock"
 #: The stream's identity (``stream_id``, restore ``epoch``), kept in the checkpoint folder.
-IDENTITY_FILE = "sessionlake.json"
 #: Output of a detached continuous run, in the checkpoint folder.
 CONTINUOUS_LOG = "sessionlake-continuous.log"
 
@@ -419,22 +416,10 @@ def restart_timeout() -> float:
 def running_pid(checkpoint: str) -> int | None:
     """The pid of the run holding the checkpoint's lock, or ``None`` when it is free."""
     folder = _local(checkpoint)
-    if not _lock_held(folder):
+    if not lock_held(folder):
         return None
     text = (folder / PID_FILE).read_text().strip() if (folder / PID_FILE).exists() else ""
     return int(text) if text.isdigit() else None
-
-
-def _lock_held(folder: Path) -> bool:
-    if not (folder / LOCK_FILE).exists():
-        return False
-    with open(folder / LOCK_FILE, "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(lock, fcntl.LOCK_UN)
-    return False
 
 
 def stop_continuous_run(checkpoint: str, timeout: float = 300.0) -> int | None:
@@ -451,7 +436,7 @@ def stop_continuous_run(checkpoint: str, timeout: float = 300.0) -> int | None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while _lock_held(_local(checkpoint)):
+    while lock_held(_local(checkpoint)):
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"sessionlake run pid {pid} still holds {checkpoint} {timeout:.0f}s after "

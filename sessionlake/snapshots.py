@@ -38,16 +38,12 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from sessionlake import storage
-from sessionlake.batch import IDENTITY_FILE, StreamIdentity, write_stream_identity
+from sessionlake.batch import StreamIdentity, write_stream_identity
+from sessionlake.checkpoint import IDENTITY_FILE, LOCK_FILE, PID_FILE, RESTORING_MARKER
 from sessionlake.config import Settings
-from sessionlake.stream import (
-    LOCK_FILE,
-    PID_FILE,
-    RESTORING_MARKER,
-    StreamAlreadyRunning,
-    checkpoint_lock,
-)
-from sessionlake.tables import ALL_TABLES, table_path, table_version
+from sessionlake.erasure import reapply_erasures
+from sessionlake.stream import StreamAlreadyRunning, checkpoint_lock
+from sessionlake.tables import STREAM_TABLES, table_path, table_version
 
 log = logging.getLogger("sessionlake.snapshots")
 
@@ -127,7 +123,7 @@ def find_snapshot(lake: str, snapshot_id: str, spark: SparkSession | None = None
 
 
 def _require_lake(spark: SparkSession, lake: str) -> None:
-    missing = [t for t in ALL_TABLES if not DeltaTable.isDeltaTable(spark, table_path(lake, t))]
+    missing = [t for t in STREAM_TABLES if not DeltaTable.isDeltaTable(spark, table_path(lake, t))]
     if missing:
         raise SnapshotError(
             f"{lake} is not a sessionlake lake (no table {', '.join(missing)}): "
@@ -253,10 +249,10 @@ def create_snapshot(
         identity = _read_identity(spark, f"{folder}/checkpoint")
         last_batch = last_committed_batch(spark, f"{folder}/checkpoint/spark")
     if identity is None:
-        versions = {t: table_version(spark, lake, t) for t in ALL_TABLES}
+        versions = {t: table_version(spark, lake, t) for t in STREAM_TABLES}
     else:
         versions = {t: version_after_batch(spark, lake, t, identity.app_id, last_batch)
-                    for t in ALL_TABLES}
+                    for t in STREAM_TABLES}
     snapshot = Snapshot(
         snapshot_id=snapshot_id,
         created_at=now.isoformat(),
@@ -332,8 +328,10 @@ def _replace_checkpoint(
 def restore_snapshot(spark: SparkSession, settings: Settings, snapshot_id: str) -> Snapshot:
     """Return every table and the streaming checkpoint to ``snapshot_id``.
 
-    Refused while a stream runs on the checkpoint (stop it first: the restart DAG, or
-    SIGTERM); the checkpoint's lock is held throughout, so no run can start half-way.
+    Users erased since the snapshot was taken (see the retention audit) are erased again
+    from the restored tables. Refused while a stream runs on the checkpoint (stop it first:
+    the restart DAG, or SIGTERM); the checkpoint's lock is held throughout, so no run can
+    start half-way.
     Running it again after an interruption finishes the job.
 
     :return: the snapshot restored.
@@ -349,6 +347,8 @@ def restore_snapshot(spark: SparkSession, settings: Settings, snapshot_id: str) 
             identity = _replace_checkpoint(
                 spark, checkpoint, _snapshot_dir(lake, snapshot_id), snapshot
             )
+            # Whoever was erased after the snapshot was taken stays erased.
+            reapply_erasures(spark, lake, snapshot.created)
     except StreamAlreadyRunning as error:
         raise SnapshotError(f"{error} (a restore needs the stream stopped)") from None
     log.info("restored %s (tables changed: %s; stream %s)", snapshot_id,

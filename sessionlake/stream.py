@@ -25,16 +25,13 @@ from pyspark.sql import functions as F
 
 from sessionlake import faults, storage
 from sessionlake.batch import BatchReport, Clock, process_files, stream_identity, utc_now
+from sessionlake.checkpoint import LOCK_FILE, PID_FILE, RESTORING_MARKER, lock_held
 from sessionlake.config import ConfigError, Settings
 from sessionlake.storage import local_path
 from sessionlake.tables import ensure_tables
 
 log = logging.getLogger("sessionlake.stream")
 
-PID_FILE = "sessionlake.pid"
-LOCK_FILE = "sessionlake.lock"
-#: Left in the checkpoint by a restore that has not finished (see ``sessionlake.snapshots``).
-RESTORING_MARKER = "sessionlake-restoring.json"
 
 
 class StreamAlreadyRunning(RuntimeError):
@@ -115,6 +112,12 @@ def checkpoint_lock(checkpoint: str) -> Iterator[None]:
         finally:
             (folder / PID_FILE).unlink(missing_ok=True)
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def checkpoint_in_use(checkpoint: str) -> bool:
+    """Whether a run holds the checkpoint's lock (local checkpoints; remote: ``False``)."""
+    folder = local_path(checkpoint)
+    return folder is not None and lock_held(folder)
 
 
 def landing_files(spark: SparkSession, settings: Settings) -> DataFrame:

@@ -28,9 +28,11 @@ SESSION_CHANGELOG = "session_changelog"
 LATE_EVENTS = "late_events"
 QUARANTINE = "quarantine"
 BATCH_METRICS = "batch_metrics"
+RETENTION_AUDIT = "retention_audit"
 
-#: The tables SQL users query by name (SPEC), in the order a micro-batch writes them.
-PUBLIC_TABLES: tuple[str, ...] = (
+#: The tables the stream writes, in the order a micro-batch writes them: together they are
+#: the state a snapshot captures and a restore returns to.
+STREAM_TABLES: tuple[str, ...] = (
     EVENTS,
     OPEN_SESSIONS,
     SESSIONS,
@@ -39,6 +41,13 @@ PUBLIC_TABLES: tuple[str, ...] = (
     QUARANTINE,
     BATCH_METRICS,
 )
+#: The tables that hold a user's data: what a per-user erasure must reach.
+USER_TABLES: tuple[str, ...] = (
+    EVENTS, OPEN_SESSIONS, SESSIONS, SESSION_CHANGELOG, LATE_EVENTS, QUARANTINE,
+)
+#: The tables SQL users query by name (SPEC). The retention audit is not restored with a
+#: snapshot: it records erasures, which must outlive any restore.
+PUBLIC_TABLES: tuple[str, ...] = (*STREAM_TABLES, RETENTION_AUDIT)
 ALL_TABLES: tuple[str, ...] = PUBLIC_TABLES
 
 

@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from sessionlake import storage
+from sessionlake.checkpoint import RESTORING_MARKER
 from sessionlake.config import Settings, settings_from
 from sessionlake.snapshots import (
     SnapshotError,
@@ -19,13 +20,8 @@ from sessionlake.snapshots import (
     list_snapshots,
     restore_snapshot,
 )
-from sessionlake.stream import (
-    RESTORING_MARKER,
-    RestoreUnfinished,
-    checkpoint_lock,
-    run_stream,
-)
-from sessionlake.tables import PUBLIC_TABLES, read_table, table_version
+from sessionlake.stream import RestoreUnfinished, checkpoint_lock, run_stream
+from sessionlake.tables import STREAM_TABLES, read_table, table_version
 from tests.helpers import NOW, event
 
 #: Four landing files; each adds users, extends sessions, closes some, and the third one
@@ -63,14 +59,14 @@ def run(spark: SparkSession, config: Settings) -> list[dict[str, Any]]:
 
 def tables_of(spark: SparkSession, lake: str) -> dict[str, Any]:
     """Every table's rows, without the columns that name the stream."""
-    frames = {t: read_table(spark, lake, t) for t in PUBLIC_TABLES}
+    frames = {t: read_table(spark, lake, t) for t in STREAM_TABLES}
     frames["batch_metrics"] = frames["batch_metrics"].select(*STABLE_METRICS)
     return frames
 
 
 def assert_same_lake(spark: SparkSession, lake: str, expected: str) -> None:
     got, want = tables_of(spark, lake), tables_of(spark, expected)
-    for table in PUBLIC_TABLES:
+    for table in STREAM_TABLES:
         assertDataFrameEqual(got[table], want[table], checkRowOrder=False)
 
 
@@ -153,10 +149,10 @@ def test_restore_is_refused_while_a_stream_runs(spark: SparkSession, tmp_path: P
     snapshot = create_snapshot(spark, config)
     land(Path(config.source or ""), 1)
     run(spark, config)
-    versions = {t: table_version(spark, config.lake, t) for t in PUBLIC_TABLES}
+    versions = {t: table_version(spark, config.lake, t) for t in STREAM_TABLES}
     with checkpoint_lock(config.checkpoint), pytest.raises(SnapshotError, match="stopped"):
         restore_snapshot(spark, config, snapshot.snapshot_id)
-    assert versions == {t: table_version(spark, config.lake, t) for t in PUBLIC_TABLES}
+    assert versions == {t: table_version(spark, config.lake, t) for t in STREAM_TABLES}
 
 
 def test_a_cut_off_restore_blocks_the_stream_until_it_is_run_again(

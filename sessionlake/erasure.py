@@ -1,0 +1,109 @@
+"""Erasing users: deleting their rows from every table and purging them from the files.
+
+User ids reach Delta only inside DataFrame filters built from literals, never as SQL text,
+so an id such as ``x' OR '1'='1`` matches the user of that exact id and nobody else.
+
+A Delta DELETE on a table with deletion vectors does not rewrite the data files: it marks
+rows as deleted, and the files, still part of the current version, keep the rows. An
+erasure therefore rewrites the files that hold deleted rows (``REORG ... APPLY (PURGE)``);
+the old files are then no longer part of the table and a VACUUM removes them for good.
+
+The retention audit keeps erased ids only as SHA-256 hashes; that is enough to apply an
+erasure again after a restore returned the tables to a version from before it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable
+from datetime import datetime
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, SparkSession
+from pyspark.sql import functions as F
+
+from sessionlake.conflicts import retry_on_conflict
+from sessionlake.tables import RETENTION_AUDIT, USER_TABLES, read_table, table_path, table_version
+
+log = logging.getLogger("sessionlake.erasure")
+
+
+def user_hash(user_id: str) -> str:
+    """The SHA-256 (hex) of a user id, as Spark's ``sha2(user_id, 256)`` computes it."""
+    return hashlib.sha256(user_id.encode("utf-8")).hexdigest()
+
+
+def users_named(user_ids: Iterable[str]) -> Column:
+    """Rows of exactly these user ids (bound as literals)."""
+    return F.col("user_id").isin([F.lit(u) for u in user_ids])
+
+
+def users_hashed(hashes: Iterable[str]) -> Column:
+    """Rows whose user id has one of these SHA-256 hashes."""
+    return F.sha2(F.col("user_id"), 256).isin([F.lit(h) for h in hashes])
+
+
+def delete_rows(spark: SparkSession, lake: str, table: str, condition: Column) -> int:
+    """DELETE the rows of ``table`` matching ``condition``; how many rows it deleted.
+
+    Retried when it loses a commit race with the stream or another maintenance job.
+    """
+    target = DeltaTable.forPath(spark, table_path(lake, table))
+    before = table_version(spark, lake, table)
+    retry_on_conflict(lambda: target.delete(condition), f"DELETE from {table}")
+    deleted = 0
+    for row in target.history().where(
+        (F.col("version") > before) & (F.col("operation") == "DELETE")
+    ).collect():
+        deleted += int((row["operationMetrics"] or {}).get("numDeletedRows", 0))
+    return deleted
+
+
+def purge_deleted_rows(spark: SparkSession, lake: str, table: str) -> None:
+    """Rewrite the files of ``table`` that still hold rows marked as deleted.
+
+    After this the deleted rows are only in files that the current version no longer uses,
+    which a VACUUM can then remove.
+    """
+    path = table_path(lake, table)
+    if "`" in path:
+        raise ValueError(f"a lake location must not contain a backtick: {path!r}")
+    retry_on_conflict(lambda: spark.sql(f"REORG TABLE delta.`{path}` APPLY (PURGE)"),
+                      f"REORG {table}")
+
+
+def erase(spark: SparkSession, lake: str, condition: Column) -> dict[str, int]:
+    """Delete the matching users' rows from every table that holds user data, and purge them.
+
+    :return: rows deleted per table.
+    """
+    deleted = {}
+    for table in USER_TABLES:
+        deleted[table] = delete_rows(spark, lake, table, condition)
+        if deleted[table]:
+            purge_deleted_rows(spark, lake, table)
+    return deleted
+
+
+def erasures_since(spark: SparkSession, lake: str, since: datetime) -> list[str]:
+    """Hashes of the users erased by retention runs that started at or after ``since``."""
+    if not DeltaTable.isDeltaTable(spark, table_path(lake, RETENTION_AUDIT)):
+        return []
+    rows = read_table(spark, lake, RETENTION_AUDIT).where(
+        F.col("started_at") >= F.lit(since).cast("timestamp")
+    ).select(F.explode("erased_user_sha256").alias("hash")).distinct().collect()
+    return sorted(row["hash"] for row in rows)
+
+
+def reapply_erasures(spark: SparkSession, lake: str, since: datetime) -> dict[str, int]:
+    """Erase again every user erased since ``since`` (after a restore to before then).
+
+    :return: rows deleted per table (empty when nobody was erased since).
+    """
+    hashes = erasures_since(spark, lake, since)
+    if not hashes:
+        return {}
+    deleted = erase(spark, lake, users_hashed(hashes))
+    log.warning("re-applied %d erasures made since %s: %s", len(hashes), since, deleted)
+    return deleted

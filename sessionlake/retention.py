@@ -1,0 +1,329 @@
+"""Retention: age limits, per-user erasure, VACUUM, and an audit row per run.
+
+State that only grows is the first war story of stream processors (seeds/): here old
+sessions and events are deleted by age, users are erased on request from every table that
+holds their data, and VACUUM removes the files that time travel would otherwise still read.
+
+VACUUM never goes below what is still needed unless the operator forces it:
+
+* a kept snapshot needs every file removed since it was taken, or it cannot be restored;
+* a running stream, or a batch cut off by a crash, replays from the table versions its
+  ledger recorded, so files removed since then must stay.
+
+When that floor keeps erased rows reachable by time travel, the audit row and the report
+say so, and until when.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from functools import partial
+
+from delta.tables import DeltaTable
+from pyspark.sql import Row, SparkSession
+from pyspark.sql import functions as F
+
+from sessionlake import storage
+from sessionlake.checkpoint import IDENTITY_FILE
+from sessionlake.config import Settings
+from sessionlake.conflicts import retry_on_conflict
+from sessionlake.erasure import delete_rows, erase, user_hash, users_named
+from sessionlake.snapshots import kept_since
+from sessionlake.stream import checkpoint_in_use
+from sessionlake.tables import (
+    EVENTS,
+    LATE_EVENTS,
+    QUARANTINE,
+    RETENTION_AUDIT,
+    SESSION_CHANGELOG,
+    SESSIONS,
+    STREAM_TABLES,
+    append,
+    ensure_tables,
+    read_table,
+    table_path,
+    table_version,
+)
+
+log = logging.getLogger("sessionlake.retention")
+
+#: Delta's own safety margin for VACUUM (7 days); going below it needs its check turned off.
+DELTA_DEFAULT_RETAIN_HOURS = 168.0
+#: What a running stream may still read that was removed a moment ago.
+RUNNING_STREAM_HOURS = 1.0
+
+
+class RetentionError(Exception):
+    """A retention request cannot run; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class RetentionRequest:
+    """What one retention run should do (``None`` leaves a limit or the VACUUM out)."""
+
+    erase_users: tuple[str, ...] = ()
+    sessions_max_age_days: int | None = None
+    events_max_age_days: int | None = None
+    vacuum_retain_hours: int | None = None
+    force_vacuum: bool = False
+
+
+@dataclass(frozen=True)
+class VacuumPlan:
+    """The VACUUM retention to use, and why it is more than was asked for."""
+
+    requested_hours: float
+    hours: float
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class RetentionReport:
+    """What a retention run did: its audit row, as returned to the caller."""
+
+    run_id: str
+    rows_deleted: dict[str, int] = field(default_factory=dict)
+    vacuum: VacuumPlan | None = None
+    files_vacuumed: int = 0
+    time_travel_purged: bool = False
+    note: str | None = None
+
+    def summary(self) -> str:
+        """One line for the command line and task logs."""
+        deleted = ", ".join(f"{t} {n}" for t, n in self.rows_deleted.items() if n) or "nothing"
+        vacuum = "no VACUUM" if self.vacuum is None else (
+            f"VACUUM {self.vacuum.hours:g}h removed {self.files_vacuumed} files")
+        purged = "time travel purged" if self.time_travel_purged else "time travel kept"
+        note = f" ({self.note})" if self.note else ""
+        return f"retention {self.run_id}: deleted {deleted}; {vacuum}; {purged}{note}"
+
+
+def check_request(request: RetentionRequest) -> None:
+    """Reject a malformed request before anything is read or written.
+
+    :raises RetentionError: naming the wrong value.
+    """
+    for user in request.erase_users:
+        if not isinstance(user, str) or not user.strip():
+            raise RetentionError(f"erase-user {user!r} is not a user id (empty)")
+    for name in ("sessions_max_age_days", "events_max_age_days"):
+        value = getattr(request, name)
+        if value is not None and value < 1:
+            raise RetentionError(f"{name.replace('_', '-')} must be >= 1, got {value}")
+    if request.vacuum_retain_hours is not None and request.vacuum_retain_hours < 0:
+        raise RetentionError(
+            f"vacuum-retain-hours must be >= 0, got {request.vacuum_retain_hours}")
+
+
+def _hours_since(moment: datetime, now: datetime) -> float:
+    return max(0.0, math.ceil((now - moment).total_seconds() / 36) / 100)
+
+
+def stream_needs_since(spark: SparkSession, checkpoint: str) -> tuple[datetime | None, bool]:
+    """Since when the stream may still read removed files, and whether it is running.
+
+    A batch whose ledger entry is not marked done (in flight, or cut off by a crash) will
+    read the table versions it recorded; the oldest such entry bounds VACUUM.
+    """
+    running = checkpoint_in_use(checkpoint)
+    text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{IDENTITY_FILE}")
+    if text is None:
+        return None, running
+    identity = json.loads(text)
+    prefix = f"{identity['stream_id']}-{identity['epoch']}-"
+    ledger = f"{checkpoint.rstrip('/')}/ledger"
+    batches = sorted(
+        (int(n[len(prefix):-5]) for n in storage.list_names(spark, ledger)
+         if n.startswith(prefix) and n.endswith(".json") and n[len(prefix):-5].isdigit()),
+        reverse=True,
+    )
+    oldest: datetime | None = None
+    for batch in batches[:3]:  # only the newest batches can be unfinished
+        entry = json.loads(storage.read_text(spark, f"{ledger}/{prefix}{batch}.json") or "{}")
+        if entry and not entry.get("done"):
+            oldest = datetime.fromisoformat(entry["processing_time"])
+    return oldest, running
+
+
+def plan_vacuum(
+    spark: SparkSession, settings: Settings, request: RetentionRequest, now: datetime
+) -> VacuumPlan | None:
+    """The VACUUM retention: what was asked, raised to what snapshots and the stream need.
+
+    ``None`` when no VACUUM was asked for.
+    """
+    if request.vacuum_retain_hours is None:
+        return None
+    asked = float(request.vacuum_retain_hours)
+    needs: list[tuple[float, str]] = []
+    snapshot_time = kept_since(settings.lake, spark)
+    if snapshot_time is not None:
+        needs.append((_hours_since(snapshot_time, now),
+                      f"the oldest kept snapshot, taken {snapshot_time.isoformat()}"))
+    pending, running = stream_needs_since(spark, settings.checkpoint)
+    if pending is not None:
+        needs.append((_hours_since(pending, now),
+                      f"an unfinished batch that started {pending.isoformat()}"))
+    if running:
+        needs.append((RUNNING_STREAM_HOURS, "the running stream"))
+    floor, why = max(needs, default=(0.0, None))
+    if request.force_vacuum or floor <= asked:
+        return VacuumPlan(asked, asked)
+    return VacuumPlan(asked, floor, f"VACUUM kept {floor:g}h instead of {asked:g}h for {why}")
+
+
+@contextmanager
+def _retention_check_off(spark: SparkSession, hours: float) -> Iterator[None]:
+    """Let VACUUM go below Delta's 7-day margin for this block only (the plan decided it)."""
+    key = "spark.databricks.delta.retentionDurationCheck.enabled"
+    if hours >= DELTA_DEFAULT_RETAIN_HOURS:
+        yield
+        return
+    previous = spark.conf.get(key, None)
+    spark.conf.set(key, "false")
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, previous)
+
+
+def vacuum_tables(spark: SparkSession, lake: str, hours: float) -> int:
+    """VACUUM every stream table with ``hours`` of retention; how many files it deleted."""
+    spark.conf.set("spark.databricks.delta.vacuum.logging.enabled", "true")
+    deleted = 0
+    with _retention_check_off(spark, hours):
+        for table in STREAM_TABLES:
+            target = DeltaTable.forPath(spark, table_path(lake, table))
+            before = table_version(spark, lake, table)
+            retry_on_conflict(partial(target.vacuum, hours), f"VACUUM {table}")
+            for row in target.history().where(
+                (F.col("version") > before) & (F.col("operation") == "VACUUM END")
+            ).collect():
+                deleted += int((row["operationMetrics"] or {}).get("numDeletedFiles", 0))
+    return deleted
+
+
+def age_limits(
+    spark: SparkSession, lake: str, request: RetentionRequest, today: date
+) -> tuple[dict[str, int], date | None, date | None]:
+    """Delete sessions and events older than their limits.
+
+    Sessions go by start date (with their changelog rows); events by event date, together
+    with the late and quarantined records, which are events too. Open sessions are state in
+    use and never aged out here (the maximum session duration bounds them).
+
+    :return: rows deleted per table, and the two cut-off dates (``None``: no limit).
+    """
+    deleted: dict[str, int] = {}
+    sessions_cutoff = events_cutoff = None
+    if request.sessions_max_age_days is not None:
+        sessions_cutoff = today - timedelta(days=request.sessions_max_age_days)
+        cutoff = F.lit(sessions_cutoff)
+        deleted[SESSIONS] = delete_rows(spark, lake, SESSIONS, F.col("session_date") < cutoff)
+        deleted[SESSION_CHANGELOG] = delete_rows(
+            spark, lake, SESSION_CHANGELOG, F.to_date("session_start") < cutoff)
+    if request.events_max_age_days is not None:
+        events_cutoff = today - timedelta(days=request.events_max_age_days)
+        cutoff = F.lit(events_cutoff)
+        deleted[EVENTS] = delete_rows(spark, lake, EVENTS, F.col("event_date") < cutoff)
+        deleted[LATE_EVENTS] = delete_rows(
+            spark, lake, LATE_EVENTS, F.to_date("event_time") < cutoff)
+        deleted[QUARANTINE] = delete_rows(
+            spark, lake, QUARANTINE, F.to_date("quarantined_at") < cutoff)
+    return deleted, sessions_cutoff, events_cutoff
+
+
+def _require_lake(spark: SparkSession, lake: str) -> None:
+    missing = [t for t in STREAM_TABLES if not DeltaTable.isDeltaTable(spark, table_path(lake, t))]
+    if missing:
+        raise RetentionError(
+            f"{lake} is not a sessionlake lake (no table {', '.join(missing)}): "
+            "`sessionlake run` creates it"
+        )
+
+
+def enforce_retention(
+    spark: SparkSession,
+    settings: Settings,
+    request: RetentionRequest,
+    now: datetime | None = None,
+) -> RetentionReport:
+    """Apply erasures and age limits, VACUUM as planned, and append the audit row.
+
+    Running it again after a crash is safe: deletes find nothing more to delete, and the
+    audit row is written last.
+
+    :raises RetentionError: a malformed request or a missing lake (nothing changed).
+    """
+    check_request(request)
+    lake = settings.lake
+    _require_lake(spark, lake)
+    ensure_tables(spark, lake)
+    started = now or datetime.now(UTC)
+    run_id = f"{started.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}"
+    versions_before = {t: table_version(spark, lake, t) for t in STREAM_TABLES}
+
+    deleted: dict[str, int] = {}
+    if request.erase_users:
+        for table, rows in erase(spark, lake, users_named(request.erase_users)).items():
+            deleted[table] = deleted.get(table, 0) + rows
+    aged, sessions_cutoff, events_cutoff = age_limits(spark, lake, request, started.date())
+    for table, rows in aged.items():
+        deleted[table] = deleted.get(table, 0) + rows
+
+    plan = plan_vacuum(spark, settings, request, started)
+    files = vacuum_tables(spark, lake, plan.hours) if plan is not None else 0
+    purged = plan is not None and plan.hours == 0
+    note = plan.reason if plan is not None else None
+    if not purged and any(deleted.values()):
+        until = "" if plan is None else \
+            f" until {(started + timedelta(hours=plan.hours)).isoformat(timespec='minutes')}"
+        note = "; ".join(n for n in (note, f"deleted rows stay readable by time travel{until}: "
+                                     "a later retention run with VACUUM removes them") if n)
+
+    report = RetentionReport(run_id, deleted, plan, files, purged, note)
+    _append_audit(spark, lake, report, request, started, sessions_cutoff, events_cutoff,
+                  versions_before)
+    log.info("%s", report.summary())
+    return report
+
+
+def _append_audit(
+    spark: SparkSession,
+    lake: str,
+    report: RetentionReport,
+    request: RetentionRequest,
+    started: datetime,
+    sessions_cutoff: date | None,
+    events_cutoff: date | None,
+    versions_before: dict[str, int],
+) -> None:
+    row = Row(
+        run_id=report.run_id,
+        started_at=started,
+        finished_at=datetime.now(UTC),
+        erased_users=len(request.erase_users),
+        erased_user_sha256=[user_hash(u) for u in request.erase_users],
+        sessions_cutoff=sessions_cutoff,
+        events_cutoff=events_cutoff,
+        rows_deleted=report.rows_deleted,
+        versions_before=versions_before,
+        versions_after={t: table_version(spark, lake, t) for t in STREAM_TABLES},
+        vacuum_retain_hours=report.vacuum.hours if report.vacuum else None,
+        vacuum_requested_hours=report.vacuum.requested_hours if report.vacuum else None,
+        files_vacuumed=report.files_vacuumed,
+        time_travel_purged=report.time_travel_purged,
+        note=report.note,
+    )
+    schema = read_table(spark, lake, RETENTION_AUDIT).schema
+    append(spark.createDataFrame([row], schema), lake, RETENTION_AUDIT)

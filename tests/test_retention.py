@@ -1,0 +1,171 @@
+"""Retention: erasure everywhere (time travel included), age limits, the VACUUM floor, audit."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from sessionlake.config import Settings, settings_from
+from sessionlake.erasure import user_hash
+from sessionlake.retention import RetentionError, RetentionRequest, enforce_retention
+from sessionlake.snapshots import create_snapshot, restore_snapshot
+from sessionlake.tables import STREAM_TABLES, USER_TABLES, read_table, table_path
+from tests.helpers import event, run_batches
+
+#: u2 ends up in every table that holds user data: events and sessions (10:00), the
+#: changelog, open_sessions (13:00, still open), late_events (09:00 after the watermark
+#: passed it) and quarantine (a record with a user but no readable time).
+BATCHES = [
+    [event("u1", "10:00", "/"), event("u2", "10:00", "/a"), event("u2", "10:10", "/b"),
+     event("x", "2026-01-01T08:00:00Z", "/old")],
+    [event("u1", "12:00", "/c"), event("u2", "13:00", "/d"), event("u2", "09:00", "/late"),
+     json.dumps({"user_id": "u2", "event_time": "yesterday"}), event("u3", "13:05", "/")],
+]
+INJECTION_IDS = ["x' OR '1'='1", "' OR 1=1 --", "u1' --", "%", "u%", "*",
+                 "u1 OR user_id IS NOT NULL"]
+
+
+def user_rows(spark: SparkSession, lake: str, user: str) -> dict[str, int]:
+    """Rows of ``user`` per table, in the current version."""
+    return {t: read_table(spark, lake, t).where(F.col("user_id") == user).count()
+            for t in USER_TABLES}
+
+
+def rows_in_files(spark: SparkSession, lake: str, table: str, user: str) -> int:
+    """Rows of ``user`` in every data file on disk, whatever the log says about them."""
+    files = [str(p) for p in Path(table_path(lake, table)).rglob("*.parquet")
+             if "_delta_log" not in p.parts]
+    if not files:
+        return 0
+    return spark.read.parquet(*files).where(F.col("user_id") == user).count()
+
+
+@pytest.fixture
+def settings(spark: SparkSession, lake: str) -> Settings:
+    config = settings_from({"lake": lake}, env={})
+    run_batches(spark, config, BATCHES)
+    return config
+
+
+def test_erasure_reaches_every_table_and_every_file(
+    spark: SparkSession, settings: Settings
+) -> None:
+    before = user_rows(spark, settings.lake, "u2")
+    assert all(before.values()), before  # the fixture put u2 everywhere
+    others = user_rows(spark, settings.lake, "u1")
+
+    report = enforce_retention(spark, settings, RetentionRequest(
+        erase_users=("u2",), vacuum_retain_hours=0))
+
+    assert report.rows_deleted == before
+    assert report.time_travel_purged
+    assert user_rows(spark, settings.lake, "u2") == dict.fromkeys(USER_TABLES, 0)
+    assert user_rows(spark, settings.lake, "u1") == others
+    for table in USER_TABLES:
+        assert rows_in_files(spark, settings.lake, table, "u2") == 0, table
+        # Time travel: an old version either cannot be read any more or shows no u2.
+        history = DeltaTable.forPath(spark, table_path(settings.lake, table)).history()
+        for version in [r["version"] for r in history.collect()]:
+            try:
+                found = read_table(spark, settings.lake, table, version).where(
+                    F.col("user_id") == "u2").count()
+            except Exception:  # its files were vacuumed: unreadable
+                continue
+            assert found == 0, (table, version)
+
+
+@pytest.mark.parametrize("user_id", INJECTION_IDS)
+def test_an_injection_shaped_id_erases_nothing(
+    spark: SparkSession, settings: Settings, user_id: str
+) -> None:
+    counts = {t: read_table(spark, settings.lake, t).count() for t in STREAM_TABLES}
+    report = enforce_retention(spark, settings, RetentionRequest(erase_users=(user_id,)))
+    assert not any(report.rows_deleted.values())
+    assert {t: read_table(spark, settings.lake, t).count() for t in STREAM_TABLES} == counts
+
+
+def test_age_limits_delete_old_sessions_and_events_only(
+    spark: SparkSession, settings: Settings
+) -> None:
+    now = datetime(2026, 1, 6, tzinfo=UTC)  # cut-off 2026-01-03: x's day goes, the 5th stays
+    report = enforce_retention(spark, settings, RetentionRequest(
+        sessions_max_age_days=3, events_max_age_days=3), now=now)
+    assert report.rows_deleted["events"] == 1
+    assert report.rows_deleted["sessions"] == 1
+    assert read_table(spark, settings.lake, "events").where("user_id = 'x'").count() == 0
+    assert read_table(spark, settings.lake, "sessions").where("user_id = 'x'").count() == 0
+    assert read_table(spark, settings.lake, "events").where("user_id = 'u1'").count() == 2
+    assert not report.time_travel_purged and "time travel" in (report.note or "")
+
+
+def test_vacuum_keeps_what_a_snapshot_needs_and_a_restore_keeps_the_erasure(
+    spark: SparkSession, settings: Settings
+) -> None:
+    snapshot = create_snapshot(spark, settings)
+    later = snapshot.created + timedelta(hours=5)
+    report = enforce_retention(spark, settings, RetentionRequest(
+        erase_users=("u2",), vacuum_retain_hours=0), now=later)
+    assert report.vacuum is not None and report.vacuum.hours == 5
+    assert "snapshot" in (report.note or "") and not report.time_travel_purged
+
+    restore_snapshot(spark, settings, snapshot.snapshot_id)
+    # The snapshot's files were kept, and the erasure made after it is applied again.
+    assert read_table(spark, settings.lake, "events").where("user_id = 'u1'").count() == 2
+    assert user_rows(spark, settings.lake, "u2") == dict.fromkeys(USER_TABLES, 0)
+
+
+def test_force_vacuum_goes_below_the_snapshot_floor(
+    spark: SparkSession, settings: Settings
+) -> None:
+    create_snapshot(spark, settings)
+    report = enforce_retention(spark, settings, RetentionRequest(
+        erase_users=("u2",), vacuum_retain_hours=0, force_vacuum=True))
+    assert report.vacuum is not None and report.vacuum.hours == 0
+    assert report.time_travel_purged
+
+
+def test_every_run_appends_one_audit_row_without_the_erased_ids(
+    spark: SparkSession, settings: Settings
+) -> None:
+    enforce_retention(spark, settings, RetentionRequest(erase_users=("u2", "u3")))
+    enforce_retention(spark, settings, RetentionRequest(vacuum_retain_hours=200))
+    audit = read_table(spark, settings.lake, "retention_audit").orderBy("started_at").collect()
+    assert len(audit) == 2
+    first, second = audit
+    assert first["erased_users"] == 2
+    assert sorted(first["erased_user_sha256"]) == sorted([user_hash("u2"), user_hash("u3")])
+    assert "u2" not in json.dumps(first.asDict(recursive=True), default=str)
+    assert first["rows_deleted"]["events"] == 4  # u2 three, u3 one
+    assert first["versions_after"]["events"] > first["versions_before"]["events"]
+    assert first["vacuum_retain_hours"] is None
+    assert second["vacuum_retain_hours"] == 200 and second["erased_users"] == 0
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (RetentionRequest(erase_users=(" ",)), "erase-user"),
+        (RetentionRequest(sessions_max_age_days=0), "sessions-max-age-days"),
+        (RetentionRequest(vacuum_retain_hours=-1), "vacuum-retain-hours"),
+    ],
+)
+def test_bad_requests_change_nothing(
+    spark: SparkSession, settings: Settings, request_: RetentionRequest, message: str
+) -> None:
+    counts = {t: read_table(spark, settings.lake, t).count() for t in STREAM_TABLES}
+    with pytest.raises(RetentionError, match=message):
+        enforce_retention(spark, settings, request_)
+    assert {t: read_table(spark, settings.lake, t).count() for t in STREAM_TABLES} == counts
+
+
+def test_a_missing_lake_is_refused(spark: SparkSession, tmp_path: Path) -> None:
+    config = settings_from({"lake": str(tmp_path / "nowhere")}, env={})
+    with pytest.raises(RetentionError, match="sessionlake run"):
+        enforce_retention(spark, config, RetentionRequest(erase_users=("u1",)))
+    assert not (tmp_path / "nowhere").exists()
