@@ -34,6 +34,7 @@ from sessionlake.changelog import (
     merge_source,
 )
 from sessionlake.config import Settings
+from sessionlake.conflicts import retry_on_conflict
 from sessionlake.sessionize import (
     aggregate_sessions,
     as_closed_sessions,
@@ -384,7 +385,7 @@ def process_lines(
 
         with ThreadPoolExecutor(max_workers=len(appends) + 1) as pool:
             state_update = pool.submit(update_state)
-            writes = [pool.submit(append, frame, lake, table, txn)
+            writes = [pool.submit(_append_once, frame, lake, table, txn)
                       for rows, table, frame in appends if rows]
             for write in writes:
                 write.result()
@@ -398,7 +399,7 @@ def process_lines(
             max_event_time, watermark, watermark_after, started,
         )
         schema = read_table(spark, lake, BATCH_METRICS).schema
-        append(spark.createDataFrame([Row(**row)], schema), lake, BATCH_METRICS, txn)
+        _append_once(spark.createDataFrame([Row(**row)], schema), lake, BATCH_METRICS, txn)
         faults.point("after_metrics")
         mark_done(spark, settings, identity, batch_id)
         phase("metrics")
@@ -407,6 +408,16 @@ def process_lines(
     finally:
         for frame in persisted:
             frame.unpersist()
+
+
+def _append_once(frame: DataFrame, lake: str, table: str, txn: tuple[str, int]) -> None:
+    """Append the batch's rows to ``table``, again if the commit lost a race.
+
+    A blind append conflicts with little (an OPTIMIZE only removes files it read), but any
+    lost race is redone rather than failing the batch. A redo cannot double the rows: the
+    append carries the batch's txn key, so one that did commit is skipped by Delta.
+    """
+    retry_on_conflict(lambda: append(frame, lake, table, txn), f"append to {table}")
 
 
 def _closed_sessions_near(

@@ -140,3 +140,20 @@ def list_names(spark: SparkSession, uri: str) -> list[str]:
     if not fs.exists(path):
         return []
     return sorted(str(status.getPath().getName()) for status in fs.listStatus(path))
+
+
+def file_sizes(spark: SparkSession, uri: str) -> dict[str, int]:
+    """Every file under the folder ``uri``, recursively: fully qualified path -> bytes.
+
+    One recursive listing (paged LISTs on object stores), through Hadoop on every scheme so
+    that the keys have the form Spark gives file paths (``file:/x/y.parquet``).
+    """
+    fs, path = _fs_and_path(spark, uri)
+    if not fs.exists(path):
+        return {}
+    sizes: dict[str, int] = {}
+    files = fs.listFiles(path, True)
+    while files.hasNext():
+        status = files.next()
+        sizes[str(status.getPath().toString())] = int(status.getLen())
+    return sizes
