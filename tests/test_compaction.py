@@ -49,18 +49,20 @@ def at(batch: int, minutes: int = 0) -> str:
     return moment.strftime("%H:%M")
 
 
-def small_batches(count: int = 5) -> list[list[str]]:
-    """Batches that leave small files everywhere.
+def small_batches(count: int = 4) -> list[list[str]]:
+    """Batches that leave small files in every table.
 
-    Six users stay active (their sessions are extended by every batch: MERGE updates in
-    ``open_sessions``), three new users a batch leave after one event (their sessions close
-    two batches later: appends to ``sessions``), every batch has a malformed line, and
-    batch 3 brings an event next to a closed session (``late_events``).
+    Eight users stay active (every batch extends their sessions: MERGE updates of
+    ``open_sessions``); six new users a batch leave after one event (their sessions close
+    two batches later: appends to ``sessions``), and while they idle their rows keep the
+    older files of their buckets alive beside the stay users' newer ones (``stay5`` and
+    ``once2_1`` share bucket 0, for one); every batch has a malformed line; batch 3 brings
+    an event next to a closed session (``late_events``).
     """
     batches = []
     for k in range(count):
-        lines = [event(f"stay{i}", at(k, i % 3), f"/s{k}") for i in range(6)]
-        lines += [event(f"once{k}_{i}", at(k), "/x") for i in range(3)]
+        lines = [event(f"stay{i}", at(k, i % 3), f"/s{k}") for i in range(8)]
+        lines += [event(f"once{k}_{i}", at(k), "/x") for i in range(6)]
         lines.append("not json")
         if k == 3:
             lines.append(event("once0_0", "08:10", "/late"))
