@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, IntegerType, StringType, StructField, StructType
 from pyspark.testing import assertDataFrameEqual
 
+from sessionlake.cli import main
 from sessionlake.compaction import (
     CompactionError,
     CompactionReport,
@@ -183,6 +184,27 @@ def test_a_folder_without_the_tables_is_refused(spark: SparkSession, tmp_path: P
     (tmp_path / "events").mkdir()
     with pytest.raises(CompactionError, match="not a sessionlake lake: no Delta table events"):
         compact_lake(spark, str(tmp_path), min_files=1, tables=["events"])
+
+
+def test_the_command_line_prints_a_line_per_table(
+    spark: SparkSession, copied_lake: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["compact", "--lake", copied_lake, "--min-files", "1000",
+            "--table", "quarantine", "--table", "late_events"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "quarantine: 4 files, below --min-files 1000: skipped",
+        "late_events: 1 files, below --min-files 1000: skipped",
+    ]
+
+
+def test_the_command_line_refuses_an_unknown_table_in_one_line(
+    spark: SparkSession, copied_lake: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["compact", "--lake", copied_lake, "--table", "clicks"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sessionlake: error: unknown table 'clicks': the lake's tables are")
+    assert len(err.splitlines()) == 1
 
 
 SCHEMA = StructType([
