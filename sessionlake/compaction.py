@@ -96,12 +96,16 @@ class CompactionReport:
         if not self.compacted:
             small = (f" ({self.small_files_before} small)"
                      if self.small_files_before != self.files_before else "")
-            return f"{self.table}: {self.files_before} files{small}, {self.reason}: skipped"
+            return f"{self.table}: {_files(self.files_before)}{small}, {self.reason}: skipped"
         how = f"OPTIMIZE ZORDER BY {self.zorder_by}" if self.zorder_by else "OPTIMIZE"
         where = f", {self.partitions} partitions" if self.partitions else ""
         retried = f", {self.attempts} attempts" if self.attempts > 1 else ""
-        return (f"{self.table}: {self.files_before} files -> {self.files_after} "
+        return (f"{self.table}: {_files(self.files_before)} -> {self.files_after} "
                 f"({how}{where}{retried})")
+
+
+def _files(count: int) -> str:
+    return f"{count} file" if count == 1 else f"{count} files"
 
 
 @dataclass(frozen=True)

@@ -194,7 +194,7 @@ def test_the_command_line_prints_a_line_per_table(
     assert main(argv) == 0
     assert capsys.readouterr().out.splitlines() == [
         "quarantine: 4 files, below --min-files 1000: skipped",
-        "late_events: 1 files, below --min-files 1000: skipped",
+        "late_events: 1 file, below --min-files 1000: skipped",
     ]
 
 
