@@ -6,12 +6,14 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 from delta.tables import DeltaTable
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, IntegerType, StringType, StructField, StructType
 from pyspark.testing import assertDataFrameEqual
@@ -21,6 +23,7 @@ from sessionlake.compaction import (
     CompactionError,
     CompactionReport,
     compact_lake,
+    compact_table,
     partition_predicate,
 )
 from sessionlake.config import Settings, settings_from
@@ -273,6 +276,63 @@ def test_the_txn_key_of_a_merge_is_not_seen_by_other_writers(
     append(row, lake, "quarantine", txn=("stream-app", 5))  # the stream's own write
 
     assert read_table(spark, lake, "quarantine").count() == 2
+
+
+def test_writes_that_lose_a_race_to_an_optimize_are_redone_once(
+    spark: SparkSession, batched_lake: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A deterministic race: the first attempt of every write of a batch finds that an
+    OPTIMIZE of its table has just committed, and fails as Delta would fail it. Each write
+    is redone against the compacted version, once, and the batch ends as without races."""
+    reference, raced = str(tmp_path / "reference"), str(tmp_path / "raced")
+    shutil.copytree(batched_lake, reference)
+    shutil.copytree(batched_lake, raced)
+    next_batch = small_batches(5)[4]
+    run_batches(spark, settings(reference), [next_batch], first_batch_id=4)
+
+    lost: set[str] = set()
+    guard = threading.Lock()
+
+    def lose_the_first_race(table: str) -> None:
+        with guard:
+            first = table not in lost
+            lost.add(table)
+        if first:
+            compact_table(spark, raced, table, min_files=1)
+            raise RuntimeError("io.delta.exceptions.ConcurrentDeleteReadException: "
+                               f"[DELTA_CONCURRENT_DELETE_READ] an OPTIMIZE of {table} won")
+
+    def racing_append(frame: DataFrame, lake: str, table: str,
+                      txn: tuple[str, int] | None = None) -> None:
+        lose_the_first_race(table)
+        append(frame, lake, table, txn)
+
+    @contextmanager
+    def racing_txn(session: SparkSession, txn: tuple[str, int] | None) -> Iterator[SparkSession]:
+        lose_the_first_race("open_sessions")
+        with delta_txn(session, txn) as keyed:
+            yield keyed
+
+    monkeypatch.setattr("sessionlake.batch.append", racing_append)
+    monkeypatch.setattr("sessionlake.state.delta_txn", racing_txn)
+    caplog.set_level(logging.WARNING, logger="sessionlake.conflicts")
+    run_batches(spark, settings(raced), [next_batch], first_batch_id=4)
+
+    races = {r.getMessage().split(" lost")[0] for r in caplog.records
+             if "lost a commit race" in r.getMessage()}
+    assert "MERGE into open_sessions" in races
+    assert {"append to events", "append to sessions", "append to batch_metrics"} <= races
+    for table in PUBLIC_TABLES:
+        operations = [r["operation"] for r in DeltaTable.forPath(
+            spark, table_path(raced, table)).history().collect()]
+        assert operations.count("MERGE" if table == "open_sessions" else "WRITE") == (
+            DeltaTable.forPath(spark, table_path(reference, table)).history()
+            .where(F.col("operation").isin("MERGE", "WRITE")).count()), table
+    for table in PUBLIC_TABLES[:-1]:
+        assertDataFrameEqual(read_table(spark, raced, table), read_table(spark, reference, table))
+    assertDataFrameEqual(read_table(spark, raced, "batch_metrics").select(*METRICS_KEY),
+                         read_table(spark, reference, "batch_metrics").select(*METRICS_KEY))
 
 
 def stream_commits_around_an_optimize(spark: SparkSession, lake: str) -> list[str]:
