@@ -368,6 +368,8 @@ def test_compaction_beside_running_micro_batches_loses_nothing(
                 with progress:
                     passes["started"] += 1
                 reports.extend(compact_lake(spark, lake, min_files=1))
+                # Again the table the state MERGE contends for, to make races likelier.
+                reports.extend(compact_lake(spark, lake, min_files=1, tables=["open_sessions"]))
                 with progress:
                     passes["finished"] += 1
                     progress.notify_all()
