@@ -143,17 +143,31 @@ def list_names(spark: SparkSession, uri: str) -> list[str]:
 
 
 def file_sizes(spark: SparkSession, uri: str) -> dict[str, int]:
-    """Every file under the folder ``uri``, recursively: fully qualified path -> bytes.
+    """The data files under the folder ``uri``, recursively: fully qualified path -> bytes.
 
-    One recursive listing (paged LISTs on object stores), through Hadoop on every scheme so
-    that the keys have the form Spark gives file paths (``file:/x/y.parquet``).
+    Through Hadoop on every scheme, so that the keys have the form Spark gives file paths
+    (``file:/x/y.parquet``). Hidden entries are skipped as Spark skips them (names starting
+    with ``.``, or with ``_`` unless they hold a ``=``): ``_delta_log``, checksums, temporary
+    folders. Other writers may be at work meanwhile, so an entry that vanishes while it is
+    listed is left out instead of failing the listing.
     """
-    fs, path = _fs_and_path(spark, uri)
-    if not fs.exists(path):
-        return {}
+    fs, root = _fs_and_path(spark, uri)
     sizes: dict[str, int] = {}
-    files = fs.listFiles(path, True)
-    while files.hasNext():
-        status = files.next()
-        sizes[str(status.getPath().toString())] = int(status.getLen())
+    folders = [root]
+    while folders:
+        folder = folders.pop()
+        try:
+            statuses = fs.listStatus(folder)
+        except Exception as error:  # Py4JJavaError: the folder went away meanwhile
+            if "FileNotFoundException" in str(error):
+                continue
+            raise
+        for status in statuses:
+            name = str(status.getPath().getName())
+            if name.startswith(".") or (name.startswith("_") and "=" not in name):
+                continue
+            if status.isDirectory():
+                folders.append(status.getPath())
+            else:
+                sizes[str(status.getPath().toString())] = int(status.getLen())
     return sizes

@@ -397,7 +397,7 @@ def test_compaction_beside_running_micro_batches_loses_nothing(
     finally:
         done.set()
         compactor.join()
-    assert errors == []
+    assert not errors, f"the compactor failed: {errors[0]}"
     races = [r.getMessage() for r in caplog.records if "lost a commit race" in r.getMessage()]
     print(f"{sum(r.compacted for r in reports)} OPTIMIZE commits; commit races redone: "
           f"{len(races)}", *races, sep="\n")
