@@ -35,6 +35,7 @@ from sessionlake.changelog import (
 )
 from sessionlake.checkpoint import IDENTITY_FILE
 from sessionlake.config import Settings
+from sessionlake.conflicts import retry_on_conflict
 from sessionlake.sessionize import (
     aggregate_sessions,
     as_closed_sessions,
@@ -382,7 +383,7 @@ def process_lines(
 
         with ThreadPoolExecutor(max_workers=len(appends) + 1) as pool:
             state_update = pool.submit(update_state)
-            writes = [pool.submit(append, frame, lake, table, txn)
+            writes = [pool.submit(_append_once, frame, lake, table, txn)
                       for rows, table, frame in appends if rows]
             for write in writes:
                 write.result()
@@ -396,7 +397,7 @@ def process_lines(
             max_event_time, watermark, watermark_after, started,
         )
         schema = read_table(spark, lake, BATCH_METRICS).schema
-        append(spark.createDataFrame([Row(**row)], schema), lake, BATCH_METRICS, txn)
+        _append_once(spark.createDataFrame([Row(**row)], schema), lake, BATCH_METRICS, txn)
         faults.point("after_metrics")
         mark_done(spark, settings, identity, batch_id)
         phase("metrics")
@@ -405,6 +406,16 @@ def process_lines(
     finally:
         for frame in persisted:
             frame.unpersist()
+
+
+def _append_once(frame: DataFrame, lake: str, table: str, txn: tuple[str, int]) -> None:
+    """Append the batch's rows to ``table``, again if the commit lost a race.
+
+    A blind append conflicts with little (an OPTIMIZE only removes files it read), but any
+    lost race is redone rather than failing the batch. A redo cannot double the rows: the
+    append carries the batch's txn key, so one that did commit is skipped by Delta.
+    """
+    retry_on_conflict(lambda: append(frame, lake, table, txn), f"append to {table}")
 
 
 def _closed_sessions_near(

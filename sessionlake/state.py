@@ -14,6 +14,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from sessionlake.conflicts import retry_on_conflict
 from sessionlake.tables import OPEN_SESSIONS, delta_txn, last_operation_metrics, table_path
 
 OPEN_SESSION_COLUMNS: tuple[str, ...] = (
@@ -51,23 +52,32 @@ def apply_changelog_merge(
     """
     if not buckets:
         return MergeResult()
-    target = DeltaTable.forPath(spark, table_path(lake, OPEN_SESSIONS))
+    path = table_path(lake, OPEN_SESSIONS)
     condition = (
         F.col("t.user_bucket").isin(sorted(buckets))
         & (F.col("t.user_bucket") == F.col("s.user_bucket"))
         & (F.col("t.session_id") == F.col("s.session_id"))
     )
     values: dict[str, str | Column] = {c: F.col(f"s.{c}") for c in OPEN_SESSION_COLUMNS}
-    with delta_txn(spark, txn):
-        (
-            target.alias("t")
-            .merge(source.alias("s"), condition)
-            .whenMatchedDelete(condition=F.col("s.op") == "delete")
-            .whenMatchedUpdate(condition=F.col("s.op") == "upsert", set=values)
-            .whenNotMatchedInsert(condition=F.col("s.op") == "upsert", values=values)
-            .execute()
-        )
-    metrics = last_operation_metrics(spark, lake, OPEN_SESSIONS)
+
+    def merge() -> None:
+        # Each attempt plans against the table's newest version: a MERGE that lost a race
+        # (say, to an OPTIMIZE that rewrote the files it read) is redone on the rewritten
+        # files. That is correct because the MERGE is keyed by (user_bucket, session_id)
+        # and a compaction changes where rows live, not which rows there are; and it cannot
+        # apply twice, because a MERGE that did commit under ``txn`` is skipped by Delta.
+        with delta_txn(spark, txn) as session:
+            (
+                DeltaTable.forPath(session, path).alias("t")
+                .merge(source.alias("s"), condition)
+                .whenMatchedDelete(condition=F.col("s.op") == "delete")
+                .whenMatchedUpdate(condition=F.col("s.op") == "upsert", set=values)
+                .whenNotMatchedInsert(condition=F.col("s.op") == "upsert", values=values)
+                .execute()
+            )
+
+    retry_on_conflict(merge, f"MERGE into {OPEN_SESSIONS}")
+    metrics = last_operation_metrics(spark, lake, OPEN_SESSIONS, operation="MERGE")
     return MergeResult(
         rows_inserted=metrics.get("numTargetRowsInserted", 0),
         rows_updated=metrics.get("numTargetRowsUpdated", 0),

@@ -170,3 +170,34 @@ def tree_state(spark: SparkSession | None, uri: str) -> dict[str, tuple[int, int
         name = str(status.getPath().toString())[len(root) + 1:]
         state[name] = (int(status.getLen()), int(status.getModificationTime()))
     return state
+
+
+def file_sizes(spark: SparkSession, uri: str) -> dict[str, int]:
+    """The data files under the folder ``uri``, recursively: fully qualified path -> bytes.
+
+    Through Hadoop on every scheme, so that the keys have the form Spark gives file paths
+    (``file:/x/y.parquet``). Hidden entries are skipped as Spark skips them (names starting
+    with ``.``, or with ``_`` unless they hold a ``=``): ``_delta_log``, checksums, temporary
+    folders. Other writers may be at work meanwhile, so an entry that vanishes while it is
+    listed is left out instead of failing the listing.
+    """
+    fs, root = _fs_and_path(spark, uri)
+    sizes: dict[str, int] = {}
+    folders = [root]
+    while folders:
+        folder = folders.pop()
+        try:
+            statuses = fs.listStatus(folder)
+        except Exception as error:  # Py4JJavaError: the folder went away meanwhile
+            if "FileNotFoundException" in str(error):
+                continue
+            raise
+        for status in statuses:
+            name = str(status.getPath().getName())
+            if name.startswith(".") or (name.startswith("_") and "=" not in name):
+                continue
+            if status.isDirectory():
+                folders.append(status.getPath())
+            else:
+                sizes[str(status.getPath().toString())] = int(status.getLen())
+    return sizes

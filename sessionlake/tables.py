@@ -123,27 +123,61 @@ def append(frame: DataFrame, lake: str, table: str, txn: tuple[str, int] | None 
     writer.save(table_path(lake, table))
 
 
-@contextmanager
-def delta_txn(spark: SparkSession, txn: tuple[str, int] | None) -> Iterator[None]:
-    """Make the MERGE/UPDATE/DELETE inside the block idempotent for ``txn``.
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 
-    Delta reads the key of these commands from session configuration, so it is set for the
-    block only and removed afterwards.
+
+def isolated_session(spark: SparkSession) -> SparkSession:
+    """A clone of ``spark`` whose SQL configuration is its own.
+
+    The clone shares the SparkContext, the cached data (so a persisted DataFrame of ``spark``
+    is read from memory) and starts with a copy of ``spark``'s settings; what is set on it
+    afterwards is seen by nobody else.
+    """
+    return SparkSession(spark.sparkContext, jsparkSession=spark._jsparkSession.cloneSession())
+
+
+@contextmanager
+def delta_txn(spark: SparkSession, txn: tuple[str, int] | None) -> Iterator[SparkSession]:
+    """The session on which a MERGE/UPDATE/DELETE is idempotent for ``txn``.
+
+    Delta reads the key of these commands from SQL configuration only (they have no
+    writer options). Setting it on the shared session would hand it, for as long as the
+    command runs, to every other command of every thread on that session: an UPDATE,
+    DELETE or option-less append of another thread (say, maintenance beside the stream)
+    would commit under the stream's key, and the stream's own command for that batch would
+    then be skipped as already done, losing its rows. So the key is set on a private clone
+    (:func:`isolated_session`), and the command must be built from the yielded session
+    (``DeltaTable.forPath(session, ...)``). Without ``txn`` the block gets ``spark`` itself.
+
+    Example::
+
+        with delta_txn(spark, ("app", 7)) as session:
+            DeltaTable.forPath(session, path).merge(...).execute()
     """
     if txn is None:
-        yield
+        yield spark
         return
-    spark.conf.set("spark.databricks.delta.write.txnAppId", txn[0])
-    spark.conf.set("spark.databricks.delta.write.txnVersion", str(txn[1]))
-    try:
-        yield
-    finally:
-        spark.conf.unset("spark.databricks.delta.write.txnAppId")
-        spark.conf.unset("spark.databricks.delta.write.txnVersion")
+    session = isolated_session(spark)
+    session.conf.set(TXN_APP_ID_CONF, txn[0])
+    session.conf.set(TXN_VERSION_CONF, str(txn[1]))
+    yield session
 
 
-def last_operation_metrics(spark: SparkSession, lake: str, table: str) -> dict[str, int]:
-    """The operation metrics of the newest commit of ``table`` (rows and files touched)."""
-    row = DeltaTable.forPath(spark, table_path(lake, table)).history(1).head()
+def last_operation_metrics(
+    spark: SparkSession, lake: str, table: str, operation: str | None = None
+) -> dict[str, int]:
+    """The operation metrics of the newest commit of ``table`` (rows and files touched).
+
+    :param operation: the newest commit of this operation (``"MERGE"``) instead: another
+        writer (an OPTIMIZE beside the stream) may have committed after it. Only the last
+        20 commits are looked at.
+    """
+    history = DeltaTable.forPath(spark, table_path(lake, table)).history(
+        1 if operation is None else 20
+    )
+    if operation is not None:
+        history = history.where(history["operation"] == operation)
+    row = history.orderBy(history["version"].desc()).head()
     metrics = (row["operationMetrics"] if row is not None else None) or {}
     return {key: int(value) for key, value in metrics.items() if str(value).isdigit()}

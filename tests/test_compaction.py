@@ -1,0 +1,417 @@
+"""Compaction: which tables it rewrites, that it changes no row, and that it can run while
+micro-batches commit without failing them or losing anything."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import DateType, IntegerType, StringType, StructField, StructType
+from pyspark.testing import assertDataFrameEqual
+
+from sessionlake.cli import main
+from sessionlake.compaction import (
+    CompactionError,
+    CompactionReport,
+    compact_lake,
+    compact_table,
+    partition_predicate,
+)
+from sessionlake.config import Settings, settings_from
+from sessionlake.tables import (
+    PUBLIC_TABLES,
+    TXN_APP_ID_CONF,
+    append,
+    delta_txn,
+    ensure_tables,
+    read_table,
+    table_path,
+    table_version,
+)
+from tests.helpers import all_sessions, event, run_batches
+
+#: batch_metrics rows hold timings and MERGE file counts, which a compaction may change.
+METRICS_KEY = ("batch_id", "input_records", "accepted", "late", "quarantined", "duplicates",
+               "sessions_opened", "closed_sessions", "open_sessions")
+
+
+def settings(lake: str) -> Settings:
+    return settings_from({"lake": lake}, env={})
+
+
+def at(batch: int, minutes: int = 0) -> str:
+    """Batch ``batch``'s clock on 2026-01-05: 08:00 plus 25 minutes a batch."""
+    moment = datetime(2026, 1, 5, 8) + timedelta(minutes=25 * batch + minutes)
+    return moment.strftime("%H:%M")
+
+
+def small_batches(count: int = 4) -> list[list[str]]:
+    """Batches that leave small files in every table.
+
+    Eight users stay active (every batch extends their sessions: MERGE updates of
+    ``open_sessions``); six new users a batch leave after one event (their sessions close
+    two batches later: appends to ``sessions``), and while they idle their rows keep the
+    older files of their buckets alive beside the stay users' newer ones (``stay5`` and
+    ``once2_1`` share bucket 0, for one); every batch has a malformed line; batch 3 brings
+    an event next to a closed session (``late_events``).
+    """
+    batches = []
+    for k in range(count):
+        lines = [event(f"stay{i}", at(k, i % 3), f"/s{k}") for i in range(8)]
+        lines += [event(f"once{k}_{i}", at(k), "/x") for i in range(6)]
+        lines.append("not json")
+        if k == 3:
+            lines.append(event("once0_0", "08:10", "/late"))
+        batches.append(lines)
+    return batches
+
+
+@pytest.fixture(scope="module")
+def batched_lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A lake after :func:`small_batches`, built once; tests work on copies of it."""
+    lake = str(tmp_path_factory.mktemp("batched") / "lake")
+    run_batches(spark, settings(lake), small_batches())
+    return lake
+
+
+@pytest.fixture
+def copied_lake(batched_lake: str, tmp_path: Path) -> str:
+    """A private copy of the batched lake (Delta logs name their files relatively)."""
+    lake = str(tmp_path / "lake")
+    shutil.copytree(batched_lake, lake)
+    return lake
+
+
+def versions(spark: SparkSession, lake: str) -> dict[str, int]:
+    return {table: table_version(spark, lake, table) for table in PUBLIC_TABLES}
+
+
+def test_compaction_rewrites_small_files_and_changes_no_row(
+    spark: SparkSession, copied_lake: str
+) -> None:
+    before = versions(spark, copied_lake)
+
+    reports = {r.table: r for r in compact_lake(spark, copied_lake, min_files=2)}
+
+    assert list(reports) == list(PUBLIC_TABLES)
+    for table in ("events", "sessions", "open_sessions"):
+        report = reports[table]
+        assert report.compacted, report.summary()
+        assert report.files_after < report.files_before, report.summary()
+        assert report.zorder_by == "user_id"
+        assert report.summary().startswith(
+            f"{table}: {report.files_before} files -> {report.files_after} "
+            "(OPTIMIZE ZORDER BY user_id")
+    assert reports["batch_metrics"].zorder_by is None  # no user: plain bin-packing
+    assert reports["batch_metrics"].summary().endswith("(OPTIMIZE)")
+    history = DeltaTable.forPath(spark, table_path(copied_lake, "events")).history(1).head()
+    assert history is not None and history["operation"] == "OPTIMIZE"
+    # Every row of every table is still there, unchanged, and nothing was added.
+    for table in PUBLIC_TABLES:
+        assertDataFrameEqual(read_table(spark, copied_lake, table),
+                             read_table(spark, copied_lake, table, before[table]))
+
+
+def test_tables_below_min_files_are_skipped_and_untouched(
+    spark: SparkSession, copied_lake: str
+) -> None:
+    before = versions(spark, copied_lake)
+
+    reports = compact_lake(spark, copied_lake, min_files=1000)
+
+    assert [r.compacted for r in reports] == [False] * len(PUBLIC_TABLES)
+    assert all(r.files_after == r.files_before for r in reports)
+    events = next(r for r in reports if r.table == "events")
+    assert events.summary() == (
+        f"events: {events.files_before} files, below --min-files 1000: skipped")
+    assert versions(spark, copied_lake) == before
+
+
+def test_only_the_named_tables_are_compacted(spark: SparkSession, copied_lake: str) -> None:
+    before = versions(spark, copied_lake)
+
+    reports = compact_lake(spark, copied_lake, min_files=2,
+                           tables=["batch_metrics", "events", "batch_metrics"])
+
+    assert [(r.table, r.compacted) for r in reports] == [
+        ("batch_metrics", True), ("events", True)]
+    after = versions(spark, copied_lake)
+    assert {t for t in PUBLIC_TABLES if after[t] != before[t]} == {"batch_metrics", "events"}
+
+
+@pytest.mark.parametrize(
+    ("tables", "named"),
+    [
+        (["events", "clicks"], "'clicks'"),
+        (["Sessions"], "'Sessions'"),      # names are exact
+        (["batch_ledger"], "'batch_ledger'"),
+    ],
+)
+def test_an_unknown_table_fails_before_anything_is_touched(
+    spark: SparkSession, copied_lake: str, tables: list[str], named: str
+) -> None:
+    before = versions(spark, copied_lake)
+    with pytest.raises(CompactionError) as caught:
+        compact_lake(spark, copied_lake, min_files=1, tables=tables)
+    message = str(caught.value)
+    assert named in message
+    assert ", ".join(PUBLIC_TABLES) in message  # what the valid names are
+    assert versions(spark, copied_lake) == before
+
+
+@pytest.mark.parametrize("min_files", [0, -3])
+def test_min_files_below_one_is_refused(
+    spark: SparkSession, tmp_path: Path, min_files: int
+) -> None:
+    with pytest.raises(CompactionError, match=f"min_files must be at least 1, got {min_files}"):
+        compact_lake(spark, str(tmp_path), min_files=min_files)
+
+
+def test_a_missing_lake_is_refused(spark: SparkSession, tmp_path: Path) -> None:
+    nowhere = str(tmp_path / "nowhere")
+    with pytest.raises(CompactionError, match=r"no lake at .*nowhere: `sessionlake run` creates"):
+        compact_lake(spark, nowhere, min_files=1)
+    assert not Path(nowhere).exists()
+
+
+def test_a_folder_without_the_tables_is_refused(spark: SparkSession, tmp_path: Path) -> None:
+    (tmp_path / "events").mkdir()
+    with pytest.raises(CompactionError, match="not a sessionlake lake: no Delta table events"):
+        compact_lake(spark, str(tmp_path), min_files=1, tables=["events"])
+
+
+def test_the_command_line_prints_a_line_per_table(
+    spark: SparkSession, copied_lake: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["compact", "--lake", copied_lake, "--min-files", "1000",
+            "--table", "quarantine", "--table", "late_events"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "quarantine: 4 files, below --min-files 1000: skipped",
+        "late_events: 1 file, below --min-files 1000: skipped",
+    ]
+
+
+def test_the_command_line_refuses_an_unknown_table_in_one_line(
+    spark: SparkSession, copied_lake: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["compact", "--lake", copied_lake, "--table", "clicks"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sessionlake: error: unknown table 'clicks': the lake's tables are")
+    assert len(err.splitlines()) == 1
+
+
+SCHEMA = StructType([
+    StructField("user_id", StringType()),
+    StructField("event_date", DateType()),
+    StructField("user_bucket", IntegerType()),
+    StructField("source", StringType()),
+])
+
+
+@pytest.mark.parametrize(
+    ("columns", "partitions", "predicate"),
+    [
+        (["user_bucket"], [("3",), ("12",)],
+         "`user_bucket` IN (CAST('3' AS int), CAST('12' AS int))"),
+        (["event_date"], [("2026-01-05",)], "`event_date` IN (CAST('2026-01-05' AS date))"),
+        (["source"], [("it's",), (None,)],      # quotes escaped; null as IS NULL
+         "(`source` = CAST('it\\'s' AS string)) OR (`source` IS NULL)"),
+        (["event_date", "user_bucket"], [("2026-01-05", "1"), ("2026-01-06", "2")],
+         "(`event_date` = CAST('2026-01-05' AS date) AND `user_bucket` = CAST('1' AS int)) OR "
+         "(`event_date` = CAST('2026-01-06' AS date) AND `user_bucket` = CAST('2' AS int))"),
+    ],
+)
+def test_partition_predicate_selects_exactly_the_partitions(
+    columns: list[str], partitions: list[tuple[str | None, ...]], predicate: str
+) -> None:
+    assert partition_predicate(columns, partitions, SCHEMA) == predicate
+
+
+@pytest.mark.parametrize(
+    ("report", "line"),
+    [
+        (CompactionReport("sessions", 37, 4, 37, 9000, 8000, True, "37 small files",
+                          zorder_by="user_id"),
+         "sessions: 37 files -> 4 (OPTIMIZE ZORDER BY user_id)"),
+        (CompactionReport("open_sessions", 20, 9, 18, 9000, 8000, True, "", "user_id",
+                          partitions=3, attempts=2),
+         "open_sessions: 20 files -> 9 (OPTIMIZE ZORDER BY user_id, 3 partitions, 2 attempts)"),
+        (CompactionReport("quarantine", 2, 2, 2, 10, 10, False, "below --min-files 16"),
+         "quarantine: 2 files, below --min-files 16: skipped"),
+        (CompactionReport("events", 3, 3, 1, 10, 10, False, "below --min-files 2"),
+         "events: 3 files (1 small), below --min-files 2: skipped"),
+    ],
+)
+def test_summary_lines(report: CompactionReport, line: str) -> None:
+    assert report.summary() == line
+
+
+def test_the_txn_key_of_a_merge_is_not_seen_by_other_writers(
+    spark: SparkSession, lake: str
+) -> None:
+    """Delta reads a MERGE's idempotency key from SQL configuration. Were it set on the
+    shared session, a write of another thread (here: an append without key) would commit
+    under the stream's key, and the stream's own write of that batch would be skipped."""
+    ensure_tables(spark, lake)
+    row = spark.createDataFrame([("x", "bad", 1)], "raw string, reason string, n int").select(
+        "raw", F.lit(False).alias("raw_truncated"), F.lit("f").alias("source_file"),
+        F.lit(1).cast("long").alias("source_line"), F.lit(None).cast("string").alias("user_id"),
+        "reason", F.lit(5).cast("long").alias("batch_id"),
+        F.current_timestamp().alias("quarantined_at"))
+
+    with delta_txn(spark, ("stream-app", 5)) as session:
+        assert session.conf.get(TXN_APP_ID_CONF) == "stream-app"
+        assert spark.conf.get(TXN_APP_ID_CONF, None) is None
+        append(row, lake, "quarantine")  # another writer on the shared session, meanwhile
+    append(row, lake, "quarantine", txn=("stream-app", 5))  # the stream's own write
+
+    assert read_table(spark, lake, "quarantine").count() == 2
+
+
+def test_writes_that_lose_a_race_to_an_optimize_are_redone_once(
+    spark: SparkSession, batched_lake: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A deterministic race: the first attempt of every write of a batch finds that an
+    OPTIMIZE of its table has just committed, and fails as Delta would fail it. Each write
+    is redone against the compacted version, once, and the batch ends as without races."""
+    reference, raced = str(tmp_path / "reference"), str(tmp_path / "raced")
+    shutil.copytree(batched_lake, reference)
+    shutil.copytree(batched_lake, raced)
+    next_batch = small_batches(5)[4]
+    run_batches(spark, settings(reference), [next_batch], first_batch_id=4)
+
+    lost: set[str] = set()
+    guard = threading.Lock()
+
+    def lose_the_first_race(table: str) -> None:
+        with guard:
+            first = table not in lost
+            lost.add(table)
+        if first:
+            compact_table(spark, raced, table, min_files=1)
+            raise RuntimeError("io.delta.exceptions.ConcurrentDeleteReadException: "
+                               f"[DELTA_CONCURRENT_DELETE_READ] an OPTIMIZE of {table} won")
+
+    def racing_append(frame: DataFrame, lake: str, table: str,
+                      txn: tuple[str, int] | None = None) -> None:
+        lose_the_first_race(table)
+        append(frame, lake, table, txn)
+
+    @contextmanager
+    def racing_txn(session: SparkSession, txn: tuple[str, int] | None) -> Iterator[SparkSession]:
+        lose_the_first_race("open_sessions")
+        with delta_txn(session, txn) as keyed:
+            yield keyed
+
+    monkeypatch.setattr("sessionlake.batch.append", racing_append)
+    monkeypatch.setattr("sessionlake.state.delta_txn", racing_txn)
+    caplog.set_level(logging.WARNING, logger="sessionlake.conflicts")
+    run_batches(spark, settings(raced), [next_batch], first_batch_id=4)
+
+    races = {r.getMessage().split(" lost")[0] for r in caplog.records
+             if "lost a commit race" in r.getMessage()}
+    assert "MERGE into open_sessions" in races
+    assert {"append to events", "append to sessions", "append to batch_metrics"} <= races
+    for table in PUBLIC_TABLES:
+        operations = [r["operation"] for r in DeltaTable.forPath(
+            spark, table_path(raced, table)).history().collect()]
+        assert operations.count("MERGE" if table == "open_sessions" else "WRITE") == (
+            DeltaTable.forPath(spark, table_path(reference, table)).history()
+            .where(F.col("operation").isin("MERGE", "WRITE")).count()), table
+    for table in PUBLIC_TABLES[:-1]:
+        assertDataFrameEqual(read_table(spark, raced, table), read_table(spark, reference, table))
+    assertDataFrameEqual(read_table(spark, raced, "batch_metrics").select(*METRICS_KEY),
+                         read_table(spark, reference, "batch_metrics").select(*METRICS_KEY))
+
+
+def stream_commits_around_an_optimize(spark: SparkSession, lake: str) -> list[str]:
+    """Tables whose history has an OPTIMIZE between two commits of the stream."""
+    found = []
+    for table in PUBLIC_TABLES:
+        history = DeltaTable.forPath(spark, table_path(lake, table)).history().collect()
+        stream = [r["version"] for r in history if r["operation"] in ("WRITE", "MERGE")]
+        optimize = [r["version"] for r in history if r["operation"] == "OPTIMIZE"]
+        if stream and any(min(stream) < v < max(stream) for v in optimize):
+            found.append(table)
+    return found
+
+
+def test_compaction_beside_running_micro_batches_loses_nothing(
+    spark: SparkSession, lake: str, batched_lake: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same batches as ``batched_lake``, while another thread compacts over and over
+    (every table with a file to merge): the result must be the same lake."""
+    batches = small_batches()
+    cfg = settings(lake)
+    ensure_tables(spark, lake)
+    caplog.set_level(logging.WARNING, logger="sessionlake.conflicts")
+    done = threading.Event()
+    passes = {"started": 0, "finished": 0}
+    progress = threading.Condition()
+    reports: list[CompactionReport] = []
+    errors: list[BaseException] = []
+
+    def compact_until_done() -> None:
+        try:
+            while not done.is_set():
+                with progress:
+                    passes["started"] += 1
+                reports.extend(compact_lake(spark, lake, min_files=1))
+                # Again the table the state MERGE contends for, to make races likelier.
+                reports.extend(compact_lake(spark, lake, min_files=1, tables=["open_sessions"]))
+                with progress:
+                    passes["finished"] += 1
+                    progress.notify_all()
+        except BaseException as error:  # handed to the test thread
+            errors.append(error)
+            with progress:
+                progress.notify_all()
+
+    def wait_for_a_whole_pass() -> None:
+        """Until a compaction pass that started after this moment has finished."""
+        with progress:
+            target = passes["started"] + 1
+            progress.wait_for(lambda: passes["finished"] >= target or bool(errors),
+                              timeout=600)
+
+    compactor = threading.Thread(target=compact_until_done, name="compactor")
+    compactor.start()
+    try:
+        for batch_id, lines in enumerate(batches):
+            run_batches(spark, cfg, [lines], first_batch_id=batch_id)
+            if batch_id == 1:
+                # Once, for certain, an OPTIMIZE between two batches' commits; otherwise
+                # the compactor races the batches freely.
+                wait_for_a_whole_pass()
+    finally:
+        done.set()
+        compactor.join()
+    assert not errors, f"the compactor failed: {errors[0]}"
+    races = [r.getMessage() for r in caplog.records if "lost a commit race" in r.getMessage()]
+    print(f"{sum(r.compacted for r in reports)} OPTIMIZE commits; commit races redone: "
+          f"{len(races)}", *races, sep="\n")
+
+    assert any(r.compacted for r in reports)
+    assert stream_commits_around_an_optimize(spark, lake) != []
+    # The same lake as without compaction: rows of every table but the metrics, which
+    # hold timings and file counts, are compared whole.
+    assertDataFrameEqual(all_sessions(spark, lake), all_sessions(spark, batched_lake))
+    for table in ("events", "sessions", "open_sessions", "session_changelog", "late_events",
+                  "quarantine"):
+        assertDataFrameEqual(read_table(spark, lake, table),
+                             read_table(spark, batched_lake, table))
+    assertDataFrameEqual(read_table(spark, lake, "batch_metrics").select(*METRICS_KEY),
+                         read_table(spark, batched_lake, "batch_metrics").select(*METRICS_KEY))
+    assert read_table(spark, lake, "late_events").count() == 1
+    assert read_table(spark, lake, "batch_metrics").count() == len(batches)
