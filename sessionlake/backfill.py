@@ -355,8 +355,12 @@ def _utc(micros: int | None) -> datetime | None:
 
 
 def _same_rows(left: DataFrame, right: DataFrame) -> bool:
-    right = right.select(*left.columns)
-    return left.exceptAll(right).isEmpty() and right.exceptAll(left).isEmpty()
+    """Whether two frames hold the same rows, duplicates counted (one Spark job)."""
+    columns = left.columns
+    tally = left.select(*columns, F.lit(1).alias("_side")).unionByName(
+        right.select(*columns, F.lit(-1).alias("_side"))
+    ).groupBy(*columns).agg(F.sum("_side").alias("_balance"))
+    return tally.where(F.col("_balance") != 0).isEmpty()
 
 
 def _marker(processing_time: datetime) -> str:

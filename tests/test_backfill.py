@@ -17,17 +17,17 @@ The range is 01-05..01-06: six closed sessions, twelve events.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake.backfill import BackfillError, backfill_sessions, in_range
+from sessionlake.backfill import BackfillError, backfill_sessions
 from sessionlake.config import Settings, settings_from
 from sessionlake.tables import (
     EVENTS,
@@ -38,7 +38,7 @@ from sessionlake.tables import (
     table_path,
     table_version,
 )
-from tests.helpers import all_sessions, event, rows, run_batches
+from tests.helpers import event, run_batches
 
 FIRST, LAST = date(2026, 1, 5), date(2026, 1, 6)
 
@@ -115,35 +115,44 @@ def lake_copy(stream_lake: str, tmp_path: Path) -> str:
     return str(target)
 
 
-def sessions(spark: SparkSession, lake: str) -> DataFrame:
-    return read_table(spark, lake, SESSIONS)
+def table(spark: SparkSession, lake: str, name: str) -> list[Row]:
+    """All rows of a table (the tables of these tests are tiny: one Spark job)."""
+    return read_table(spark, lake, name).collect()
 
 
-def keys(frame: DataFrame) -> list[tuple[Any, ...]]:
-    return rows(frame, *KEY_COLUMNS)
+def key(row: Row) -> tuple[Any, ...]:
+    return tuple(row[c] for c in KEY_COLUMNS)
+
+
+def keys(found: Iterable[Row]) -> list[tuple[Any, ...]]:
+    return sorted(key(r) for r in found)
+
+
+def everything(found: Iterable[Row], *dropped: str) -> list[tuple[Any, ...]]:
+    """Whole rows, sorted, without the ``dropped`` columns."""
+    return sorted(tuple(v for c, v in r.asDict().items() if c not in dropped) for r in found)
+
+
+def in_range(row: Row) -> bool:
+    return bool(FIRST <= row["session_date"] <= LAST)
 
 
 def versions(spark: SparkSession, lake: str) -> dict[str, int]:
-    return {table: table_version(spark, lake, table)
-            for table in (SESSIONS, SESSION_CHANGELOG, OPEN_SESSIONS, EVENTS)}
+    return {name: table_version(spark, lake, name)
+            for name in (SESSIONS, SESSION_CHANGELOG, OPEN_SESSIONS, EVENTS)}
 
 
-def backfill_log(spark: SparkSession, lake: str) -> DataFrame:
-    return read_table(spark, lake, SESSION_CHANGELOG).where("batch_id = -1")
+def sessions_per_event(spark: SparkSession, lake: str, closed: Sequence[Row]) -> list[int]:
+    """How many sessions (closed or open) hold each accepted event."""
+    held = [*closed, *table(spark, lake, OPEN_SESSIONS)]
+    return [
+        sum(1 for h in held if h["user_id"] == e["user_id"]
+            and h["session_start"] <= e["event_time"] <= h["session_end"])
+        for e in table(spark, lake, EVENTS)
+    ]
 
 
-def sessions_per_event(spark: SparkSession, lake: str) -> dict[str, int]:
-    """How many sessions (closed or open) hold each accepted event, by page."""
-    held = read_table(spark, lake, EVENTS).alias("e").join(
-        all_sessions(spark, lake).alias("s"),
-        (F.col("e.user_id") == F.col("s.user_id"))
-        & F.col("e.event_time").between(F.col("s.session_start"), F.col("s.session_end")),
-        "left",
-    ).groupBy("e.page").agg(F.count("s.session_id").alias("n"))
-    return {page: n for page, n in rows(held)}
-
-
-def overlapping(old: Sequence[Any], user: str, start: datetime, end: datetime) -> list[str]:
+def overlapping(old: Sequence[Row], user: str, start: datetime, end: datetime) -> list[str]:
     """Ids of the replaced sessions of ``user`` whose span overlaps ``start``..``end``."""
     return sorted(r["session_id"] for r in old
                   if r["user_id"] == user and r["session_start"] <= end
@@ -151,9 +160,9 @@ def overlapping(old: Sequence[Any], user: str, start: datetime, end: datetime) -
 
 
 @pytest.mark.parametrize(
-    ("gap", "in_range", "spilled"),
+    ("gap", "expected", "spilled", "rerun"),
     [
-        pytest.param("30m", STREAM_RANGE, [], id="stream-gap"),
+        pytest.param("30m", STREAM_RANGE, [], True, id="stream-gap"),
         pytest.param("10m", [
             s("a", 5, "10:00", "10:08", 2, "/a1", "/a2"),
             s("a", 5, "10:25", "10:25", 1, "/a3", "/a3"),
@@ -167,7 +176,7 @@ def overlapping(old: Sequence[Any], user: str, start: datetime, end: datetime) -
             # c's session started on the last day; its later pieces start the day after.
             s("c", 7, "00:05", "00:05", 1, "/c2", "/c2"),
             s("c", 7, "00:20", "00:20", 1, "/c3", "/c3"),
-        ], id="shorter-gap"),
+        ], True, id="shorter-gap"),
         pytest.param("45m", [
             s("a", 5, "10:00", "11:05", 5, "/a1", "/a5"),
             # b's 01:05 event stays on its own: the session it would now join starts
@@ -175,65 +184,59 @@ def overlapping(old: Sequence[Any], user: str, start: datetime, end: datetime) -
             s("b", 5, "01:05", "01:05", 1, "/b4", "/b4"),
             s("c", 6, "23:45", "00:20", 3, "/c1", "/c3", end_day=7),
             s("f", 6, "14:00", "14:50", 3, "/f1", "/f3"),
-        ], [], id="longer-gap"),
+        ], [], False, id="longer-gap"),
     ],
 )
 def test_backfill_replaces_the_range_once_and_only_the_range(
-    spark: SparkSession, lake_copy: str, gap: str, in_range: list[Key], spilled: list[Key]
+    spark: SparkSession, lake_copy: str, gap: str, expected: list[Key], spilled: list[Key],
+    rerun: bool,
 ) -> None:
     lake = lake_copy
     cfg = settings(lake, gap=gap)
-    before = sessions(spark, lake).collect()
-    outside_before = rows(sessions(spark, lake).where(~in_range_of_test()))
-    assert keys(sessions(spark, lake).where(in_range_of_test())) == STREAM_RANGE
+    before = table(spark, lake, SESSIONS)
+    old = [r for r in before if in_range(r)]
+    assert keys(old) == STREAM_RANGE
 
     report = backfill_sessions(spark, cfg, FIRST, LAST)
 
-    after = sessions(spark, lake)
-    assert keys(after.where(in_range_of_test())) == in_range
-    written = after.where("closed_batch_id = -1")
-    assert keys(written.where(~in_range_of_test())) == spilled
+    after = table(spark, lake, SESSIONS)
+    written = [r for r in after if r["closed_batch_id"] == -1]
+    assert keys(r for r in after if in_range(r)) == expected
+    assert keys(r for r in written if not in_range(r)) == spilled
+    assert {r["gap_s"] for r in written} == {cfg.gap.total_seconds()}
     # Every other session is untouched, to the last column (b's session from the day
     # before included: not replaced, not duplicated).
-    assert rows(after.where(~in_range_of_test() & (F.col("closed_batch_id") != -1))) \
-        == outside_before
-    assert rows(written, "gap_s") == [(cfg.gap.total_seconds(),)] * (len(in_range)
-                                                                      + len(spilled))
-    assert set(sessions_per_event(spark, lake).values()) == {1}
-    if gap == "30m":  # the stream's own gap: the stream's sessions, ids and all
-        def same(frame: DataFrame) -> list[tuple[Any, ...]]:
-            return rows(frame.drop("closed_batch_id", "closed_at"))
-        assert same(after) == same(spark.createDataFrame(before, after.schema))
+    assert everything(r for r in after if r not in written) \
+        == everything(r for r in before if not in_range(r))
+    assert set(sessions_per_event(spark, lake, after)) == {1}
+    if gap == "30m":  # the stream's own gap gives the stream's sessions, ids and all
+        assert everything(after, "closed_batch_id", "closed_at") \
+            == everything(before, "closed_batch_id", "closed_at")
 
     # One changelog row per written session, naming the sessions it replaced.
-    old = [r for r in before if FIRST <= r["session_date"] <= LAST]
-    logged = rows(backfill_log(spark, lake), "user_id", "session_start", "session_end",
-                  "change", "added_events", "previous_session_ids")
-    assert logged == sorted(
+    logged = [r for r in table(spark, lake, SESSION_CHANGELOG) if r["batch_id"] == -1]
+    assert sorted(
+        (r["user_id"], r["session_start"], r["session_end"], r["change"], r["added_events"],
+         r["previous_session_ids"]) for r in logged
+    ) == sorted(
         (user, start, end, "backfill", count, overlapping(old, user, start, end))
-        for user, start, end, count, *_ in in_range + spilled
+        for user, start, end, count, *_ in expected + spilled
     )
     assert (report.sessions_before, report.sessions_after, report.spilled,
             report.events_read, report.open_left) == (
-        6, len(in_range), len(spilled), 12, 0)
+        6, len(expected), len(spilled), 12, 0)
     assert not report.already_applied and report.sessions_version is not None
     summary = report.summary()
     assert "\n" not in summary
     assert f"2026-01-05..2026-01-06 gap {gap}" in summary
-    assert f"6 -> {len(in_range)}" in summary
+    assert f"6 -> {len(expected)}" in summary
 
-    # Idempotent: a second run finds the range already backfilled and writes nothing.
-    written_before = versions(spark, lake)
-    table_rows = rows(sessions(spark, lake))
-    again = backfill_sessions(spark, cfg, FIRST, LAST)
-    assert again.already_applied
-    assert rows(sessions(spark, lake)) == table_rows
-    assert backfill_log(spark, lake).count() == len(in_range) + len(spilled)
-    assert versions(spark, lake) == written_before
-
-
-def in_range_of_test() -> Any:
-    return in_range(FIRST, LAST)
+    if rerun:  # idempotent: the range is already backfilled, nothing is written again
+        known = versions(spark, lake)
+        again = backfill_sessions(spark, cfg, FIRST, LAST)
+        assert again.already_applied
+        assert versions(spark, lake) == known
+        assert everything(table(spark, lake, SESSIONS)) == everything(after)
 
 
 def test_open_sessions_are_left_to_the_stream_and_counted_once(
@@ -241,7 +244,7 @@ def test_open_sessions_are_left_to_the_stream_and_counted_once(
 ) -> None:
     lake = lake_copy
     cfg = settings(lake)
-    open_before = rows(read_table(spark, lake, OPEN_SESSIONS))
+    open_before = everything(table(spark, lake, OPEN_SESSIONS))
     day = date(2026, 1, 7)
 
     report = backfill_sessions(spark, cfg, day, day)
@@ -249,18 +252,20 @@ def test_open_sessions_are_left_to_the_stream_and_counted_once(
     # d's closed session of the day is re-cut; its open one stays in the stream's state.
     assert report.open_left == 1
     assert (report.sessions_before, report.sessions_after) == (1, 1)
-    assert keys(sessions(spark, lake).where(F.col("session_date") == F.lit(day))) == [
+    assert "1 open session(s) in range left to the stream" in report.summary()
+    assert keys(r for r in table(spark, lake, SESSIONS) if r["session_date"] == day) == [
         s("d", 7, "05:00", "05:10", 2, "/d1", "/d2"),
     ]
-    assert rows(read_table(spark, lake, OPEN_SESSIONS)) == open_before
+    assert everything(table(spark, lake, OPEN_SESSIONS)) == open_before
 
     # Later the watermark passes it: the stream closes it, and it is there once.
     run_batches(spark, cfg, [[event("x", "2026-01-07T12:00:00Z", "/x1")]], first_batch_id=1)
-    assert keys(sessions(spark, lake).where("user_id = 'd'")) == [
+    closed = table(spark, lake, SESSIONS)
+    assert keys(r for r in closed if r["user_id"] == "d") == [
         s("d", 7, "05:00", "05:10", 2, "/d1", "/d2"),
         s("d", 7, "09:00", "09:20", 2, "/d3", "/d4"),
     ]
-    assert set(sessions_per_event(spark, lake).values()) == {1}
+    assert set(sessions_per_event(spark, lake, closed)) == {1}
 
 
 @pytest.mark.parametrize(
