@@ -21,6 +21,9 @@ event of a window around the range, is what keeps the range's edges right whatev
 * A shorter gap can split a session that started on LAST and ran past midnight; its later
   pieces then start on the next day. They are written too (their events were in the range)
   in the same commit, and reported as ``spilled``; a second run leaves them alone.
+* A run longer than the maximum duration is split every ``max_session_duration`` from its
+  first event *read*: for a run that began before FIRST, the split points inside the range
+  can differ from the stream's (the same limit as a batch sessionization of the range).
 
 Open sessions: only closed sessions are final
 ---------------------------------------------
