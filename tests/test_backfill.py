@@ -27,6 +27,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 
+from sessionlake import backfill
 from sessionlake.backfill import BackfillError, backfill_sessions
 from sessionlake.config import Settings, settings_from
 from sessionlake.tables import (
@@ -306,3 +307,36 @@ def test_incomplete_events_are_refused_before_anything_is_written(
         backfill_sessions(spark, settings(lake), FIRST, LAST)
     assert example in str(refused.value)
     assert versions(spark, lake) == known
+
+
+def test_a_crash_between_the_two_writes_is_repaired_by_running_again(
+    spark: SparkSession, lake_copy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lake = lake_copy
+    cfg = settings(lake, gap="45m")
+    old = [r for r in table(spark, lake, SESSIONS) if in_range(r)]
+
+    def killed(*_: object) -> None:
+        raise RuntimeError("killed after the sessions commit")
+
+    monkeypatch.setattr(backfill, "_changelog_rows", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        backfill_sessions(spark, cfg, FIRST, LAST)
+    monkeypatch.undo()
+    replaced = table(spark, lake, SESSIONS)
+    assert {r["closed_batch_id"] for r in replaced if in_range(r)} == {-1}
+    assert not [r for r in table(spark, lake, SESSION_CHANGELOG) if r["batch_id"] == -1]
+
+    report = backfill_sessions(spark, cfg, FIRST, LAST)
+
+    assert report.already_applied and report.changelog_version is not None
+    assert everything(table(spark, lake, SESSIONS)) == everything(replaced)
+    logged = [r for r in table(spark, lake, SESSION_CHANGELOG) if r["batch_id"] == -1]
+    # The changed_at of the rows is the closed_at of the commit they describe, and the
+    # lineage is that of the first attempt (the stream's sessions it replaced).
+    assert {r["changed_at"] for r in logged} == {r["closed_at"] for r in replaced
+                                                if in_range(r)}
+    assert sorted((r["session_id"], r["previous_session_ids"]) for r in logged) == sorted(
+        (r["session_id"], overlapping(old, r["user_id"], r["session_start"], r["session_end"]))
+        for r in replaced if in_range(r)
+    )
