@@ -55,6 +55,10 @@ def delta_jars(jars_dir: str | os.PathLike[str] | None = None) -> list[str]:
     return jars
 
 
+#: Tasks of a parallel file listing (Spark's default, 10000, is meant for huge tables).
+LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+
+
 def build_spark(
     master: str = "local[*]",
     *,
@@ -73,6 +77,10 @@ def build_spark(
     :param shuffle_partitions: ``spark.sql.shuffle.partitions``; safe to change between
         runs because no Spark stateful operator keeps state in the checkpoint.
     :param conf: further Spark settings, applied last.
+
+    Parallel file listing (VACUUM's, and partition discovery) uses as many tasks as a
+    shuffle: Spark's default of 10000 tasks made each VACUUM of a small table take half a
+    minute here, for listing a few folders.
     :return: the session.
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -90,6 +98,8 @@ def build_spark(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    listing = (conf or {}).get(LISTING_PARALLELISM, str(shuffle_partitions))
+    spark.conf.set(LISTING_PARALLELISM, listing)
     spark.sparkContext.setLogLevel(os.environ.get("SESSIONLAKE_SPARK_LOG_LEVEL", "ERROR"))
     return spark
 
