@@ -22,6 +22,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
 
 from sessionlake import faults, storage
 from sessionlake.batch import BatchReport, Clock, process_files, stream_identity, utc_now
@@ -184,13 +185,22 @@ def run_stream(
         stop = threading.Event()
         with _stop_on_signals(stop):
             while query.isActive:
-                if stop.is_set() and not in_batch.is_set():
+                if stop.is_set() and not in_batch.is_set() and _between_triggers(query):
                     query.stop()
                     break
                 query.awaitTermination(1)
         if query.exception() is not None:
             raise query.exception()  # type: ignore[misc]
     return summary
+
+
+def _between_triggers(query: StreamingQuery) -> bool:
+    """Whether the query waits for its next trigger, so that stopping it interrupts nothing.
+
+    Stopping it while a trigger plans a batch would interrupt that batch as it starts (it
+    is replayed later, but the run ends on an error instead of cleanly).
+    """
+    return not query.status.get("isTriggerActive", False)
 
 
 @contextmanager
