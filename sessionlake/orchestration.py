@@ -451,17 +451,20 @@ def stream_position(lake: str, checkpoint: str) -> StreamPosition:
 
     Read without Spark: each ``batch_metrics`` append carries Delta's transaction key
     (app id ``sessionlake-<stream_id>-e<epoch>``, version = batch id) in its commit file.
+    Only the current epoch counts: after a restore, batch ids start again from the
+    snapshot's, below those the stream had reached before.
     """
     identity = _local(checkpoint) / IDENTITY_FILE
-    stream_id = json.loads(identity.read_text())["stream_id"] if identity.exists() else None
+    fields = json.loads(identity.read_text()) if identity.exists() else {}
+    stream_id = fields.get("stream_id")
     last = -1
     log = _local(lake) / "batch_metrics" / "_delta_log"
     if stream_id is not None and log.is_dir():
-        prefix = f"sessionlake-{stream_id}-e"
+        app_id = f"sessionlake-{stream_id}-e{int(fields.get('epoch', 0))}"
         for commit in log.glob("*.json"):
             for line in commit.read_text().splitlines():
                 txn = json.loads(line).get("txn") if line.strip() else None
-                if txn and str(txn.get("appId", "")).startswith(prefix):
+                if txn and txn.get("appId") == app_id:
                     last = max(last, int(txn["version"]))
     return StreamPosition(stream_id, last)
 

@@ -158,3 +158,9 @@ def test_stream_position_reads_the_batch_metrics_transactions(tmp_path: Path) ->
         '{"txn": {"appId": "sessionlake-other-e0", "version": 9}}\n')
     assert orch.stream_position(str(lake), str(checkpoint)) == orch.StreamPosition("s1", 4)
     assert orch.running_pid(str(checkpoint)) is None
+    # A restore to the snapshot after batch 1 bumps the epoch: batch ids start again at 2.
+    (checkpoint / "sessionlake.json").write_text('{"stream_id": "s1", "epoch": 1}')
+    assert orch.stream_position(str(lake), str(checkpoint)) == orch.StreamPosition("s1", -1)
+    (log / "00000000000000000003.json").write_text(
+        '{"txn": {"appId": "sessionlake-s1-e1", "version": 2}}\n')
+    assert orch.stream_position(str(lake), str(checkpoint)) == orch.StreamPosition("s1", 2)
