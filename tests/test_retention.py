@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake.config import Settings, settings_from
-from sessionlake.erasure import user_hash
+from sessionlake.erasure import user_hash, users_named
 from sessionlake.retention import RetentionError, RetentionRequest, enforce_retention
 from sessionlake.snapshots import create_snapshot, restore_snapshot
 from sessionlake.tables import STREAM_TABLES, USER_TABLES, read_table, table_path
@@ -46,11 +47,18 @@ def rows_in_files(spark: SparkSession, lake: str, table: str, user: str) -> int:
     return spark.read.parquet(*files).where(F.col("user_id") == user).count()
 
 
+@pytest.fixture(scope="module")
+def built_lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """BATCHES run once through the stream's batch code; each test gets a copy."""
+    lake = tmp_path_factory.mktemp("retention") / "lake"
+    run_batches(spark, settings_from({"lake": str(lake)}, env={}), BATCHES)
+    return lake
+
+
 @pytest.fixture
-def settings(spark: SparkSession, lake: str) -> Settings:
-    config = settings_from({"lake": lake}, env={})
-    run_batches(spark, config, BATCHES)
-    return config
+def settings(built_lake: Path, lake: str) -> Settings:
+    shutil.copytree(built_lake, lake)
+    return settings_from({"lake": lake}, env={})
 
 
 def test_erasure_reaches_every_table_and_every_file(
@@ -81,11 +89,14 @@ def test_erasure_reaches_every_table_and_every_file(
 
 
 @pytest.mark.parametrize("user_id", INJECTION_IDS)
-def test_an_injection_shaped_id_erases_nothing(
-    spark: SparkSession, settings: Settings, user_id: str
-) -> None:
+def test_an_injection_shaped_id_matches_only_itself(spark: SparkSession, user_id: str) -> None:
+    users = spark.createDataFrame([(u,) for u in ["u1", "u2", "x", user_id]], "user_id string")
+    assert [r["user_id"] for r in users.where(users_named([user_id])).collect()] == [user_id]
+
+
+def test_injection_shaped_ids_erase_nothing(spark: SparkSession, settings: Settings) -> None:
     counts = {t: read_table(spark, settings.lake, t).count() for t in STREAM_TABLES}
-    report = enforce_retention(spark, settings, RetentionRequest(erase_users=(user_id,)))
+    report = enforce_retention(spark, settings, RetentionRequest(erase_users=tuple(INJECTION_IDS)))
     assert not any(report.rows_deleted.values())
     assert {t: read_table(spark, settings.lake, t).count() for t in STREAM_TABLES} == counts
 
