@@ -41,6 +41,7 @@ from sessionlake import storage
 from sessionlake.batch import StreamIdentity, write_stream_identity
 from sessionlake.checkpoint import IDENTITY_FILE, LOCK_FILE, PID_FILE, RESTORING_MARKER
 from sessionlake.config import Settings
+from sessionlake.deltalog import clear_delta_cache, read_log, set_aside_log_from
 from sessionlake.erasure import reapply_erasures
 from sessionlake.stream import StreamAlreadyRunning, checkpoint_lock
 from sessionlake.tables import STREAM_TABLES, table_path, table_version
@@ -283,6 +284,35 @@ def _restore_marked(spark: SparkSession, checkpoint: str, snapshot: Snapshot) ->
     storage.delete(spark, marker)
 
 
+def _set_aside_damaged_log(
+    spark: SparkSession, lake: str, table: str, version: int, now: datetime
+) -> None:
+    """Make the log of ``table`` readable up to ``version`` again, if damage lies after it.
+
+    Delta ``RESTORE`` must load the table first, which fails when a log entry is missing or
+    half-written; the entries from the first damaged version on are moved aside (to
+    ``_delta_log.damaged-<time>/`` in the table) so that the table reads as of the version
+    before, then the restore proceeds as usual.
+
+    :raises SnapshotError: when the damage reaches ``version`` itself.
+    """
+    uri = table_path(lake, table)
+    damaged_from = read_log(spark, uri).log_damaged_from
+    if damaged_from is None:
+        return
+    if damaged_from <= version:
+        raise SnapshotError(
+            f"{table}'s log is damaged from version {damaged_from} on, and this snapshot "
+            f"needs version {version}: restore an older snapshot (`sessionlake doctor` "
+            "names one)"
+        )
+    target, moved = set_aside_log_from(spark, uri, damaged_from, now.strftime("%Y%m%dT%H%M%SZ"))
+    clear_delta_cache(spark)
+    log.warning("%s: moved the damaged log entries from version %s on (%s) to %s",
+                table, damaged_from, ", ".join(n for n in moved if not n.startswith(".")),
+                target)
+
+
 def _restore_table(spark: SparkSession, lake: str, table: str, version: int) -> bool:
     """``RESTORE`` one table to ``version``; ``False`` when it already is there."""
     if table_version(spark, lake, table) == version:
@@ -332,7 +362,9 @@ def restore_snapshot(spark: SparkSession, settings: Settings, snapshot_id: str) 
     from the restored tables. Refused while a stream runs on the checkpoint (stop it first:
     the restart DAG, or SIGTERM); the checkpoint's lock is held throughout, so no run can
     start half-way.
-    Running it again after an interruption finishes the job.
+    Running it again after an interruption finishes the job. A table whose log is damaged
+    after the snapshot's version (an entry missing or half-written, so that Delta cannot
+    load it to restore it) first has those entries moved aside.
 
     :return: the snapshot restored.
     :raises SnapshotError: unknown id, no lake, a running stream, or vacuumed files.
@@ -342,6 +374,9 @@ def restore_snapshot(spark: SparkSession, settings: Settings, snapshot_id: str) 
     _require_lake(spark, lake)
     try:
         with checkpoint_lock(checkpoint), _restore_marked(spark, checkpoint, snapshot):
+            now = datetime.now(UTC)
+            for table, version in snapshot.table_versions.items():
+                _set_aside_damaged_log(spark, lake, table, version, now)
             restored = [t for t, v in snapshot.table_versions.items()
                         if _restore_table(spark, lake, t, v)]
             identity = _replace_checkpoint(
