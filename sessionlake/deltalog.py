@@ -85,6 +85,7 @@ class TableLog:
     commits: list[int] = field(default_factory=list)
     files: dict[tuple[str, str], LiveFile] = field(default_factory=dict)
     configuration: dict[str, str] = field(default_factory=dict)
+    created_ms: int | None = None
     damage: list[Damage] = field(default_factory=list)
 
     @property
@@ -121,13 +122,14 @@ def read_log(spark: SparkSession | None, uri: str) -> TableLog:
     files: dict[tuple[str, str], LiveFile] = {}
     for version in sorted(checkpoints, reverse=True):
         try:
-            files, log.configuration = _read_checkpoint(spark, log.uri, checkpoints[version])
+            files, meta = _read_checkpoint(spark, log.uri, checkpoints[version])
         except Exception as error:  # pyarrow or I/O: an unreadable checkpoint
             log.damage.append(Damage(f"{LOG_DIR}/{checkpoints[version][0]}",
                                      f"checkpoint does not read ({_first_line(error)})",
                                      version, True))
             continue
         log.checkpoint_version = version
+        _apply_metadata(log, meta)
         break
     start = 0 if log.checkpoint_version is None else log.checkpoint_version + 1
     present = set(commits)
@@ -279,10 +281,10 @@ def _check_last_checkpoint(
 
 def _read_checkpoint(
     spark: SparkSession | None, uri: str, parts: list[str]
-) -> tuple[dict[tuple[str, str], LiveFile], dict[str, str]]:
-    """The live files and the table configuration held by a (multi-part) checkpoint."""
+) -> tuple[dict[tuple[str, str], LiveFile], dict[str, Any]]:
+    """The live files and the ``metaData`` action held by a (multi-part) checkpoint."""
     files: dict[tuple[str, str], LiveFile] = {}
-    configuration: dict[str, str] = {}
+    metadata: dict[str, Any] = {}
     for part in parts:
         data = storage.read_bytes(spark, f"{uri}/{LOG_DIR}/{part}")
         if data is None:
@@ -294,8 +296,8 @@ def _read_checkpoint(
                 files[file_key(add)] = LiveFile(add["path"], int(add["size"]), None,
                                                 add.get("deletionVector"))
             if meta:
-                configuration = dict(meta.get("configuration") or [])
-    return files, configuration
+                metadata = meta
+    return files, metadata
 
 
 def _apply_commit(
@@ -331,8 +333,17 @@ def _apply_commit(
         elif "remove" in action:
             files.pop(file_key(action["remove"]), None)
         elif "metaData" in action:
-            log.configuration = dict(action["metaData"].get("configuration") or {})
+            _apply_metadata(log, action["metaData"])
     return True
+
+
+def _apply_metadata(log: TableLog, metadata: dict[str, Any]) -> None:
+    """Keep what sessionlake needs of a ``metaData`` action (JSON, or a checkpoint row)."""
+    if not metadata:
+        return
+    log.configuration = dict(metadata.get("configuration") or {})
+    if metadata.get("createdTime") is not None:
+        log.created_ms = int(metadata["createdTime"])
 
 
 def _check_checksum(spark: SparkSession | None, log: TableLog) -> None:

@@ -54,7 +54,8 @@ class Finding:
     :param detail: what was checked (passed checks) or which file is broken.
     :param version: for table damage, the first table version it spoils.
     :param in_log: for table damage, whether Delta cannot read the log at all.
-    :param lost: what is lost if no snapshot can restore it.
+    :param lost: what is lost if no snapshot can restore it (for an unfinished restore:
+        the snapshot to restore again).
     :param recovery: what to do, filled in by :func:`advise`.
     """
 
@@ -159,23 +160,25 @@ def _json_problem(text: str | None, keys: Sequence[str]) -> str | None:
 
 
 _CHECKPOINT_LOST = (
-    "without one, the record of which landing files were processed is lost: a run on a "
+    "the record of which landing files were processed is lost: a run on a "
     "fresh checkpoint (move the damaged one aside) reads every landing file again, in which "
     "events already accepted count as duplicates but late and quarantined records are "
     "recorded a second time"
 )
 
 
-def check_spark_checkpoint(spark: SparkSession | None, checkpoint: str) -> list[Finding]:
+def check_spark_checkpoint(
+    spark: SparkSession | None, checkpoint: str, batches_ran: bool = True
+) -> list[Finding]:
     """Spark's part of the checkpoint (``<checkpoint>/spark``): offsets, commits, metadata.
 
     Every kept file of the offset, commit and source logs must parse, and the newest commit
-    must have its offsets.
+    must have its offsets; once a batch ran, none of the three may be missing.
     """
     root = f"{checkpoint.rstrip('/')}/spark"
     findings = []
     for part in SPARK_PARTS:
-        if not storage.exists(spark, f"{root}/{part}"):
+        if batches_ran and not storage.exists(spark, f"{root}/{part}"):
             findings.append(Finding(CHECKPOINT, "is missing while the lake holds processed "
                                     "batches", f"spark/{part}", lost=_CHECKPOINT_LOST))
     metadata = storage.read_text(spark, f"{root}/metadata")
@@ -263,7 +266,8 @@ def check_checkpoint(
         return [Finding(CHECKPOINT, "is missing while batch_metrics holds processed batches "
                         "(if the stream runs with --checkpoint DIR, pass the same "
                         "--checkpoint)", what, lost=_CHECKPOINT_LOST)]
-    findings = [*check_spark_checkpoint(spark, root), *check_sessionlake_files(spark, root)]
+    findings = [*check_spark_checkpoint(spark, root, batches_ran),
+                *check_sessionlake_files(spark, root)]
     marker = storage.read_text(spark, f"{root}/{RESTORING_MARKER}")
     if marker is not None:
         try:
@@ -310,7 +314,9 @@ def _run_command(settings: Settings) -> str:
     return f"{_command(settings, 'run')} --source <landing folder>"
 
 
-def restore_target(findings: Sequence[Finding], snapshots: Sequence[Snapshot]) -> Snapshot | None:
+def restore_target(
+    findings: Sequence[Finding], snapshots: Sequence[Snapshot]
+) -> Snapshot | None:
     """The newest snapshot a restore to which repairs every finding that needs a restore.
 
     A damaged table version must come after the snapshot's version of that table (else the
@@ -350,8 +356,9 @@ def advise(
             recovery = (f"recover: `{restore}` then `{_run_command(settings)}` (re-processes "
                         "the landing files that came after it)")
         elif not snapshots:
-            recovery = (f"no snapshot exists, so nothing can restore it ({finding.lost}); take "
-                        "snapshots from now on (`sessionlake snapshot`, DAG sessionlake_snapshot)")
+            recovery = ("no snapshot can restore it (there is none, or every one was taken "
+                        f"before a table was re-created): {finding.lost}; take snapshots from "
+                        "now on (`sessionlake snapshot`, DAG sessionlake_snapshot)")
         else:
             newest = snapshots[-1]
             held = newest.table_versions.get(finding.subject)
@@ -381,7 +388,10 @@ def check_lake(spark: SparkSession | None, settings: Settings) -> HealthReport:
     findings = check_checkpoint(spark, settings.checkpoint,
                                 _batches_ran(logs[BATCH_METRICS])) + findings
     try:
-        snapshots = list_snapshots(lake, spark)
+        # A snapshot older than a table's creation cannot restore it (restore refuses).
+        created = max((log.created_ms or 0 for log in logs.values()), default=0) / 1000
+        snapshots = [s for s in list_snapshots(lake, spark)
+                     if s.created.timestamp() >= created]
     except (ValueError, TypeError) as error:  # a manifest that does not parse
         findings.append(Finding(SNAPSHOTS, f"a snapshot manifest does not read ({error})",
                                 snapshots_root(lake)))

@@ -79,6 +79,7 @@ log = logging.getLogger("sessionlake.rebuild")
 #: The tables the rebuild reads: they must be whole.
 SOURCE_TABLES: tuple[str, ...] = (EVENTS, SESSIONS, BATCH_METRICS)
 BUCKETS_PROPERTY = "sessionlake.userBuckets"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class RebuildError(Exception):
@@ -106,7 +107,9 @@ class RebuildReport:
             text += (f"; inconsistent: {self.overdue} of them end at least gap before the "
                      "watermark and should have closed already (the next batch closes them)")
         if self.moved_to:
-            text += f"\nthe damaged table was moved to {self.moved_to}"
+            text += (f"\nthe damaged table was moved to {self.moved_to}; snapshots taken "
+                     "before now name versions of it, not of the new table: take a new one "
+                     "(`sessionlake snapshot`)")
         return text
 
 
@@ -154,7 +157,8 @@ def open_sessions_from(
         F.col("last.batch_id").alias("updated_batch_id"),
         F.col("last.ingested_at").alias("updated_at"),
     )
-    shaped = as_open_sessions(aggregate_sessions(assigned), buckets, 0, datetime.now(UTC))
+    # as_open_sessions stamps one batch on every row; here each row gets its own instead.
+    shaped = as_open_sessions(aggregate_sessions(assigned), buckets, -1, _EPOCH)
     return shaped.drop("updated_batch_id", "updated_at").join(stamps, "session_id").select(
         *OPEN_SESSION_COLUMNS
     )

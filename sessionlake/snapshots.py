@@ -284,28 +284,41 @@ def _restore_marked(spark: SparkSession, checkpoint: str, snapshot: Snapshot) ->
     storage.delete(spark, marker)
 
 
-def _set_aside_damaged_log(
-    spark: SparkSession, lake: str, table: str, version: int, now: datetime
-) -> None:
-    """Make the log of ``table`` readable up to ``version`` again, if damage lies after it.
+def _damage_to_set_aside(
+    spark: SparkSession, lake: str, table: str, version: int, snapshot: Snapshot
+) -> int | None:
+    """The first damaged version of ``table``'s log, when it lies after ``version``.
 
     Delta ``RESTORE`` must load the table first, which fails when a log entry is missing or
-    half-written; the entries from the first damaged version on are moved aside (to
-    ``_delta_log.damaged-<time>/`` in the table) so that the table reads as of the version
-    before, then the restore proceeds as usual.
+    half-written; when that damage lies after ``version``, the entries from there on can be
+    moved aside (:func:`_set_aside`) and the restore proceeds as usual.
 
-    :raises SnapshotError: when the damage reaches ``version`` itself.
+    :raises SnapshotError: when the damage reaches ``version`` itself, or the table was
+        created after the snapshot (``rebuild-state`` re-creates a damaged
+        ``open_sessions``): its version numbers are then not the snapshot's.
     """
-    uri = table_path(lake, table)
-    damaged_from = read_log(spark, uri).log_damaged_from
-    if damaged_from is None:
-        return
-    if damaged_from <= version:
+    table_log = read_log(spark, table_path(lake, table))
+    if table_log.created_ms is not None and \
+            table_log.created_ms > snapshot.created.timestamp() * 1000:
+        raise SnapshotError(
+            f"{table} was created after snapshot {snapshot.snapshot_id} (a rebuild-state of a "
+            "damaged table re-creates it), so its versions are not the snapshot's: restore a "
+            "snapshot taken since"
+        )
+    damaged_from = table_log.log_damaged_from
+    if damaged_from is not None and damaged_from <= version:
         raise SnapshotError(
             f"{table}'s log is damaged from version {damaged_from} on, and this snapshot "
             f"needs version {version}: restore an older snapshot (`sessionlake doctor` "
             "names one)"
         )
+    return damaged_from
+
+
+def _set_aside(spark: SparkSession, lake: str, table: str, damaged_from: int,
+               now: datetime) -> None:
+    """Move the log entries of ``table`` from ``damaged_from`` on out of its log."""
+    uri = table_path(lake, table)
     target, moved = set_aside_log_from(spark, uri, damaged_from, now.strftime("%Y%m%dT%H%M%SZ"))
     clear_delta_cache(spark)
     log.warning("%s: moved the damaged log entries from version %s on (%s) to %s",
@@ -367,28 +380,41 @@ def restore_snapshot(spark: SparkSession, settings: Settings, snapshot_id: str) 
     load it to restore it) first has those entries moved aside.
 
     :return: the snapshot restored.
-    :raises SnapshotError: unknown id, no lake, a running stream, or vacuumed files.
+    :raises SnapshotError: unknown id, no lake, a running stream, vacuumed files, a log
+        damaged at the snapshot's version, or a table re-created since.
     """
     lake, checkpoint = settings.lake, settings.checkpoint.rstrip("/")
     snapshot = find_snapshot(lake, snapshot_id, spark)
     _require_lake(spark, lake)
     try:
-        with checkpoint_lock(checkpoint), _restore_marked(spark, checkpoint, snapshot):
-            now = datetime.now(UTC)
-            for table, version in snapshot.table_versions.items():
-                _set_aside_damaged_log(spark, lake, table, version, now)
-            restored = [t for t, v in snapshot.table_versions.items()
-                        if _restore_table(spark, lake, t, v)]
-            identity = _replace_checkpoint(
-                spark, checkpoint, _snapshot_dir(lake, snapshot_id), snapshot
-            )
-            # Whoever was erased after the snapshot was taken stays erased.
-            reapply_erasures(spark, lake, snapshot.created)
+        with checkpoint_lock(checkpoint):
+            # Checked before anything changes: a refusal leaves no restore half done.
+            damaged = {t: d for t, v in snapshot.table_versions.items()
+                       if (d := _damage_to_set_aside(spark, lake, t, v, snapshot)) is not None}
+            with _restore_marked(spark, checkpoint, snapshot):
+                _restore_locked(spark, lake, checkpoint, snapshot, damaged)
     except StreamAlreadyRunning as error:
         raise SnapshotError(f"{error} (a restore needs the stream stopped)") from None
-    log.info("restored %s (tables changed: %s; stream %s)", snapshot_id,
-             ", ".join(restored) or "none", identity)
     return snapshot
+
+
+def _restore_locked(
+    spark: SparkSession, lake: str, checkpoint: str, snapshot: Snapshot,
+    damaged: dict[str, int],
+) -> None:
+    """The restore proper, under the lock and the marker: logs, tables, checkpoint, erasures."""
+    now = datetime.now(UTC)
+    for table, damaged_from in damaged.items():
+        _set_aside(spark, lake, table, damaged_from, now)
+    restored = [t for t, v in snapshot.table_versions.items()
+                if _restore_table(spark, lake, t, v)]
+    identity = _replace_checkpoint(
+        spark, checkpoint, _snapshot_dir(lake, snapshot.snapshot_id), snapshot
+    )
+    # Whoever was erased after the snapshot was taken stays erased.
+    reapply_erasures(spark, lake, snapshot.created)
+    log.info("restored %s (tables changed: %s; stream %s)", snapshot.snapshot_id,
+             ", ".join(restored) or "none", identity)
 
 
 def kept_since(lake: str, spark: SparkSession | None = None) -> datetime | None:
