@@ -173,6 +173,24 @@ def _add_maintenance(commands: Any) -> None:
                            help="VACUUM even below what kept snapshots need (they expire)")
     _common_spark(retention)
 
+    doctor = commands.add_parser(
+        "doctor", help="check the lake and checkpoint for damage (read-only); exit 1 if any")
+    _lake(doctor)
+    doctor.add_argument("--checkpoint", help=checkpoint_help)
+    doctor.add_argument("--source", help="landing folder, for the printed `run` command "
+                                         "(default $SESSIONLAKE_SOURCE)")
+    _common_spark(doctor)
+
+    rebuild = commands.add_parser(
+        "rebuild-state", help="recompute open_sessions from events and sessions")
+    _lake(rebuild)
+    rebuild.add_argument("--checkpoint", help=checkpoint_help)
+    rebuild.add_argument("--gap", help="the stream's gap (default 30m)")
+    rebuild.add_argument("--grace", help="the stream's grace (default 5m)")
+    rebuild.add_argument("--max-session-duration", dest="max_session_duration",
+                         help="the stream's maximum session duration (default 24h)")
+    _common_spark(rebuild)
+
     backfill = commands.add_parser(
         "backfill", help="re-sessionize a date range from events, replacing it in sessions")
     _lake(backfill)
@@ -394,6 +412,40 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``sessionlake doctor`` found damage.
+EXIT_DAMAGED = 1
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """``sessionlake doctor``: one line per check; exit 1 when anything is damaged."""
+    from sessionlake.doctor import DoctorError, check_lake
+    from sessionlake.storage import local_path
+
+    settings = _settings(args)
+    local = local_path(settings.lake) is not None and local_path(settings.checkpoint) is not None
+    spark = None if local else _spark(settings, "sessionlake-doctor")
+    try:
+        report = check_lake(spark, settings)
+    except DoctorError as error:
+        raise UsageError(str(error)) from None
+    print("\n".join(report.lines()))
+    return 0 if report.healthy else EXIT_DAMAGED
+
+
+def cmd_rebuild_state(args: argparse.Namespace) -> int:
+    """``sessionlake rebuild-state``: recompute ``open_sessions`` and print what was rebuilt."""
+    from sessionlake.rebuild import RebuildError, rebuild_open_sessions
+
+    settings = _settings(args)
+    spark = _spark(settings, "sessionlake-rebuild-state")
+    try:
+        report = rebuild_open_sessions(spark, settings)
+    except RebuildError as error:
+        raise UsageError(str(error)) from None
+    print(report.summary())
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "sql": cmd_sql,
@@ -404,6 +456,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "compact": cmd_compact,
     "retention": cmd_retention,
     "backfill": cmd_backfill,
+    "doctor": cmd_doctor,
+    "rebuild-state": cmd_rebuild_state,
 }
 
 

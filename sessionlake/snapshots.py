@@ -41,6 +41,7 @@ from sessionlake import storage
 from sessionlake.batch import StreamIdentity, write_stream_identity
 from sessionlake.checkpoint import IDENTITY_FILE, LOCK_FILE, PID_FILE, RESTORING_MARKER
 from sessionlake.config import Settings
+from sessionlake.deltalog import clear_delta_cache, read_log, set_aside_log_from
 from sessionlake.erasure import reapply_erasures
 from sessionlake.stream import StreamAlreadyRunning, checkpoint_lock
 from sessionlake.tables import STREAM_TABLES, table_path, table_version
@@ -283,6 +284,48 @@ def _restore_marked(spark: SparkSession, checkpoint: str, snapshot: Snapshot) ->
     storage.delete(spark, marker)
 
 
+def _damage_to_set_aside(
+    spark: SparkSession, lake: str, table: str, version: int, snapshot: Snapshot
+) -> int | None:
+    """The first damaged version of ``table``'s log, when it lies after ``version``.
+
+    Delta ``RESTORE`` must load the table first, which fails when a log entry is missing or
+    half-written; when that damage lies after ``version``, the entries from there on can be
+    moved aside (:func:`_set_aside`) and the restore proceeds as usual.
+
+    :raises SnapshotError: when the damage reaches ``version`` itself, or the table was
+        created after the snapshot (``rebuild-state`` re-creates a damaged
+        ``open_sessions``): its version numbers are then not the snapshot's.
+    """
+    table_log = read_log(spark, table_path(lake, table))
+    if table_log.created_ms is not None and \
+            table_log.created_ms > snapshot.created.timestamp() * 1000:
+        raise SnapshotError(
+            f"{table} was created after snapshot {snapshot.snapshot_id} (a rebuild-state of a "
+            "damaged table re-creates it), so its versions are not the snapshot's: restore a "
+            "snapshot taken since"
+        )
+    damaged_from = table_log.log_damaged_from
+    if damaged_from is not None and damaged_from <= version:
+        raise SnapshotError(
+            f"{table}'s log is damaged from version {damaged_from} on, and this snapshot "
+            f"needs version {version}: restore an older snapshot (`sessionlake doctor` "
+            "names one)"
+        )
+    return damaged_from
+
+
+def _set_aside(spark: SparkSession, lake: str, table: str, damaged_from: int,
+               now: datetime) -> None:
+    """Move the log entries of ``table`` from ``damaged_from`` on out of its log."""
+    uri = table_path(lake, table)
+    target, moved = set_aside_log_from(spark, uri, damaged_from, now.strftime("%Y%m%dT%H%M%SZ"))
+    clear_delta_cache(spark)
+    log.warning("%s: moved the damaged log entries from version %s on (%s) to %s",
+                table, damaged_from, ", ".join(n for n in moved if not n.startswith(".")),
+                target)
+
+
 def _restore_table(spark: SparkSession, lake: str, table: str, version: int) -> bool:
     """``RESTORE`` one table to ``version``; ``False`` when it already is there."""
     if table_version(spark, lake, table) == version:
@@ -332,28 +375,46 @@ def restore_snapshot(spark: SparkSession, settings: Settings, snapshot_id: str) 
     from the restored tables. Refused while a stream runs on the checkpoint (stop it first:
     the restart DAG, or SIGTERM); the checkpoint's lock is held throughout, so no run can
     start half-way.
-    Running it again after an interruption finishes the job.
+    Running it again after an interruption finishes the job. A table whose log is damaged
+    after the snapshot's version (an entry missing or half-written, so that Delta cannot
+    load it to restore it) first has those entries moved aside.
 
     :return: the snapshot restored.
-    :raises SnapshotError: unknown id, no lake, a running stream, or vacuumed files.
+    :raises SnapshotError: unknown id, no lake, a running stream, vacuumed files, a log
+        damaged at the snapshot's version, or a table re-created since.
     """
     lake, checkpoint = settings.lake, settings.checkpoint.rstrip("/")
     snapshot = find_snapshot(lake, snapshot_id, spark)
     _require_lake(spark, lake)
     try:
-        with checkpoint_lock(checkpoint), _restore_marked(spark, checkpoint, snapshot):
-            restored = [t for t, v in snapshot.table_versions.items()
-                        if _restore_table(spark, lake, t, v)]
-            identity = _replace_checkpoint(
-                spark, checkpoint, _snapshot_dir(lake, snapshot_id), snapshot
-            )
-            # Whoever was erased after the snapshot was taken stays erased.
-            reapply_erasures(spark, lake, snapshot.created)
+        with checkpoint_lock(checkpoint):
+            # Checked before anything changes: a refusal leaves no restore half done.
+            damaged = {t: d for t, v in snapshot.table_versions.items()
+                       if (d := _damage_to_set_aside(spark, lake, t, v, snapshot)) is not None}
+            with _restore_marked(spark, checkpoint, snapshot):
+                _restore_locked(spark, lake, checkpoint, snapshot, damaged)
     except StreamAlreadyRunning as error:
         raise SnapshotError(f"{error} (a restore needs the stream stopped)") from None
-    log.info("restored %s (tables changed: %s; stream %s)", snapshot_id,
-             ", ".join(restored) or "none", identity)
     return snapshot
+
+
+def _restore_locked(
+    spark: SparkSession, lake: str, checkpoint: str, snapshot: Snapshot,
+    damaged: dict[str, int],
+) -> None:
+    """The restore proper, under the lock and the marker: logs, tables, checkpoint, erasures."""
+    now = datetime.now(UTC)
+    for table, damaged_from in damaged.items():
+        _set_aside(spark, lake, table, damaged_from, now)
+    restored = [t for t, v in snapshot.table_versions.items()
+                if _restore_table(spark, lake, t, v)]
+    identity = _replace_checkpoint(
+        spark, checkpoint, _snapshot_dir(lake, snapshot.snapshot_id), snapshot
+    )
+    # Whoever was erased after the snapshot was taken stays erased.
+    reapply_erasures(spark, lake, snapshot.created)
+    log.info("restored %s (tables changed: %s; stream %s)", snapshot.snapshot_id,
+             ", ".join(restored) or "none", identity)
 
 
 def kept_since(lake: str, spark: SparkSession | None = None) -> datetime | None:

@@ -78,6 +78,58 @@ def read_text(spark: SparkSession | None, uri: str) -> str | None:
     return str(data)
 
 
+def read_bytes(spark: SparkSession | None, uri: str) -> bytes | None:
+    """The bytes of the file at ``uri``, or ``None`` when there is none."""
+    local = local_path(uri)
+    if local is not None:
+        return local.read_bytes() if local.is_file() else None
+    fs, path = _fs_and_path(spark, uri)
+    if not fs.exists(path):
+        return None
+    assert spark is not None
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    stream = fs.open(path)
+    try:
+        data = jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+    finally:
+        stream.close()
+    return bytes(data)
+
+
+def file_size(spark: SparkSession | None, uri: str) -> int | None:
+    """The size in bytes of the file at ``uri``, or ``None`` when there is no such file."""
+    local = local_path(uri)
+    if local is not None:
+        return local.stat().st_size if local.is_file() else None
+    fs, path = _fs_and_path(spark, uri)
+    if not fs.exists(path):
+        return None
+    status = fs.getFileStatus(path)
+    return None if status.isDirectory() else int(status.getLen())
+
+
+def move(spark: SparkSession | None, source: str, target: str) -> None:
+    """Move the file or folder ``source`` to ``target`` (which must not exist yet).
+
+    A rename where the file system has one (local, HDFS); object stores copy and delete.
+    """
+    src_local, dst_local = local_path(source), local_path(target)
+    if src_local is not None and dst_local is not None:
+        if dst_local.exists():
+            raise FileExistsError(target)
+        dst_local.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(src_local), str(dst_local))
+        return
+    fs, src = _fs_and_path(spark, source)
+    _, dst = _fs_and_path(spark, target)
+    if fs.exists(dst):
+        raise FileExistsError(target)
+    fs.mkdirs(dst.getParent())
+    if not fs.rename(src, dst):
+        raise OSError(f"could not move {source} to {target}")
+
+
 def write_text(spark: SparkSession, uri: str, text: str) -> None:
     """Write ``text`` to ``uri`` whole: a temporary file renamed into place."""
     local = local_path(uri)

@@ -1,0 +1,415 @@
+"""A Delta table's transaction log read by hand: which files it holds, and what is broken.
+
+Delta reports a damaged table only as a failed read (``DELTA_VERSIONS_NOT_CONTIGUOUS``, a
+malformed record in a commit, a checksum error in a data file), and only for the part it
+happens to read. ``sessionlake doctor`` has to name the broken file and the first version
+it spoils, and ``sessionlake restore`` has to know whether the version it returns to can
+still be read. Both follow the Delta protocol (``PROTOCOL.md`` of delta-io/delta):
+
+* a table's state is its newest checkpoint (``NNN.checkpoint.parquet``, or its parts) plus
+  every commit after it (``NNN.json``, one JSON action per line), versions contiguous;
+* the live data files are the ``add`` actions that no later ``remove`` undid; each records
+  the file's size, and a deletion vector its file, offset and size;
+* ``NNN.crc`` (written after commit NNN) holds the number and total size of the live files.
+
+Only what Delta itself would read is checked: commits older than the newest checkpoint are
+not. Every read goes through :mod:`sessionlake.storage` (local files directly, other URIs
+through Hadoop), so a local lake is checked without starting Spark.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+
+from sessionlake import storage
+
+LOG_DIR = "_delta_log"
+LAST_CHECKPOINT = "_last_checkpoint"
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+_CHECKSUM = re.compile(r"^(\d{20})\.crc$")
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d+)\.(\d+))?\.parquet$")
+#: Any log entry of one version: commit, checksum, checkpoint, and Hadoop's ``.x.crc`` files.
+_OF_VERSION = re.compile(r"^\.?(\d{20})\.")
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+
+
+def commit_file(version: int) -> str:
+    """The commit file of ``version``, relative to the table folder."""
+    return f"{LOG_DIR}/{version:020d}.json"
+
+
+@dataclass(frozen=True)
+class Damage:
+    """One broken file of a table.
+
+    :param file: the file, relative to the table folder.
+    :param problem: what is wrong with it, for people.
+    :param version: the first table version it spoils: a version before it reads correctly.
+    :param in_log: whether the log itself is broken (Delta cannot load the table), rather
+        than a data file it names.
+    """
+
+    file: str
+    problem: str
+    version: int
+    in_log: bool
+
+
+@dataclass(frozen=True)
+class LiveFile:
+    """A data file of the table's current state, as its ``add`` action describes it."""
+
+    path: str
+    size: int
+    version: int | None
+    deletion_vector: dict[str, Any] | None = None
+
+
+@dataclass
+class TableLog:
+    """What the log of one table says, and what is wrong with it."""
+
+    uri: str
+    exists: bool = False
+    newest_version: int | None = None
+    checkpoint_version: int | None = None
+    commits: list[int] = field(default_factory=list)
+    files: dict[tuple[str, str], LiveFile] = field(default_factory=dict)
+    configuration: dict[str, str] = field(default_factory=dict)
+    created_ms: int | None = None
+    damage: list[Damage] = field(default_factory=list)
+
+    @property
+    def log_damaged_from(self) -> int | None:
+        """The first version the log cannot give (``None`` when the log is whole)."""
+        return min((d.version for d in self.damage if d.in_log), default=None)
+
+    @property
+    def damaged_from(self) -> int | None:
+        """The first version spoilt by any damage, log or data (``None`` when healthy)."""
+        return min((d.version for d in self.damage), default=None)
+
+
+def read_log(spark: SparkSession | None, uri: str) -> TableLog:
+    """Replay the log of the table at ``uri``: its live files, and damage of the log.
+
+    ``spark`` is needed for non-local URIs only. Data files are not looked at (see
+    :func:`inspect_table`).
+    """
+    log = TableLog(uri=uri.rstrip("/"))
+    names = storage.list_names(spark, f"{log.uri}/{LOG_DIR}")
+    commits = sorted(int(m[1]) for n in names if (m := _COMMIT.match(n)))
+    checkpoints = _complete_checkpoints(names)
+    if not commits and not checkpoints:
+        problem = ("the table folder is missing" if not storage.exists(spark, log.uri)
+                   else "its _delta_log holds no commit: the table cannot be read")
+        log.damage.append(Damage(LOG_DIR, problem, 0, True))
+        return log
+    log.exists, log.commits = True, commits
+    newest = max([*commits, *checkpoints])
+    log.newest_version = newest
+    _check_last_checkpoint(spark, log, names, checkpoints)
+
+    files: dict[tuple[str, str], LiveFile] = {}
+    for version in sorted(checkpoints, reverse=True):
+        try:
+            files, meta = _read_checkpoint(spark, log.uri, checkpoints[version])
+        except Exception as error:  # pyarrow or I/O: an unreadable checkpoint
+            log.damage.append(Damage(f"{LOG_DIR}/{checkpoints[version][0]}",
+                                     f"checkpoint does not read ({_first_line(error)})",
+                                     version, True))
+            continue
+        log.checkpoint_version = version
+        _apply_metadata(log, meta)
+        break
+    start = 0 if log.checkpoint_version is None else log.checkpoint_version + 1
+    present = set(commits)
+    last = max(commits, default=-1)
+    missing = [v for v in range(start, last + 1) if v not in present]
+    end = missing[0] if missing else last + 1
+    if missing:
+        log.damage.append(Damage(
+            commit_file(missing[0]),
+            f"missing Delta log entry: versions {missing[0]}..{last} cannot be read"
+            if missing[0] < last else "missing Delta log entry",
+            missing[0], True,
+        ))
+    orphans = [int(m[1]) for n in names if (m := _CHECKSUM.match(n)) and int(m[1]) > newest]
+    if orphans:
+        version = min(orphans)
+        log.damage.append(Damage(
+            commit_file(version),
+            f"missing Delta log entry: the newest commit is gone, its checksum "
+            f"{version:020d}.crc is still there", version, True,
+        ))
+    for version in range(start, end):
+        if not _apply_commit(spark, log, version, files):
+            break
+    log.files = files
+    return log
+
+
+def inspect_table(spark: SparkSession | None, uri: str) -> TableLog:
+    """:func:`read_log`, then every live data file and deletion vector checked on disk.
+
+    A data file that is missing, or whose size differs from its ``add`` action (a file cut
+    short while written or copied), is damage from the version that added it.
+    """
+    log = read_log(spark, uri)
+    if not log.exists:
+        return log
+    _check_checksum(spark, log)
+    on_disk = {path: size for path, (size, _) in storage.tree_state(spark, log.uri).items()}
+    broken: list[tuple[LiveFile, str, str]] = []
+    for live in log.files.values():
+        relative = unquote(live.path)
+        absolute = "://" in live.path or live.path.startswith("/")
+        size = storage.file_size(spark, relative) if absolute else on_disk.get(relative)
+        if size is None:
+            broken.append((live, relative, f"data file is missing ({live.size} bytes in the log)"))
+        elif size != live.size:
+            broken.append((live, relative, f"data file is {size} bytes, the log says "
+                                           f"{live.size}: half-written or changed"))
+        dv = live.deletion_vector
+        if dv and dv.get("storageType") == "u":
+            dv_file = _deletion_vector_file(str(dv["pathOrInlineDv"]))
+            needed = int(dv.get("offset") or 0) + 4 + int(dv["sizeInBytes"]) + 4
+            dv_size = on_disk.get(dv_file)
+            if dv_size is None or dv_size < needed:
+                state = "missing" if dv_size is None else f"cut short ({dv_size} bytes)"
+                broken.append((live, dv_file, f"deletion vector of {relative} is {state}"))
+    unknown = {live.path for live, _, _ in broken if live.version is None}
+    added = _versions_adding(spark, log, unknown) if unknown else {}
+    for live, file, problem in broken:
+        version = live.version if live.version is not None else added.get(live.path, 0)
+        log.damage.append(Damage(file, problem, version, False))
+    return log
+
+
+def set_aside_log_from(
+    spark: SparkSession | None, uri: str, version: int, suffix: str
+) -> tuple[str, list[str]]:
+    """Move every log entry of ``version`` and later out of the table's ``_delta_log``.
+
+    Afterwards the table reads as of ``version - 1`` (the files those entries added stay
+    in the folder, unreferenced, until VACUUM). ``_last_checkpoint`` goes too, since it may
+    name a checkpoint that was moved; Delta then finds the newest checkpoint by listing.
+
+    :param suffix: names the folder the entries go to, ``_delta_log.damaged-<suffix>``.
+    :return: that folder and the names moved.
+    """
+    base = uri.rstrip("/")
+    target = f"{base}/{LOG_DIR}.damaged-{suffix}"
+    moved = []
+    for name in storage.list_names(spark, f"{base}/{LOG_DIR}"):
+        match = _OF_VERSION.match(name)
+        if (match and int(match[1]) >= version) or name in (LAST_CHECKPOINT,
+                                                            f".{LAST_CHECKPOINT}.crc"):
+            storage.move(spark, f"{base}/{LOG_DIR}/{name}", f"{target}/{name}")
+            moved.append(name)
+    return target, moved
+
+
+def clear_delta_cache(spark: SparkSession) -> None:
+    """Forget the table states Delta cached in this JVM (after log files moved under it)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+
+
+def file_key(action: dict[str, Any]) -> tuple[str, str]:
+    """The identity of a data file in the log: its path and its deletion vector's id.
+
+    A DELETE that adds a deletion vector removes ``(path, old vector)`` and adds
+    ``(path, new vector)``, in either order within one commit.
+    """
+    dv = action.get("deletionVector") or {}
+    dv_id = f"{dv.get('storageType', '')}{dv.get('pathOrInlineDv', '')}"
+    if dv.get("offset") is not None:
+        dv_id += f"@{dv['offset']}"
+    return action["path"], dv_id
+
+
+def _complete_checkpoints(names: list[str]) -> dict[int, list[str]]:
+    """Checkpoint versions whose every part is present: version -> part file names."""
+    parts: dict[int, dict[int, str]] = {}
+    expected: dict[int, int] = {}
+    for name in names:
+        match = _CHECKPOINT.match(name)
+        if match is None:
+            continue
+        version = int(match[1])
+        part, total = (int(match[2]), int(match[3])) if match[2] else (1, 1)
+        parts.setdefault(version, {})[part] = name
+        expected[version] = total
+    return {v: [p[i] for i in sorted(p)] for v, p in parts.items()
+            if sorted(p) == list(range(1, expected[v] + 1))}
+
+
+def _check_last_checkpoint(
+    spark: SparkSession | None, log: TableLog, names: list[str],
+    checkpoints: dict[int, list[str]],
+) -> None:
+    """A ``_last_checkpoint`` that does not parse, or names a checkpoint that is not there.
+
+    Delta falls back to listing the log then, so nothing is lost; the damage is put after
+    the newest version so that any snapshot may be restored, and restoring moves it aside.
+    """
+    if LAST_CHECKPOINT not in names:
+        return
+    text = storage.read_text(spark, f"{log.uri}/{LOG_DIR}/{LAST_CHECKPOINT}") or ""
+    try:
+        named = int(json.loads(text)["version"])
+    except (ValueError, KeyError, TypeError):
+        problem = "does not parse"
+    else:
+        if named in checkpoints:
+            return
+        problem = f"names checkpoint {named}, which is missing or incomplete"
+    after = (log.newest_version or 0) + 1
+    log.damage.append(Damage(f"{LOG_DIR}/{LAST_CHECKPOINT}", problem, after, True))
+
+
+def _read_checkpoint(
+    spark: SparkSession | None, uri: str, parts: list[str]
+) -> tuple[dict[tuple[str, str], LiveFile], dict[str, Any]]:
+    """The live files and the ``metaData`` action held by a (multi-part) checkpoint."""
+    files: dict[tuple[str, str], LiveFile] = {}
+    metadata: dict[str, Any] = {}
+    for part in parts:
+        data = storage.read_bytes(spark, f"{uri}/{LOG_DIR}/{part}")
+        if data is None:
+            raise FileNotFoundError(part)
+        columns = [c for c in ("add", "metaData") if c in pq.read_schema(io.BytesIO(data)).names]
+        for row in pq.read_table(io.BytesIO(data), columns=columns).to_pylist():
+            add, meta = row.get("add"), row.get("metaData")
+            if add:
+                files[file_key(add)] = LiveFile(add["path"], int(add["size"]), None,
+                                                add.get("deletionVector"))
+            if meta:
+                metadata = meta
+    return files, metadata
+
+
+def _apply_commit(
+    spark: SparkSession | None, log: TableLog, version: int,
+    files: dict[tuple[str, str], LiveFile],
+) -> bool:
+    """Apply commit ``version`` to ``files``; ``False`` (and damage) when it is unreadable."""
+    text = storage.read_text(spark, f"{log.uri}/{commit_file(version)}")
+    actions = []
+    for number, line in enumerate((text or "").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            action = json.loads(line)
+        except ValueError:
+            action = None
+        if not isinstance(action, dict):
+            log.damage.append(Damage(
+                commit_file(version),
+                f"half-written commit: line {number} is not a complete JSON action",
+                version, True,
+            ))
+            return False
+        actions.append(action)
+    if not actions:
+        log.damage.append(Damage(commit_file(version), "empty commit file", version, True))
+        return False
+    for action in actions:
+        if "add" in action:
+            add = action["add"]
+            files[file_key(add)] = LiveFile(add["path"], int(add["size"]), version,
+                                            add.get("deletionVector"))
+        elif "remove" in action:
+            files.pop(file_key(action["remove"]), None)
+        elif "metaData" in action:
+            _apply_metadata(log, action["metaData"])
+    return True
+
+
+def _apply_metadata(log: TableLog, metadata: dict[str, Any]) -> None:
+    """Keep what sessionlake needs of a ``metaData`` action (JSON, or a checkpoint row)."""
+    if not metadata:
+        return
+    log.configuration = dict(metadata.get("configuration") or {})
+    if metadata.get("createdTime") is not None:
+        log.created_ms = int(metadata["createdTime"])
+
+
+def _check_checksum(spark: SparkSession | None, log: TableLog) -> None:
+    """Compare the replayed state with ``NNN.crc`` of the newest version, when present.
+
+    A commit cut off exactly between two lines still parses; only the checksum shows that
+    actions are missing.
+    """
+    version = log.newest_version
+    if version is None or log.damage or version not in log.commits:
+        return
+    text = storage.read_text(spark, f"{log.uri}/{LOG_DIR}/{version:020d}.crc")
+    try:
+        checksum = json.loads(text or "")
+        files, size = int(checksum["numFiles"]), int(checksum["tableSizeBytes"])
+    except (ValueError, KeyError, TypeError):
+        return  # no checksum (or one of another shape): nothing to compare
+    found = (len(log.files), sum(f.size for f in log.files.values()))
+    if found != (files, size):
+        log.damage.append(Damage(
+            commit_file(version),
+            f"half-written commit: the log gives {found[0]} files / {found[1]} bytes, its "
+            f"checksum {version:020d}.crc {files} / {size}", version, True,
+        ))
+
+
+def _versions_adding(
+    spark: SparkSession | None, log: TableLog, paths: set[str]
+) -> dict[str, int]:
+    """The commit that added each of ``paths``, from the commits kept before the checkpoint.
+
+    Paths whose commit was cleaned up from the log are left out.
+    """
+    found: dict[str, int] = {}
+    for version in sorted((v for v in log.commits if v <= (log.checkpoint_version or -1)),
+                          reverse=True):
+        text = storage.read_text(spark, f"{log.uri}/{commit_file(version)}") or ""
+        for line in text.splitlines():
+            try:
+                add = json.loads(line).get("add")
+            except (ValueError, AttributeError):
+                continue
+            if add and add.get("path") in paths and add["path"] not in found:
+                found[add["path"]] = version
+        if len(found) == len(paths):
+            break
+    return found
+
+
+def _deletion_vector_file(path_or_inline: str) -> str:
+    """The file of a deletion vector stored beside the data (``storageType`` ``u``).
+
+    ``pathOrInlineDv`` is an optional random prefix (a folder) followed by the file's UUID
+    in 20 characters of Z85.
+    """
+    prefix, encoded = path_or_inline[:-20], path_or_inline[-20:]
+    raw = b""
+    for start in range(0, 20, 5):
+        number = 0
+        for char in encoded[start:start + 5]:
+            number = number * 85 + _Z85.index(char)
+        raw += number.to_bytes(4, "big")
+    name = f"deletion_vector_{uuid.UUID(bytes=raw)}.bin"
+    return f"{prefix}/{name}" if prefix else name
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,399 @@
+"""``sessionlake doctor``: find damaged state, say what is wrong and how to recover.
+
+State kept in files can be damaged outside any transaction: a checkpoint folder deleted by
+hand, a disk that cut a file short, a log entry lost in a copy. Delta and Spark then fail
+on the next read with a stack trace that names neither the damage nor a way out. The
+doctor reads the lake and its checkpoint without changing anything and prints one line per
+check: ``ok``, or ``ERROR`` with the broken file and the exact command that recovers it:
+
+* ``open_sessions`` is derived state: ``sessionlake rebuild-state`` recomputes it from
+  ``events`` and ``sessions`` (see :mod:`sessionlake.rebuild`);
+* anything else (another table, the streaming checkpoint) returns to a snapshot with
+  ``sessionlake restore``: the newest snapshot taken before every damaged version, since a
+  snapshot that holds the broken file or log entry would bring it back. When no snapshot
+  qualifies, the line says so and what is lost.
+
+Checks are small functions over :mod:`sessionlake.deltalog` (the tables' logs and data
+files) and the checkpoint's files, so a local lake is checked without starting Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from pyspark.sql import SparkSession
+
+from sessionlake import storage
+from sessionlake.checkpoint import IDENTITY_FILE, PID_FILE, RESTORING_MARKER, lock_held
+from sessionlake.config import Settings
+from sessionlake.deltalog import TableLog, inspect_table
+from sessionlake.snapshots import Snapshot, list_snapshots, snapshots_root
+from sessionlake.tables import BATCH_METRICS, OPEN_SESSIONS, STREAM_TABLES, table_path
+
+CHECKPOINT = "checkpoint"
+SNAPSHOTS = "snapshots"
+#: Spark's own checkpoint parts that a stream which has run cannot do without.
+SPARK_PARTS = ("offsets", "commits", "metadata")
+_VERSION_LINE = re.compile(r"^v\d+$")
+
+
+class DoctorError(Exception):
+    """The lake cannot be checked at all (for example, there is none)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """The outcome of one check.
+
+    :param subject: ``checkpoint`` or a table name.
+    :param problem: what is wrong, or ``None`` when the check passed.
+    :param detail: what was checked (passed checks) or which file is broken.
+    :param version: for table damage, the first table version it spoils.
+    :param in_log: for table damage, whether Delta cannot read the log at all.
+    :param lost: what is lost if no snapshot can restore it (for an unfinished restore:
+        the snapshot to restore again).
+    :param recovery: what to do, filled in by :func:`advise`.
+    """
+
+    subject: str
+    problem: str | None
+    detail: str
+    version: int | None = None
+    in_log: bool = False
+    lost: str = ""
+    recovery: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the check passed."""
+        return self.problem is None
+
+    def line(self) -> str:
+        """The finding as printed: ``ok ...`` or ``ERROR ...; recover: ...``."""
+        if self.ok:
+            return f"ok     {self.subject}: {self.detail}"
+        return f"ERROR  {self.subject}: {self.detail}: {self.problem}; {self.recovery}"
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """Every finding of one doctor run, with the recovery filled in."""
+
+    findings: tuple[Finding, ...]
+
+    @property
+    def healthy(self) -> bool:
+        """Whether every check passed."""
+        return all(f.ok for f in self.findings)
+
+    def lines(self) -> list[str]:
+        """One line per finding, then a verdict with the order of the recovery commands."""
+        lines = [f.line() for f in self.findings]
+        if self.healthy:
+            return [*lines, f"healthy: {len(lines)} checks passed"]
+        problems = [f for f in self.findings if not f.ok]
+        commands = dict.fromkeys(
+            command for f in problems if f.recovery and f.recovery.startswith("recover:")
+            for command in re.findall(r"`([^`]+)`", f.recovery)
+        )
+        order = ("sessionlake restore", "sessionlake rebuild-state", "sessionlake run")
+        steps = "; then ".join(sorted(commands, key=lambda c: next(
+            (i for i, prefix in enumerate(order) if c.startswith(prefix)), len(order))))
+        return [*lines, f"damaged: {len(problems)} problem(s); "
+                        f"{'recover with: ' + steps if steps else 'no command recovers it'}"]
+
+
+def check_table(
+    spark: SparkSession | None, lake: str, table: str
+) -> tuple[TableLog, list[Finding]]:
+    """Check one table's log and data files (:func:`sessionlake.deltalog.inspect_table`)."""
+    log = inspect_table(spark, table_path(lake, table))
+    if not log.damage:
+        checkpoint = ("" if log.checkpoint_version is None
+                      else f" (from checkpoint v{log.checkpoint_version})")
+        return log, [Finding(table, None, f"log v0..v{log.newest_version} readable{checkpoint}, "
+                                          f"{len(log.files)} live data file(s) present")]
+    findings = []
+    for damage in log.damage:
+        lost = (f"{table} from version {damage.version} on cannot be read: that data is lost"
+                if damage.in_log else f"the rows in {damage.file} are lost")
+        findings.append(Finding(table, damage.problem, damage.file, damage.version,
+                                damage.in_log, lost))
+    return log, findings
+
+
+def _spark_file_problem(text: str | None) -> str | None:
+    """What is wrong with a file of Spark's offset/commit/source logs (``None``: nothing).
+
+    Each is a version line (``v1``) followed by JSON lines.
+    """
+    if text is None:
+        return "is missing"
+    lines = text.split("\n")
+    if not _VERSION_LINE.match(lines[0].strip()):
+        return "does not start with a version line such as v1: half-written or overwritten"
+    if not any(line.strip() for line in lines[1:]):
+        return "holds a version line only: half-written"
+    for number, line in enumerate(lines[1:], start=2):
+        if line.strip():
+            try:
+                json.loads(line)
+            except ValueError:
+                return f"line {number} is not complete JSON: half-written"
+    return None
+
+
+def _json_problem(text: str | None, keys: Sequence[str]) -> str | None:
+    """What is wrong with a JSON object file that must hold ``keys`` (``None``: nothing)."""
+    if text is None:
+        return "is missing"
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return "is not complete JSON: half-written or overwritten"
+    missing = [k for k in keys if not isinstance(data, dict) or k not in data]
+    return f"lacks {', '.join(missing)}" if missing else None
+
+
+_CHECKPOINT_LOST = (
+    "the record of which landing files were processed is lost: a run on a "
+    "fresh checkpoint (move the damaged one aside) reads every landing file again, in which "
+    "events already accepted count as duplicates but late and quarantined records are "
+    "recorded a second time"
+)
+
+
+def check_spark_checkpoint(
+    spark: SparkSession | None, checkpoint: str, batches_ran: bool = True
+) -> list[Finding]:
+    """Spark's part of the checkpoint (``<checkpoint>/spark``): offsets, commits, metadata.
+
+    Every kept file of the offset, commit and source logs must parse, and the newest commit
+    must have its offsets; once a batch ran, none of the three may be missing.
+    """
+    root = f"{checkpoint.rstrip('/')}/spark"
+    findings = []
+    for part in SPARK_PARTS:
+        if batches_ran and not storage.exists(spark, f"{root}/{part}"):
+            findings.append(Finding(CHECKPOINT, "is missing while the lake holds processed "
+                                    "batches", f"spark/{part}", lost=_CHECKPOINT_LOST))
+    metadata = storage.read_text(spark, f"{root}/metadata")
+    problem = _json_problem(metadata, ["id"]) if metadata is not None else None
+    if problem:
+        findings.append(Finding(CHECKPOINT, problem, "spark/metadata", lost=_CHECKPOINT_LOST))
+    logs = ["offsets", "commits", *(f"sources/{s}" for s in storage.list_names(
+        spark, f"{root}/sources") if not s.startswith("."))]
+    for part in logs:
+        for name in storage.list_names(spark, f"{root}/{part}"):
+            if name.startswith(".") or not name.split(".")[0].isdigit():
+                continue
+            problem = _spark_file_problem(storage.read_text(spark, f"{root}/{part}/{name}"))
+            if problem:
+                findings.append(Finding(CHECKPOINT, problem, f"spark/{part}/{name}",
+                                        lost=_CHECKPOINT_LOST))
+    commits = [int(n) for n in storage.list_names(spark, f"{root}/commits") if n.isdigit()]
+    if commits and not storage.exists(spark, f"{root}/offsets/{max(commits)}"):
+        findings.append(Finding(CHECKPOINT, "is missing although batch "
+                                f"{max(commits)} committed", f"spark/offsets/{max(commits)}",
+                                lost=_CHECKPOINT_LOST))
+    return findings
+
+
+def check_sessionlake_files(spark: SparkSession | None, checkpoint: str) -> list[Finding]:
+    """sessionlake's files in the checkpoint: the stream identity and the batch ledger."""
+    root = checkpoint.rstrip("/")
+    findings = []
+    identity = storage.read_text(spark, f"{root}/{IDENTITY_FILE}")
+    problem = _json_problem(identity, ["stream_id", "epoch"])
+    if problem:
+        findings.append(Finding(
+            CHECKPOINT, problem, IDENTITY_FILE,
+            lost="a run would start under a new stream identity, and a batch cut off before "
+                 "the damage would then be written twice",
+        ))
+    for name in storage.list_names(spark, f"{root}/ledger"):
+        if name.startswith(".") or not name.endswith(".json"):
+            continue
+        problem = _json_problem(storage.read_text(spark, f"{root}/ledger/{name}"),
+                                ["events_version", "processing_time"])
+        if problem:
+            findings.append(Finding(
+                CHECKPOINT, problem, f"ledger/{name}",
+                lost="a replay of that batch cannot know which table versions it read",
+            ))
+    return findings
+
+
+def unfinished_batch(spark: SparkSession | None, checkpoint: str) -> int | None:
+    """The newest batch of the checkpoint's stream whose ledger entry is not done, if any.
+
+    Such a batch was cut off mid-way (or is running); ``sessionlake run`` replays it.
+    """
+    root = checkpoint.rstrip("/")
+    try:
+        identity = json.loads(storage.read_text(spark, f"{root}/{IDENTITY_FILE}") or "null")
+        prefix = f"{identity['stream_id']}-{identity['epoch']}-"
+    except (ValueError, KeyError, TypeError):
+        return None
+    batches = [int(n[len(prefix):-5]) for n in storage.list_names(spark, f"{root}/ledger")
+               if n.startswith(prefix) and n.endswith(".json") and n[len(prefix):-5].isdigit()]
+    if not batches:
+        return None
+    newest = max(batches)
+    try:
+        entry = json.loads(storage.read_text(spark, f"{root}/ledger/{prefix}{newest}.json") or "")
+    except ValueError:
+        return newest
+    return None if isinstance(entry, dict) and entry.get("done") else newest
+
+
+def check_checkpoint(
+    spark: SparkSession | None, checkpoint: str, batches_ran: bool
+) -> list[Finding]:
+    """The streaming checkpoint: present when the lake holds batches, and every file whole.
+
+    :param batches_ran: whether ``batch_metrics`` holds rows, so a checkpoint must exist.
+    """
+    root = checkpoint.rstrip("/")
+    if not storage.exists(spark, root) or not storage.exists(spark, f"{root}/spark"):
+        if not batches_ran:
+            return [Finding(CHECKPOINT, None, f"{root}: none yet, and no batch has run")]
+        what = root if not storage.exists(spark, root) else f"{root}/spark"
+        return [Finding(CHECKPOINT, "is missing while batch_metrics holds processed batches "
+                        "(if the stream runs with --checkpoint DIR, pass the same "
+                        "--checkpoint)", what, lost=_CHECKPOINT_LOST)]
+    findings = [*check_spark_checkpoint(spark, root, batches_ran),
+                *check_sessionlake_files(spark, root)]
+    marker = storage.read_text(spark, f"{root}/{RESTORING_MARKER}")
+    if marker is not None:
+        try:
+            snapshot_id = str(json.loads(marker).get("snapshot_id", "?"))
+        except (ValueError, AttributeError):
+            snapshot_id = "?"
+        findings.append(Finding(CHECKPOINT, f"a restore to snapshot {snapshot_id} was cut "
+                                "off: tables and checkpoint may be a mix of two states",
+                                RESTORING_MARKER, lost=snapshot_id))
+    if findings:
+        return findings
+    commits = [int(n) for n in storage.list_names(spark, f"{root}/spark/commits") if n.isdigit()]
+    notes = [f"last committed batch {max(commits)}" if commits else "no batch committed yet"]
+    pending = unfinished_batch(spark, root)
+    if pending is not None:
+        notes.append(f"batch {pending} unfinished (the next run replays it)")
+    local = storage.local_path(root)
+    if local is not None and lock_held(local):
+        pid = (local / PID_FILE).read_text().strip() if (local / PID_FILE).exists() else "?"
+        notes.append(f"in use by a running stream (pid {pid}): files may change while read")
+    return [Finding(CHECKPOINT, None, f"{root}: offsets, commits, metadata, identity and "
+                                      f"ledger readable; {'; '.join(notes)}")]
+
+
+def _batches_ran(log: TableLog) -> bool:
+    """Whether ``batch_metrics`` holds rows (when its log is damaged: whether it was written)."""
+    if log.log_damaged_from is None and log.exists:
+        return bool(log.files)
+    return (log.newest_version or 0) > 0
+
+
+def _command(settings: Settings, name: str, *extra: str) -> str:
+    """A sessionlake command line for this lake and checkpoint, quoted for a shell."""
+    parts = ["sessionlake", name, "--lake", settings.lake]
+    if settings.checkpoint_dir:
+        parts += ["--checkpoint", settings.checkpoint_dir]
+    return shlex.join([*parts, *extra])
+
+
+def _run_command(settings: Settings) -> str:
+    """``sessionlake run`` for this lake, with the landing folder when it is known."""
+    if settings.source:
+        return _command(settings, "run", "--source", settings.source)
+    return f"{_command(settings, 'run')} --source <landing folder>"
+
+
+def restore_target(
+    findings: Sequence[Finding], snapshots: Sequence[Snapshot]
+) -> Snapshot | None:
+    """The newest snapshot a restore to which repairs every finding that needs a restore.
+
+    A damaged table version must come after the snapshot's version of that table (else the
+    restore would bring the damage back, or could not read the log to get there); damage
+    of the checkpoint is repaired by any snapshot, which carries its own copy. Log damage of
+    ``open_sessions`` counts too: the restore returns that table as well.
+    """
+    needs = [f for f in findings if not f.ok and f.version is not None
+             and (f.subject != OPEN_SESSIONS or f.in_log)]
+    for snapshot in reversed(snapshots):
+        if all(snapshot.table_versions.get(f.subject, -1) < (f.version or 0) for f in needs):
+            return snapshot
+    return None
+
+
+def advise(
+    findings: Sequence[Finding], settings: Settings, snapshots: Sequence[Snapshot]
+) -> list[Finding]:
+    """Fill in each problem's recovery: the command, or why there is none and what is lost."""
+    target = restore_target(findings, snapshots)
+    advised = []
+    for finding in findings:
+        if finding.ok:
+            advised.append(finding)
+            continue
+        if finding.subject == SNAPSHOTS:
+            recovery = ("move the snapshot folder whose snapshot.json does not parse out of "
+                        f"{finding.detail}; the other snapshots stay usable")
+        elif finding.detail == RESTORING_MARKER:
+            again = _command(settings, "restore", "--snapshot", finding.lost)
+            recovery = f"recover: run `{again}` again"
+        elif finding.subject == OPEN_SESSIONS:
+            recovery = (f"recover: `{_command(settings, 'rebuild-state')}` (recomputes it "
+                        "from events and sessions)")
+        elif target is not None:
+            restore = _command(settings, "restore", "--snapshot", target.snapshot_id)
+            recovery = (f"recover: `{restore}` then `{_run_command(settings)}` (re-processes "
+                        "the landing files that came after it)")
+        elif not snapshots:
+            recovery = ("no snapshot can restore it (there is none, or every one was taken "
+                        f"before a table was re-created): {finding.lost}; take snapshots from "
+                        "now on (`sessionlake snapshot`, DAG sessionlake_snapshot)")
+        else:
+            newest = snapshots[-1]
+            held = newest.table_versions.get(finding.subject)
+            holds = "" if held is None else f", which holds {finding.subject} v{held}"
+            recovery = (f"no snapshot predates this damage (newest: {newest.snapshot_id}{holds})"
+                        f"; {finding.lost}")
+        advised.append(replace(finding, recovery=recovery))
+    return advised
+
+
+def check_lake(spark: SparkSession | None, settings: Settings) -> HealthReport:
+    """Run every check on the lake and its checkpoint, read-only.
+
+    ``spark`` may be ``None`` when lake and checkpoint are local folders.
+
+    :raises DoctorError: when there is no lake at ``settings.lake``.
+    """
+    lake = settings.lake
+    if not any(storage.exists(spark, table_path(lake, t)) for t in STREAM_TABLES):
+        raise DoctorError(f"no sessionlake lake at {lake} (no table folder there): check "
+                          "--lake, or create it with `sessionlake run`")
+    findings: list[Finding] = []
+    logs: dict[str, TableLog] = {}
+    for table in STREAM_TABLES:
+        logs[table], table_findings = check_table(spark, lake, table)
+        findings += table_findings
+    findings = check_checkpoint(spark, settings.checkpoint,
+                                _batches_ran(logs[BATCH_METRICS])) + findings
+    try:
+        # A snapshot older than a table's creation cannot restore it (restore refuses).
+        created = max((log.created_ms or 0 for log in logs.values()), default=0) / 1000
+        snapshots = [s for s in list_snapshots(lake, spark)
+                     if s.created.timestamp() >= created]
+    except (ValueError, TypeError) as error:  # a manifest that does not parse
+        findings.append(Finding(SNAPSHOTS, f"a snapshot manifest does not read ({error})",
+                                snapshots_root(lake)))
+        snapshots = []
+    return HealthReport(tuple(advise(findings, settings, snapshots)))
