@@ -46,6 +46,7 @@ from pyspark.sql.types import StructType
 
 from sessionlake import storage
 from sessionlake.conflicts import retry_on_conflict
+from sessionlake.deltalog import OPTIMIZE_MIN_FILE_SIZE
 from sessionlake.tables import PUBLIC_TABLES, table_path
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 CLUSTER_COLUMN = "user_id"
 #: Delta's threshold below which OPTIMIZE treats a file as small.
 MIN_FILE_SIZE_CONF = "spark.databricks.delta.optimize.minFileSize"
-DEFAULT_MIN_FILE_SIZE = 1024 * 1024 * 1024
+DEFAULT_MIN_FILE_SIZE = OPTIMIZE_MIN_FILE_SIZE
 #: How Hive-style partition folders name a null value.
 _NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
