@@ -25,7 +25,6 @@ class SessionlakeHealthPlugin(AirflowPlugin):
             "name": "Pipeline health",
             "href": f"{URL_PREFIX}/",
             "destination": "nav",
-            "category": "browse",
             "url_route": "sessionlake-health",
         },
     ]

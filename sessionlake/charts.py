@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 
 WIDTH, HEIGHT = 640, 220
-_MARGIN_LEFT, _MARGIN_RIGHT, _MARGIN_TOP, _MARGIN_BOTTOM = 56, 16, 28, 36
+_MARGIN_LEFT, _MARGIN_RIGHT, _MARGIN_TOP, _MARGIN_BOTTOM = 56, 16, 44, 36
 _LEGEND_SLOT = 100
 #: Colours of the series, in order (readable on white, and for most colour blindness).
 PALETTE = ("#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd")
@@ -96,10 +96,10 @@ def line_chart(
         if len(points) <= 60:
             parts.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{colour}"/>'
                          for x, y in points)
-        # The legend sits on the title's line, right-aligned, clear of the plot.
-        legend_x = width - _MARGIN_RIGHT - (len(series) - index) * _LEGEND_SLOT
-        parts.append(f'<rect x="{legend_x}" y="7" width="10" height="10" '
-                     f'fill="{colour}"/><text x="{legend_x + 14}" y="16" '
+        # The legend: a line of its own under the title, clear of the plot.
+        legend_x = _MARGIN_LEFT + index * _LEGEND_SLOT
+        parts.append(f'<rect x="{legend_x}" y="23" width="10" height="10" '
+                     f'fill="{colour}"/><text x="{legend_x + 14}" y="32" '
                      f'font-size="11">{escape(name)}</text>')
     bottom = height - _MARGIN_BOTTOM + 16
     parts.append(f'<text x="{_MARGIN_LEFT}" y="{bottom}" font-size="11">'
