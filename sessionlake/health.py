@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sessionlake import deltalog
-from sessionlake.checkpoint import MANIFEST, SNAPSHOTS_DIR, lock_held
+from sessionlake.checkpoint import MANIFEST, PID_FILE, SNAPSHOTS_DIR
 from sessionlake.config import Settings
 
 log = logging.getLogger("sessionlake.health")
@@ -267,11 +267,23 @@ def _rows(state: deltalog.TableState | None) -> int | None:
 
 
 def _stream_running(settings: Settings) -> bool:
+    """Whether the process named in the checkpoint's pid file is alive.
+
+    Deliberately not a probe of the checkpoint's lock: taking the lock, even for a moment,
+    could make a run that starts at that moment refuse to start. A pid file left by a
+    killed run names a dead process (or, rarely, a reused pid: then "running" is wrong
+    until the next run replaces the file).
+    """
     try:
         folder = deltalog.local_table_path(settings.checkpoint)
     except deltalog.DeltaReadError:
         return False
-    return lock_held(folder)
+    try:
+        pid = int((folder / PID_FILE).read_text().strip())
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (OSError, ValueError):
+        return False
+    return "\nState:\tZ" not in status
 
 
 def _batches(state: deltalog.TableState | None, problems: list[str]) -> list[BatchPoint]:
