@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
 from sessionlake.config import ConfigError, Settings, settings_from
@@ -72,8 +72,10 @@ def create_app(authorize: Callable[..., Any] | None = None) -> FastAPI:
     )
 
     @app.get("/", response_class=HTMLResponse, summary="The health page")
-    def page(settings: LakeSettings) -> HTMLResponse:
-        return HTMLResponse(render_health_page(collect_health(settings)))
+    def page(settings: LakeSettings, request: Request) -> HTMLResponse:
+        # The JSON's path as the server mounts it (the page may be reached without "/").
+        json_path = request.url_for("health_json").path
+        return HTMLResponse(render_health_page(collect_health(settings), json_path))
 
     @app.get("/api/health", summary="The health as JSON")
     def health_json(settings: LakeSettings) -> dict[str, Any]:

@@ -165,8 +165,8 @@ def _totals(health: Health) -> str:
                    "duplicates"), rows, "totals")
 
 
-def render_health_page(health: Health) -> str:
-    """The whole page."""
+def render_health_page(health: Health, json_href: str = "api/health") -> str:
+    """The whole page; ``json_href`` links to its JSON."""
     problems = "".join(f"<li>{escape(p)}</li>" for p in health.problems)
     due = [t.name for t in health.tables if t.needs_compaction]
     compaction_note = (
@@ -182,7 +182,7 @@ def render_health_page(health: Health) -> str:
         "<h1>sessionlake pipeline health</h1>",
         f'<div class="muted">Lake {escape(health.lake)} · as of '
         f"{escape(fmt_time(health.generated_at))} · JSON: "
-        '<a href="api/health">api/health</a></div>',
+        f'<a href="{escape(json_href)}">{escape(json_href)}</a></div>',
         f'<div class="problems"><ul>{problems}</ul></div>' if problems else "",
         _cards(health),
         "<h2>Batches over time</h2>",

@@ -1,7 +1,7 @@
 """``sessionlake report``: a readable summary of the lake, and an HTML page of charts.
 
-Read without Spark (:mod:`sessionlake.deltalog`), so it answers in about a second: the
-pipeline's health (:mod:`sessionlake.health`) plus two pictures of the closed sessions,
+Read without Spark (:mod:`sessionlake.deltalog`), so it answers in seconds, with no JVM to
+start: the pipeline's health (:mod:`sessionlake.health`) plus two pictures of the closed sessions,
 sessions per hour (by start) and the distribution of session lengths, as inline SVG in
 one self-contained HTML file.
 

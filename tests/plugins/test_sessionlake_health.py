@@ -241,3 +241,26 @@ def test_the_page_in_chromium(
     duration = charts[0].find_element(By.CSS_SELECTOR, "polyline.series")
     assert len(duration.get_attribute("points").split()) == 3
     assert charts[0].size["width"] > 300 and charts[0].size["height"] > 100
+    link = browser.find_element(By.LINK_TEXT, "/sessionlake/api/health")
+    assert link.get_attribute("href") == f"{server}/sessionlake/api/health"
+
+
+def test_the_nav_entry_shows_the_page_in_the_airflow_ui(
+    browser: Any, server: str, token: str
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(f"{server}/api/v2/version")
+    browser.add_cookie({"name": "_token", "value": token, "path": "/"})
+    browser.get(f"{server}/plugin/sessionlake-health")
+    wait = WebDriverWait(browser, 60)
+    wait.until(ready.frame_to_be_available_and_switch_to_it((By.TAG_NAME, "iframe")))
+    heading = wait.until(ready.presence_of_element_located((By.TAG_NAME, "h1")))
+    assert heading.text == "sessionlake pipeline health"
+    assert _text(browser, "#open-sessions .value") == "1"
+    browser.switch_to.default_content()
+    assert "Pipeline health" in browser.page_source  # the nav entry
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "health_in_airflow_ui.png"))
