@@ -9,16 +9,24 @@ DEMO   := demo
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup jars demo test test-fast lint bench clean help
+.PHONY: setup jars browser demo test test-fast lint bench clean help
 
 help:
 	@echo "make demo   - set up, sessionize the bundled Apache access log, print a report"
 	@echo "make test   - set up, lint, then run the whole test suite"
 	@echo "make lint   - ruff and mypy"
 	@echo "make bench  - benchmarks (see bench/README.md)"
-	@echo "make setup  - only the virtual environment and the Delta jars"
+	@echo "make setup  - only the virtual environment, the Delta jars and Chromium"
 
-setup: $(VENV)/.installed jars/.resolved
+setup: $(VENV)/.installed jars/.resolved browser
+
+# Headless Chromium and its driver (Debian's packages) for the health page's browser test;
+# skipped when they are there. Needs root (CI runs as root).
+browser:
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
+	  apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	    chromium chromium-driver; }
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,8 +52,11 @@ lint: setup
 	$(BIN)/ruff check $(wildcard sessionlake tests dags plugins jobs bench)
 	$(BIN)/mypy
 
+# Two test processes, a test file each at a time (module fixtures build their lake once).
+PYTEST_WORKERS ?= 2
+
 test: setup lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 test-fast: setup
 	$(BIN)/pytest -m "not slow"

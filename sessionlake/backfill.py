@@ -73,6 +73,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
@@ -164,12 +165,17 @@ class _Replaced:
     rows_before: int
 
 
+#: What a backfill does, in order: for a progress bar.
+BACKFILL_STEPS = ("sessions replaced", "stream position read", "changelog recorded")
+
+
 def backfill_sessions(
     spark: SparkSession,
     settings: Settings,
     first: date,
     last: date,
     clock: Clock = utc_now,
+    on_step: Callable[[str], None] | None = None,
 ) -> BackfillReport:
     """Replace the closed sessions of the dates ``first``..``last`` (UTC, inclusive).
 
@@ -181,6 +187,7 @@ def backfill_sessions(
     the same inputs changes nothing.
 
     :param clock: the processing time source (``closed_at``, ``changed_at``).
+    :param on_step: called after each of its :data:`BACKFILL_STEPS` (progress).
     :raises BackfillError: before anything is written, when the dates or the gap are
         wrong, the lake does not exist, or the range's events are incomplete.
     """
@@ -201,7 +208,10 @@ def backfill_sessions(
             "was committing at that moment, run the backfill again)"
         ) from None
 
+    step = on_step or (lambda _name: None)
+    step(BACKFILL_STEPS[0])
     watermark, open_left = _stream_position(spark, settings.lake, first, last)
+    step(BACKFILL_STEPS[1])
     if replaced.processing_time is None:
         report = BackfillReport(
             first, last, settings.gap, 0, 0, 0, 0, open_left, watermark, None, None, None
@@ -210,6 +220,7 @@ def backfill_sessions(
         report = _record_changelog(
             spark, settings, first, last, replaced, watermark, open_left
         )
+    step(BACKFILL_STEPS[2])
     log.info("%s", report.summary())
     return report
 

@@ -1,7 +1,8 @@
-"""The files sessionlake keeps in a checkpoint folder besides Spark's, and its lock.
+"""The files sessionlake keeps in a checkpoint folder besides Spark's, and its lock; where
+the lake keeps its snapshot catalog.
 
-Kept free of PySpark so that the Airflow DAGs can look at a checkpoint (is a run holding
-it? which stream is it?) without starting a JVM.
+Kept free of PySpark so that the Airflow DAGs and the health page can look at a checkpoint
+(is a run holding it? which stream is it?) and at the snapshots without starting a JVM.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ PID_FILE = "sessionlake.pid"
 IDENTITY_FILE = "sessionlake.json"
 #: Left by a restore that has not finished (see ``sessionlake.snapshots``).
 RESTORING_MARKER = "sessionlake-restoring.json"
+#: The lake's snapshot catalog: ``<lake>/_snapshots/<id>/snapshot.json`` (see
+#: ``sessionlake.snapshots``).
+SNAPSHOTS_DIR = "_snapshots"
+MANIFEST = "snapshot.json"
 
 
 def lock_held(folder: Path) -> bool:

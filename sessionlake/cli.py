@@ -10,11 +10,13 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from datetime import date
 from pathlib import Path
 from typing import Any, NoReturn
 
 from sessionlake.config import ConfigError, Settings, settings_from
+from sessionlake.progress import Step, progress
 
 EXIT_USAGE = 2
 
@@ -64,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --trigger continuous: time between micro-batches (default 10s)")
     run.add_argument("--max-files-per-trigger", type=int, dest="max_files_per_trigger",
                      help="at most this many files per micro-batch")
+    run.add_argument("--alert-batch-duration", dest="alert_batch_duration",
+                     help="log an ALERT line for a batch that takes longer (default 5m)")
+    run.add_argument("--alert-late-fraction", dest="alert_late_fraction",
+                     help="log an ALERT line for a batch with a larger share of late "
+                          "records (default 0.1)")
     _common_spark(run)
 
     sql = commands.add_parser("sql", help="Delta SQL over the lake's tables by name")
@@ -99,6 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--duplicate-fraction", type=float, default=0.0, dest="duplicate_fraction")
     gen.add_argument("--malformed-fraction", type=float, default=0.0, dest="malformed_fraction")
     gen.add_argument("--seed", type=int, default=0)
+
+    report = commands.add_parser(
+        "report", help="a summary of the lake, and an HTML page of charts (no Spark)")
+    _lake(report)
+    report.add_argument("--checkpoint",
+                        help="streaming checkpoint (default <lake>/_checkpoints/stream)")
+    report.add_argument("--html", type=Path,
+                        help="also write sessions per hour and session lengths as charts here")
 
     _add_maintenance(commands)
     return parser
@@ -205,7 +220,8 @@ def _add_maintenance(commands: Any) -> None:
 def _settings(args: argparse.Namespace) -> Settings:
     keys = ("lake", "source", "checkpoint", "input_format", "gap", "grace",
             "max_session_duration", "max_future_skew", "trigger", "processing_interval",
-            "shuffle_partitions", "max_files_per_trigger", "master")
+            "shuffle_partitions", "max_files_per_trigger", "master", "alert_batch_duration",
+            "alert_late_fraction")
     return settings_from({k: getattr(args, k, None) for k in keys})
 
 
@@ -231,8 +247,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     check_source(settings)
     spark = _spark(settings, "sessionlake-run")
+    # A bar for runs that end (available-now); a continuous run is followed in its log.
+    bar = progress("micro-batches") if settings.trigger == "available-now" else nullcontext()
     try:
-        summary = run_stream(spark, settings)
+        with bar as step:
+            summary = run_stream(spark, settings, on_batch=_batch_step(step))
     except (StreamAlreadyRunning, RestoreUnfinished) as error:
         raise UsageError(str(error)) from None
     rows = summary.processed
@@ -246,6 +265,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{totals['closed_sessions']} sessions closed, {open_now} open"
     )
     return 0
+
+
+def _batch_step(step: Step | None) -> Callable[[Any], None] | None:
+    """``run_stream``'s ``on_batch`` that moves a progress bar, if there is one."""
+    if step is None:
+        return None
+    bar = step
+    return lambda report: bar(f"batch {report.row['batch_id']}")
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -362,12 +389,14 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def cmd_compact(args: argparse.Namespace) -> int:
     """``sessionlake compact``: OPTIMIZE the tables that need it, report files before/after."""
     from sessionlake.compaction import CompactionError, compact_lake
+    from sessionlake.tables import PUBLIC_TABLES
 
     settings = _settings(args)
     spark = _spark(settings, "sessionlake-compact")
     try:
-        reports = compact_lake(spark, settings.lake, min_files=args.min_files,
-                               tables=args.tables)
+        with progress("compaction", total=len(args.tables or PUBLIC_TABLES)) as step:
+            reports = compact_lake(spark, settings.lake, min_files=args.min_files,
+                                   tables=args.tables, on_table=lambda r: step(r.table))
     except CompactionError as error:
         raise UsageError(str(error)) from None
     for report in reports:
@@ -398,14 +427,16 @@ def cmd_retention(args: argparse.Namespace) -> int:
 
 def cmd_backfill(args: argparse.Namespace) -> int:
     """``sessionlake backfill``: re-sessionize a date range and replace it in ``sessions``."""
-    from sessionlake.backfill import BackfillError, backfill_sessions
+    from sessionlake.backfill import BACKFILL_STEPS, BackfillError, backfill_sessions
 
     if args.from_date > args.to_date:
         raise UsageError(f"--from {args.from_date} is after --to {args.to_date}")
     settings = _settings(args)
     spark = _spark(settings, "sessionlake-backfill")
     try:
-        report = backfill_sessions(spark, settings, args.from_date, args.to_date)
+        with progress("backfill", total=len(BACKFILL_STEPS)) as step:
+            report = backfill_sessions(spark, settings, args.from_date, args.to_date,
+                                       on_step=step)
     except BackfillError as error:
         raise UsageError(str(error)) from None
     print(report.summary())
@@ -446,6 +477,25 @@ def cmd_rebuild_state(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """``sessionlake report``: print the lake's summary; with ``--html``, write the charts."""
+    from sessionlake.deltareader import DeltaReadError
+    from sessionlake.report import build_report, format_summary, write_report_html
+
+    settings = _settings(args)
+    try:
+        report = build_report(settings)
+    except DeltaReadError as error:
+        raise UsageError(str(error)) from None
+    if not report.health.lake_exists:
+        raise UsageError(f"no lake at {settings.lake}: `sessionlake run` creates it")
+    sys.stdout.write(format_summary(report))
+    if args.html is not None:
+        write_report_html(report, args.html)
+        print(f"wrote {args.html}")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "sql": cmd_sql,
@@ -458,6 +508,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "backfill": cmd_backfill,
     "doctor": cmd_doctor,
     "rebuild-state": cmd_rebuild_state,
+    "report": cmd_report,
 }
 
 
@@ -468,6 +519,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # The stream's line per batch (and its alerts) are always shown: they are its log.
+    logging.getLogger("sessionlake.monitor").setLevel(logging.INFO)
     try:
         return COMMANDS[args.command](args)
     except (UsageError, ConfigError) as error:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from urllib.parse import unquote
 
@@ -46,6 +46,7 @@ from pyspark.sql.types import StructType
 
 from sessionlake import storage
 from sessionlake.conflicts import retry_on_conflict
+from sessionlake.deltareader import OPTIMIZE_MIN_FILE_SIZE
 from sessionlake.tables import PUBLIC_TABLES, table_path
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 CLUSTER_COLUMN = "user_id"
 #: Delta's threshold below which OPTIMIZE treats a file as small.
 MIN_FILE_SIZE_CONF = "spark.databricks.delta.optimize.minFileSize"
-DEFAULT_MIN_FILE_SIZE = 1024 * 1024 * 1024
+DEFAULT_MIN_FILE_SIZE = OPTIMIZE_MIN_FILE_SIZE
 #: How Hive-style partition folders name a null value.
 _NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
@@ -127,6 +128,7 @@ def compact_lake(
     lake: str,
     min_files: int,
     tables: Sequence[str] | None = None,
+    on_table: Callable[[CompactionReport], None] | None = None,
 ) -> list[CompactionReport]:
     """OPTIMIZE every table of ``lake`` (or of ``tables``) with ``min_files`` small files.
 
@@ -141,6 +143,7 @@ def compact_lake(
     :param lake: the lake folder or URI.
     :param min_files: compact a table only when it has at least this many small files (>= 1).
     :param tables: names from :data:`sessionlake.tables.PUBLIC_TABLES`; default all of them.
+    :param on_table: called with each table's report as soon as it is done (progress).
     :return: one report per table, in the order of ``tables`` (or PUBLIC_TABLES).
     :raises CompactionError: an unknown table name, ``min_files`` below 1, or no lake.
     """
@@ -148,7 +151,12 @@ def compact_lake(
     if min_files < 1:
         raise CompactionError(f"min_files must be at least 1, got {min_files}")
     _check_lake(spark, lake, names)
-    return [compact_table(spark, lake, name, min_files) for name in names]
+    reports = []
+    for name in names:
+        reports.append(compact_table(spark, lake, name, min_files))
+        if on_table is not None:
+            on_table(reports[-1])
+    return reports
 
 
 def compact_table(

@@ -38,6 +38,8 @@ ENV = {
     "shuffle_partitions": "SESSIONLAKE_SHUFFLE_PARTITIONS",
     "max_files_per_trigger": "SESSIONLAKE_MAX_FILES_PER_TRIGGER",
     "user_buckets": "SESSIONLAKE_USER_BUCKETS",
+    "alert_batch_duration": "SESSIONLAKE_ALERT_BATCH_DURATION",
+    "alert_late_fraction": "SESSIONLAKE_ALERT_LATE_FRACTION",
 }
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -99,6 +101,16 @@ def _positive_int(value: Any, name: str) -> int:
     return number
 
 
+def _fraction(value: Any, name: str) -> float:
+    try:
+        number = float(str(value))
+    except ValueError:
+        raise ConfigError(f"{name} must be a number from 0 to 1, got {value!r}") from None
+    if not 0.0 <= number <= 1.0:
+        raise ConfigError(f"{name} must be a number from 0 to 1, got {value!r}")
+    return number
+
+
 @dataclass(frozen=True)
 class Settings:
     """Validated settings of one sessionlake run or maintenance task.
@@ -121,6 +133,10 @@ class Settings:
     max_files_per_trigger: int | None = None
     master: str = "local[*]"
     user_buckets: int = 16
+    #: A batch that takes longer than this logs an ``ALERT`` line (see sessionlake.monitor).
+    alert_batch_duration: timedelta = timedelta(minutes=5)
+    #: A batch whose late records exceed this fraction of its input logs an ``ALERT`` line.
+    alert_late_fraction: float = 0.1
     spark_conf: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -191,12 +207,16 @@ def settings_from(
             )
         updates["trigger"] = current["trigger"]
     for key in ("gap", "grace", "max_session_duration", "max_future_skew",
-                "processing_interval"):
+                "processing_interval", "alert_batch_duration"):
         if key in current:
             updates[key] = parse_duration(current[key], key.replace("_", "-"))
     for key in ("shuffle_partitions", "max_files_per_trigger", "user_buckets"):
         if key in current:
             updates[key] = _positive_int(current[key], key.replace("_", "-"))
+    if "alert_late_fraction" in current:
+        updates["alert_late_fraction"] = _fraction(
+            current["alert_late_fraction"], "alert-late-fraction"
+        )
     if "spark_conf" in current:
         updates["spark_conf"] = dict(current["spark_conf"])
     settings = replace(merged, **updates)

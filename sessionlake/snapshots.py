@@ -39,7 +39,14 @@ from pyspark.sql import SparkSession
 
 from sessionlake import storage
 from sessionlake.batch import StreamIdentity, write_stream_identity
-from sessionlake.checkpoint import IDENTITY_FILE, LOCK_FILE, PID_FILE, RESTORING_MARKER
+from sessionlake.checkpoint import (
+    IDENTITY_FILE,
+    LOCK_FILE,
+    MANIFEST,
+    PID_FILE,
+    RESTORING_MARKER,
+    SNAPSHOTS_DIR,
+)
 from sessionlake.config import Settings
 from sessionlake.deltalog import clear_delta_cache, read_log, set_aside_log_from
 from sessionlake.erasure import reapply_erasures
@@ -48,8 +55,6 @@ from sessionlake.tables import STREAM_TABLES, table_path, table_version
 
 log = logging.getLogger("sessionlake.snapshots")
 
-SNAPSHOTS_DIR = "_snapshots"
-MANIFEST = "snapshot.json"
 #: Files of the checkpoint folder that belong to the running process, not to the stream.
 _PROCESS_FILES = (LOCK_FILE, PID_FILE, RESTORING_MARKER)
 _COPY_ATTEMPTS = 20

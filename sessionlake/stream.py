@@ -28,6 +28,7 @@ from sessionlake import faults, storage
 from sessionlake.batch import BatchReport, Clock, process_files, stream_identity, utc_now
 from sessionlake.checkpoint import LOCK_FILE, PID_FILE, RESTORING_MARKER, lock_held
 from sessionlake.config import ConfigError, Settings
+from sessionlake.monitor import BatchMonitor
 from sessionlake.storage import local_path
 from sessionlake.tables import ensure_tables
 
@@ -158,6 +159,7 @@ def run_stream(
         identity = stream_identity(spark, settings.checkpoint)
         root = storage.path_part(spark, source)
         in_batch = threading.Event()
+        reports: dict[int, BatchReport] = {}
 
         def handle(frame: DataFrame, batch_id: int) -> None:
             in_batch.set()
@@ -165,6 +167,7 @@ def run_stream(
                 faults.set_batch(batch_id)
                 report = process_files(spark, frame, batch_id, settings, identity, root, clock)
                 summary.batches.append(report)
+                reports[batch_id] = report
                 log.info("batch %s: %s", batch_id, report.row)
                 if on_batch is not None:
                     on_batch(report)
@@ -181,16 +184,22 @@ def run_stream(
         else:
             seconds = int(settings.processing_interval.total_seconds())
             writer = writer.trigger(processingTime=f"{seconds} seconds")
-        query = writer.start()
-        stop = threading.Event()
-        with _stop_on_signals(stop):
-            while query.isActive:
-                if stop.is_set() and not in_batch.is_set() and _between_triggers(query):
-                    query.stop()
-                    break
-                query.awaitTermination(1)
-        if query.exception() is not None:
-            raise query.exception()  # type: ignore[misc]
+        monitor = BatchMonitor(settings, reports)
+        spark.streams.addListener(monitor)
+        try:
+            query = writer.start()
+            stop = threading.Event()
+            with _stop_on_signals(stop):
+                while query.isActive:
+                    if stop.is_set() and not in_batch.is_set() and _between_triggers(query):
+                        query.stop()
+                        break
+                    query.awaitTermination(1)
+            if query.exception() is not None:
+                raise query.exception()  # type: ignore[misc]
+            monitor.wait_for(reports)
+        finally:
+            spark.streams.removeListener(monitor)
     return summary
 
 

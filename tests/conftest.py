@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ time.tzset()
 
 from pyspark.sql import SparkSession  # noqa: E402
 
+from sessionlake.config import Settings, settings_from  # noqa: E402
 from sessionlake.spark import build_spark  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,3 +43,80 @@ def spark() -> Iterator[SparkSession]:
 def lake(tmp_path: Path) -> str:
     """A fresh, empty lake folder."""
     return str(tmp_path / "lake")
+
+
+@dataclass
+class ObservedLake:
+    """A lake written by a real stream run, with what its monitor logged."""
+
+    settings: Settings
+    monitor_records: list[logging.LogRecord]
+    snapshot_id: str
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _jsonl(user: str, at: str, event_id: str, page: str = "/") -> str:
+    return json.dumps({"user_id": user, "event_time": f"2026-01-05T{at}:00Z",
+                       "event_id": event_id, "page": page})
+
+
+#: Three files, one micro-batch each (oldest file first):
+#: 1. u1 (10:00-10:20), u2 (10:05), u3 (12:00): watermark 11:55, u1 and u2 close;
+#: 2. u4 and u5 too far behind the watermark, u1 within the gap of its closed session
+#:    (3 late), a replay of u3's event (1 duplicate), a malformed line (1 quarantined) and
+#:    u3 at 12:10 (accepted): 3 of 6 records late;
+#: 3. u6 at 13:00 and 13:05: watermark 13:00, u3 (12:00-12:10) closes; u6 stays open.
+OBSERVED_FILES = (
+    [_jsonl("u1", "10:00", "a", "/home"), _jsonl("u1", "10:10", "b", "/cart"),
+     _jsonl("u2", "10:05", "c", "/home"), _jsonl("u1", "10:20", "d", "/pay"),
+     _jsonl("u3", "12:00", "e", "/home")],
+    [_jsonl("u4", "09:00", "f"), _jsonl("u5", "09:10", "g"), _jsonl("u1", "10:25", "h"),
+     _jsonl("u3", "12:00", "e", "/home"), "this is not json", _jsonl("u3", "12:10", "i")],
+    [_jsonl("u6", "13:00", "j"), _jsonl("u6", "13:05", "k")],
+)
+
+
+@pytest.fixture(scope="session")
+def observed_lake(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> ObservedLake:
+    """A lake from one real ``run_stream`` over :data:`OBSERVED_FILES`, plus a snapshot.
+
+    Built once per test process for the health page, the report and the monitor's tests.
+    The alert limits are set so that every batch is "too slow" (0s) and the second one
+    has too many late records (over 20%).
+    """
+    from sessionlake.snapshots import create_snapshot
+    from sessionlake.stream import run_stream
+
+    root = tmp_path_factory.mktemp("observed")
+    landing = root / "landing"
+    landing.mkdir()
+    for index, lines in enumerate(OBSERVED_FILES):
+        path = landing / f"part-{index:04d}.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        os.utime(path, (1_700_000_000 + index * 60, 1_700_000_000 + index * 60))
+    settings = settings_from({
+        "lake": str(root / "lake"), "source": str(landing), "max_files_per_trigger": 1,
+        "shuffle_partitions": 2, "alert_batch_duration": "0s", "alert_late_fraction": "0.2",
+    }, env={})
+    collect = _Collect()
+    monitor_log = logging.getLogger("sessionlake.monitor")
+    monitor_log.addHandler(collect)
+    previous_level = monitor_log.level
+    monitor_log.setLevel(logging.INFO)
+    try:
+        run_stream(spark, settings)
+    finally:
+        monitor_log.removeHandler(collect)
+        monitor_log.setLevel(previous_level)
+    snapshot = create_snapshot(spark, settings, name="nightly")
+    return ObservedLake(settings, collect.records, snapshot.snapshot_id)

@@ -1,0 +1,359 @@
+"""The pipeline's health, read from the lake without Spark.
+
+What the Airflow plugin's page and JSON show (``plugins/sessionlake_health.py``) and what
+``sessionlake report`` prints: the last micro-batch and how far it was behind the newest
+event, the watermark, open and closed sessions, late, quarantined and duplicate records per
+batch, the snapshot catalog, files per table and compaction debt, and the retention audit.
+
+Everything comes from files, through :mod:`sessionlake.deltareader` (Delta logs and small
+tables read with pyarrow) and the snapshot catalog's JSON: no JVM is started, so the
+Airflow API server can call :func:`collect_health` on every request.
+
+* ``batch_metrics`` (one row per batch) gives the last batch, the watermark and the series;
+* ``open_sessions`` and ``sessions`` are counted from their logs (record counts minus
+  deletion vectors), so the counts are exact even after retention deleted rows;
+* each table's log gives its files, bytes and small files (what OPTIMIZE would rewrite).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sessionlake import deltareader
+from sessionlake.checkpoint import MANIFEST, PID_FILE, SNAPSHOTS_DIR
+from sessionlake.config import Settings
+
+log = logging.getLogger("sessionlake.health")
+
+#: The tables shown, in the order a micro-batch writes them, then the audit.
+TABLES: tuple[str, ...] = (
+    "events", "open_sessions", "sessions", "session_changelog", "late_events",
+    "quarantine", "batch_metrics", "retention_audit",
+)
+#: ``sessionlake compact``'s default ``--min-files``: a table with this many files that an
+#: OPTIMIZE would rewrite is due for compaction.
+COMPACT_MIN_FILES = 16
+#: How many of the newest batches the series (and the charts) hold.
+SERIES_BATCHES = 200
+#: How many of the newest retention runs are shown.
+RETENTION_RUNS = 10
+
+_BATCH_COLUMNS = (
+    "batch_id", "stream_id", "started_at", "finished_at", "duration_ms", "input_records",
+    "accepted", "late", "quarantined", "duplicates", "sessions_opened", "closed_sessions",
+    "open_sessions", "max_event_time", "watermark_after", "merge_duration_ms",
+)
+_COUNTED = ("input_records", "accepted", "late", "quarantined", "duplicates")
+
+
+@dataclass(frozen=True)
+class BatchPoint:
+    """One micro-batch, from its ``batch_metrics`` row."""
+
+    batch_id: int
+    stream_id: str
+    started_at: datetime
+    finished_at: datetime
+    duration_ms: int
+    input_records: int
+    accepted: int
+    late: int
+    quarantined: int
+    duplicates: int
+    sessions_opened: int
+    closed_sessions: int
+    #: Rows in ``open_sessions`` after the batch: the state's size.
+    open_sessions: int
+    max_event_time: datetime | None
+    watermark_after: datetime | None
+    merge_duration_ms: int
+
+    @property
+    def late_fraction(self) -> float:
+        """Late events over the batch's input records (0 for an empty batch)."""
+        return self.late / self.input_records if self.input_records else 0.0
+
+    @property
+    def lag_seconds(self) -> float | None:
+        """How far the batch's newest event was behind the time the batch committed."""
+        if self.max_event_time is None:
+            return None
+        return (self.finished_at - self.max_event_time).total_seconds()
+
+
+@dataclass(frozen=True)
+class TableHealth:
+    """A table's size and compaction debt, from its Delta log."""
+
+    name: str
+    version: int
+    files: int
+    bytes: int
+    rows: int
+    #: Live files below Delta's OPTIMIZE threshold.
+    small_files: int
+    #: Small files in partitions holding two or more of them: what OPTIMIZE would rewrite.
+    compactable_files: int
+    #: Files with a deletion vector, and the rows those vectors delete (until a rewrite).
+    deletion_vector_files: int
+    deleted_rows: int
+    last_operation: str | None
+    committed_at: datetime | None
+
+    @property
+    def needs_compaction(self) -> bool:
+        """Whether ``sessionlake compact`` with its default ``--min-files`` would act."""
+        return self.compactable_files >= COMPACT_MIN_FILES
+
+
+@dataclass(frozen=True)
+class SnapshotEntry:
+    """A restore point of the catalog."""
+
+    snapshot_id: str
+    created_at: str
+    name: str | None
+    last_batch_id: int
+
+
+@dataclass(frozen=True)
+class RetentionRun:
+    """A row of ``retention_audit``."""
+
+    run_id: str
+    started_at: datetime
+    finished_at: datetime
+    erased_users: int
+    rows_deleted: dict[str, int]
+    files_vacuumed: int
+    time_travel_purged: bool
+    note: str | None
+
+
+@dataclass(frozen=True)
+class Health:
+    """Everything the health page shows, as of ``generated_at``."""
+
+    lake: str
+    generated_at: datetime
+    lake_exists: bool
+    stream_running: bool
+    open_sessions: int | None
+    closed_sessions: int | None
+    last_batch: BatchPoint | None
+    #: Totals over every batch in ``batch_metrics``: input, accepted, late, ...
+    totals: dict[str, int]
+    batch_count: int
+    #: The newest batches (at most :data:`SERIES_BATCHES`), oldest first.
+    batches: list[BatchPoint]
+    tables: list[TableHealth]
+    snapshots: list[SnapshotEntry]
+    retention: list[RetentionRun]
+    #: What could not be read, in words (the rest of the page is still shown).
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def watermark(self) -> datetime | None:
+        """The watermark after the last batch."""
+        return self.last_batch.watermark_after if self.last_batch else None
+
+    @property
+    def lag_seconds(self) -> float | None:
+        """How far the last batch's newest event was behind the time the batch committed."""
+        return self.last_batch.lag_seconds if self.last_batch else None
+
+    @property
+    def seconds_since_last_batch(self) -> float | None:
+        """How long ago the last batch committed."""
+        if self.last_batch is None:
+            return None
+        return (self.generated_at - self.last_batch.finished_at).total_seconds()
+
+    def as_json(self) -> dict[str, Any]:
+        """The health as JSON-ready values (times in ISO 8601, UTC)."""
+        last = self.last_batch
+        return _jsonable({
+            "lake": self.lake,
+            "generated_at": self.generated_at,
+            "lake_exists": self.lake_exists,
+            "stream_running": self.stream_running,
+            "open_sessions": self.open_sessions,
+            "closed_sessions": self.closed_sessions,
+            "last_batch_id": last.batch_id if last else None,
+            "watermark": self.watermark,
+            "lag_seconds": self.lag_seconds,
+            "seconds_since_last_batch": self.seconds_since_last_batch,
+            "batch_count": self.batch_count,
+            "totals": self.totals,
+            "last_batch": _batch_json(last) if last else None,
+            "batches": [_batch_json(b) for b in self.batches],
+            "tables": [{**asdict(t), "needs_compaction": t.needs_compaction}
+                       for t in self.tables],
+            "snapshots": [asdict(s) for s in self.snapshots],
+            "retention": [asdict(r) for r in self.retention],
+            "problems": self.problems,
+        })
+
+
+def _batch_json(batch: BatchPoint) -> dict[str, Any]:
+    return {**asdict(batch), "late_fraction": batch.late_fraction,
+            "lag_seconds": batch.lag_seconds}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat()
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def collect_health(settings: Settings, now: datetime | None = None) -> Health:
+    """Read the health of the lake of ``settings`` (and whether its stream runs).
+
+    Never raises for a missing or half-written lake: what cannot be read is named in
+    ``problems`` and the rest is filled in.
+    """
+    now = now or datetime.now(UTC)
+    lake = deltareader.local_table_path(settings.lake)
+    problems: list[str] = []
+    if not lake.is_dir():
+        problems.append(f"no lake at {settings.lake}: `sessionlake run` creates it")
+    states = _table_states(lake, problems) if lake.is_dir() else {}
+    batches = _batches(states.get("batch_metrics"), problems)
+    totals = {key: sum(getattr(b, key) for b in batches) for key in _COUNTED}
+    return Health(
+        lake=settings.lake,
+        generated_at=now,
+        lake_exists=lake.is_dir(),
+        stream_running=_stream_running(settings),
+        open_sessions=_rows(states.get("open_sessions")),
+        closed_sessions=_rows(states.get("sessions")),
+        last_batch=batches[-1] if batches else None,
+        totals=totals,
+        batch_count=len(batches),
+        batches=batches[-SERIES_BATCHES:],
+        tables=[table_health(name, state) for name, state in states.items()],
+        snapshots=list_snapshot_entries(lake, problems),
+        retention=_retention_runs(states.get("retention_audit"), problems),
+        problems=problems,
+    )
+
+
+def _table_states(lake: Path, problems: list[str]) -> dict[str, deltareader.TableState]:
+    states = {}
+    for name in TABLES:
+        if not deltareader.is_delta_table(lake / name):
+            problems.append(f"table {name} does not exist yet")
+            continue
+        try:
+            states[name] = deltareader.read_state(lake / name)
+        except (deltareader.DeltaReadError, OSError, ValueError) as error:
+            problems.append(f"table {name} could not be read: {error}")
+    return states
+
+
+def _rows(state: deltareader.TableState | None) -> int | None:
+    return None if state is None else state.row_count()
+
+
+def _stream_running(settings: Settings) -> bool:
+    """Whether the process named in the checkpoint's pid file is alive.
+
+    Deliberately not a probe of the checkpoint's lock: taking the lock, even for a moment,
+    could make a run that starts at that moment refuse to start. A pid file left by a
+    killed run names a dead process (or, rarely, a reused pid: then "running" is wrong
+    until the next run replaces the file).
+    """
+    try:
+        folder = deltareader.local_table_path(settings.checkpoint)
+    except deltareader.DeltaReadError:
+        return False
+    try:
+        pid = int((folder / PID_FILE).read_text().strip())
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (OSError, ValueError):
+        return False
+    return "\nState:\tZ" not in status
+
+
+def _batches(state: deltareader.TableState | None, problems: list[str]) -> list[BatchPoint]:
+    """Every batch of ``batch_metrics``, in the order they committed."""
+    if state is None:
+        return []
+    try:
+        rows = deltareader.read_rows(state, _BATCH_COLUMNS).to_pylist()
+    except (deltareader.DeltaReadError, OSError, ValueError) as error:
+        problems.append(f"batch_metrics could not be read: {error}")
+        return []
+    points = [BatchPoint(**row) for row in rows]
+    return sorted(points, key=lambda b: (b.finished_at, b.batch_id))
+
+
+def table_health(name: str, state: deltareader.TableState) -> TableHealth:
+    """Files, bytes, rows and compaction debt of one table."""
+    small = [f for f in state.files if f.size < deltareader.OPTIMIZE_MIN_FILE_SIZE]
+    per_partition = Counter(tuple(sorted(f.partition_values.items())) for f in small)
+    compactable = sum(n for n in per_partition.values() if n >= 2)
+    return TableHealth(
+        name=name,
+        version=state.version,
+        files=len(state.files),
+        bytes=state.total_bytes,
+        rows=state.row_count(),
+        small_files=len(small),
+        compactable_files=compactable,
+        deletion_vector_files=sum(1 for f in state.files if f.deletion_vector),
+        deleted_rows=sum(f.deleted_rows for f in state.files),
+        last_operation=state.last_operation,
+        committed_at=state.committed_at,
+    )
+
+
+def list_snapshot_entries(lake: Path, problems: list[str] | None = None) -> list[SnapshotEntry]:
+    """The snapshot catalog (``<lake>/_snapshots/*/snapshot.json``), oldest first."""
+    root = lake / SNAPSHOTS_DIR
+    entries = []
+    for manifest in sorted(root.glob(f"*/{MANIFEST}")) if root.is_dir() else []:
+        try:
+            data = json.loads(manifest.read_text(encoding="utf-8"))
+            entries.append(SnapshotEntry(
+                snapshot_id=str(data["snapshot_id"]), created_at=str(data["created_at"]),
+                name=data.get("name"), last_batch_id=int(data.get("last_batch_id", -1)),
+            ))
+        except (OSError, ValueError, KeyError) as error:
+            if problems is not None:
+                problems.append(f"snapshot {manifest.parent.name} is unreadable: {error}")
+    return sorted(entries, key=lambda s: (s.created_at, s.snapshot_id))
+
+
+def _retention_runs(state: deltareader.TableState | None, problems: list[str]
+                    ) -> list[RetentionRun]:
+    if state is None:
+        return []
+    columns = ("run_id", "started_at", "finished_at", "erased_users", "rows_deleted",
+               "files_vacuumed", "time_travel_purged", "note")
+    try:
+        rows = deltareader.read_rows(state, columns).to_pylist()
+    except (deltareader.DeltaReadError, OSError, ValueError) as error:
+        problems.append(f"retention_audit could not be read: {error}")
+        return []
+    runs = [RetentionRun(**{**row, "rows_deleted": dict(row["rows_deleted"] or [])})
+            for row in rows]
+    return sorted(runs, key=lambda r: r.started_at)[-RETENTION_RUNS:]
+
+
+def series(batches: Sequence[BatchPoint], key: str) -> list[float]:
+    """One number per batch (``duration_ms`` in seconds, counts as they are)."""
+    if key == "duration_s":
+        return [b.duration_ms / 1000 for b in batches]
+    return [float(getattr(b, key)) for b in batches]

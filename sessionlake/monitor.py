@@ -1,0 +1,178 @@
+"""The streaming job reports on itself: one structured log line per batch, and alerts.
+
+A :class:`BatchMonitor` is a Spark ``StreamingQueryListener`` registered by
+:func:`sessionlake.stream.run_stream`. For every batch Spark reports progress on, it logs
+one line on the ``sessionlake.monitor`` logger::
+
+    batch {"batch_id": 3, "duration_ms": 5120, "input_records": 40, "late": 6, ...}
+
+made of Spark's progress (the trigger's duration, input files, rows per second) and the
+batch's own ``batch_metrics`` row (records, accepted, late, quarantined, duplicates,
+sessions, watermark). Then, at WARNING, an ``ALERT ...`` line for each limit the batch
+broke:
+
+* it took longer than ``alert_batch_duration`` (``--alert-batch-duration``,
+  ``SESSIONLAKE_ALERT_BATCH_DURATION``, default 5m);
+* its late records exceed ``alert_late_fraction`` of its input (``--alert-late-fraction``,
+  ``SESSIONLAKE_ALERT_LATE_FRACTION``, default 0.1).
+
+Log shippers and Airflow's task log pick the lines up as they are; ``grep ALERT`` finds the
+alerts. The decision is made by :func:`batch_alerts`, a plain function.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+from sessionlake.batch import BatchReport
+from sessionlake.config import Settings, format_duration
+
+log = logging.getLogger("sessionlake.monitor")
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """What the per-batch log line says: Spark's progress and the batch's metrics."""
+
+    batch_id: int
+    query: str | None
+    duration_ms: int
+    input_files: int
+    rows_per_second: float | None
+    input_records: int | None = None
+    accepted: int | None = None
+    late: int | None = None
+    quarantined: int | None = None
+    duplicates: int | None = None
+    sessions_opened: int | None = None
+    closed_sessions: int | None = None
+    open_sessions: int | None = None
+    watermark: str | None = None
+    #: The batch had committed before (a replay after a crash): nothing was redone.
+    replayed: bool = False
+
+    @property
+    def late_fraction(self) -> float | None:
+        """Late records over input records (``None`` when unknown or no input)."""
+        if not self.input_records or self.late is None:
+            return None
+        return self.late / self.input_records
+
+    def as_line(self) -> str:
+        """The structured log line: ``batch`` and the record as one JSON object."""
+        fields = {k: v for k, v in asdict(self).items() if v is not None}
+        if self.late_fraction is not None:
+            fields["late_fraction"] = round(self.late_fraction, 4)
+        return "batch " + json.dumps(fields, sort_keys=False)
+
+
+def batch_record(progress: Any, report: BatchReport | None) -> BatchRecord:
+    """Join Spark's progress of a batch with the batch's own report, when there is one."""
+    durations = dict(progress.durationMs or {})
+    row: Mapping[str, Any] = report.row if report is not None and not report.skipped else {}
+    watermark = row.get("watermark_after")
+    return BatchRecord(
+        batch_id=int(progress.batchId),
+        query=progress.name,
+        duration_ms=int(durations.get("triggerExecution", 0)),
+        input_files=int(progress.numInputRows or 0),
+        rows_per_second=_finite(progress.processedRowsPerSecond),
+        input_records=row.get("input_records"),
+        accepted=row.get("accepted"),
+        late=row.get("late"),
+        quarantined=row.get("quarantined"),
+        duplicates=row.get("duplicates"),
+        sessions_opened=row.get("sessions_opened"),
+        closed_sessions=row.get("closed_sessions"),
+        open_sessions=row.get("open_sessions"),
+        watermark=watermark.isoformat() if isinstance(watermark, datetime) else None,
+        replayed=bool(report is not None and report.skipped),
+    )
+
+
+def _finite(value: Any) -> float | None:
+    if value is None:
+        return None
+    number = float(value)
+    return round(number, 3) if number == number and abs(number) != float("inf") else None
+
+
+def batch_alerts(record: BatchRecord, settings: Settings) -> list[str]:
+    """The limits ``record`` broke, each as an alert message (without the ``ALERT`` word).
+
+    Example::
+
+        batch_alerts(record, settings)
+        # ['batch 3 took 412.0 s, over the 5m limit (--alert-batch-duration)']
+    """
+    alerts = []
+    limit = settings.alert_batch_duration
+    if record.duration_ms > limit.total_seconds() * 1000:
+        alerts.append(
+            f"batch {record.batch_id} took {record.duration_ms / 1000:.1f} s, over the "
+            f"{format_duration(limit)} limit (--alert-batch-duration, "
+            "SESSIONLAKE_ALERT_BATCH_DURATION)"
+        )
+    fraction = record.late_fraction
+    if fraction is not None and fraction > settings.alert_late_fraction:
+        alerts.append(
+            f"batch {record.batch_id}: {record.late} of {record.input_records} records were "
+            f"late ({fraction:.0%}), over the {settings.alert_late_fraction:.0%} limit "
+            "(--alert-late-fraction, SESSIONLAKE_ALERT_LATE_FRACTION)"
+        )
+    return alerts
+
+
+class BatchMonitor(StreamingQueryListener):
+    """Logs a line per batch and alerts, from Spark's progress events.
+
+    :param settings: the alert limits.
+    :param reports: the batches' reports by batch id, filled by the ``foreachBatch``
+        handler before Spark reports the batch's progress.
+    """
+
+    def __init__(self, settings: Settings, reports: Mapping[int, BatchReport]) -> None:
+        self.settings = settings
+        self.reports = reports
+        self._seen: set[int] = set()
+        self._changed = threading.Condition()
+
+    def onQueryStarted(self, event: Any) -> None:
+        log.info("stream started: query %s, run %s", event.name, event.runId)
+
+    def onQueryProgress(self, event: Any) -> None:
+        progress = event.progress
+        record = batch_record(progress, self.reports.get(int(progress.batchId)))
+        log.info("%s", record.as_line())
+        for alert in batch_alerts(record, self.settings):
+            log.warning("ALERT %s", alert)
+        with self._changed:
+            self._seen.add(record.batch_id)
+            self._changed.notify_all()
+
+    def onQueryIdle(self, event: Any) -> None:
+        """Nothing to say while the query waits for files."""
+
+    def onQueryTerminated(self, event: Any) -> None:
+        if event.exception:
+            log.error("ALERT stream stopped on an error: %s", event.exception.splitlines()[0])
+        else:
+            log.info("stream stopped: run %s", event.runId)
+
+    def wait_for(self, batch_ids: Iterable[int], timeout: float = 10.0) -> bool:
+        """Wait until the progress of every batch in ``batch_ids`` has been logged.
+
+        Spark delivers listener events on its own thread, after the batch: a run that
+        ends right after its last batch waits here so that its last line is not lost.
+        """
+        wanted = set(batch_ids)
+        with self._changed:
+            return self._changed.wait_for(lambda: wanted <= self._seen, timeout)

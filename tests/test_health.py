@@ -1,0 +1,78 @@
+"""Health read without Spark: a missing lake, the stream's pid, compaction debt, the audit."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from pyspark.sql import Row, SparkSession
+
+from sessionlake.checkpoint import PID_FILE
+from sessionlake.config import settings_from
+from sessionlake.deltareader import DataFile, DeletionVector, TableState
+from sessionlake.health import COMPACT_MIN_FILES, collect_health, table_health
+from sessionlake.tables import append, read_table, table_ddl, table_path
+
+
+def test_a_missing_lake_is_a_problem_not_an_error(tmp_path: Path) -> None:
+    health = collect_health(settings_from({"lake": str(tmp_path / "none")}, env={}))
+    data = json.loads(json.dumps(health.as_json()))
+    assert data["lake_exists"] is False and data["open_sessions"] is None
+    assert (data["last_batch_id"], data["watermark"], data["lag_seconds"]) == (None, None, None)
+    assert data["problems"][0].startswith(f"no lake at {tmp_path / 'none'}")
+
+
+def test_stream_running_follows_the_pid_in_the_checkpoint(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    settings = settings_from({"lake": str(tmp_path / "lake"), "checkpoint": str(checkpoint)},
+                             env={})
+    assert collect_health(settings).stream_running is False  # no pid file
+    (checkpoint / PID_FILE).write_text(str(os.getpid()))
+    assert collect_health(settings).stream_running is True
+    (checkpoint / PID_FILE).write_text("999999999")  # a run killed long ago
+    assert collect_health(settings).stream_running is False
+
+
+def _file(name: str, day: str, size: int, records: int, deleted: int = 0) -> DataFile:
+    vector = DeletionVector("u", "x" * 20, 40, deleted, 1) if deleted else None
+    return DataFile(f"day={day}/{name}", size, {"day": day}, records, 0, vector)
+
+
+def test_compaction_debt_counts_small_files_sharing_a_partition() -> None:
+    files = (
+        *(_file(f"a{i}", "2026-01-05", 1000, 10) for i in range(COMPACT_MIN_FILES)),
+        _file("b", "2026-01-06", 1000, 10, deleted=4),   # alone in its day: nothing to merge
+        _file("c", "2026-01-07", 2 * 1024**3, 10),       # not small
+    )
+    state = TableState(Path("/nowhere"), 3, files, {"fields": []}, ("day",))
+    health = table_health("events", state)
+    assert (health.files, health.small_files, health.compactable_files) == (
+        COMPACT_MIN_FILES + 2, COMPACT_MIN_FILES + 1, COMPACT_MIN_FILES)
+    assert (health.deletion_vector_files, health.deleted_rows) == (1, 4)
+    assert health.rows == 10 * (COMPACT_MIN_FILES + 2) - 4
+    assert health.needs_compaction
+
+
+def test_retention_runs_are_read_from_the_audit_table(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """An audit row as ``sessionlake retention`` appends it (its schema, map columns)."""
+    lake = str(tmp_path / "lake")
+    spark.sql(table_ddl("retention_audit", table_path(lake, "retention_audit")))
+    started = datetime(2026, 1, 6, 3, 0, tzinfo=UTC)
+    row = Row(run_id="r1", started_at=started, finished_at=started + timedelta(seconds=30),
+              erased_users=1, erased_user_sha256=["ab"], sessions_cutoff=None,
+              events_cutoff=None, rows_deleted={"events": 4, "sessions": 1},
+              versions_before={"events": 1}, versions_after={"events": 2},
+              vacuum_retain_hours=None, vacuum_requested_hours=None, files_vacuumed=2,
+              time_travel_purged=False, note="kept for a snapshot")
+    schema = read_table(spark, lake, "retention_audit").schema
+    append(spark.createDataFrame([row], schema), lake, "retention_audit")
+
+    runs = collect_health(settings_from({"lake": lake}, env={})).retention
+    assert [(r.run_id, r.started_at, r.rows_deleted, r.files_vacuumed, r.note)
+            for r in runs] == [("r1", started, {"events": 4, "sessions": 1}, 2,
+                                "kept for a snapshot")]

@@ -1,0 +1,79 @@
+"""The stream's monitor: one structured line per batch, ALERT lines past the limits."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+
+import pytest
+
+from sessionlake.config import ConfigError, settings_from
+from sessionlake.monitor import BatchRecord, batch_alerts
+from tests.conftest import ObservedLake
+
+
+def _batch_lines(lake: ObservedLake) -> dict[int, dict[str, object]]:
+    lines = [r.getMessage() for r in lake.monitor_records if r.levelno == logging.INFO]
+    parsed = [json.loads(m[len("batch "):]) for m in lines if m.startswith("batch ")]
+    return {int(p["batch_id"]): p for p in parsed}
+
+
+def test_every_batch_logs_one_structured_line(observed_lake: ObservedLake) -> None:
+    lines = _batch_lines(observed_lake)
+    assert sorted(lines) == [0, 1, 2]
+    second = lines[1]
+    # File 2: six records, three late, one replayed id, one malformed line, one accepted.
+    assert (second["input_records"], second["late"], second["duplicates"],
+            second["quarantined"], second["accepted"]) == (6, 3, 1, 1, 1)
+    assert second["late_fraction"] == 0.5
+    assert lines[2]["open_sessions"] == 1 and lines[2]["watermark"].startswith(
+        "2026-01-05T13:00")
+    assert all(int(line["duration_ms"]) > 0 for line in lines.values())
+
+
+def test_alerts_name_the_batch_and_the_limit(observed_lake: ObservedLake) -> None:
+    alerts = [r.getMessage() for r in observed_lake.monitor_records
+              if r.levelno == logging.WARNING]
+    late = [a for a in alerts if "late" in a]
+    slow = [a for a in alerts if "took" in a]
+    assert late == ["ALERT batch 1: 3 of 6 records were late (50%), over the 20% limit "
+                    "(--alert-late-fraction, SESSIONLAKE_ALERT_LATE_FRACTION)"]
+    assert len(slow) == 3 and all(a.startswith("ALERT batch ") for a in slow)
+    assert "over the 0s limit (--alert-batch-duration" in slow[0]
+
+
+def _record(duration_ms: int, late: int | None, records: int | None) -> BatchRecord:
+    return BatchRecord(batch_id=7, query="q", duration_ms=duration_ms, input_files=1,
+                       rows_per_second=None, input_records=records, late=late)
+
+
+@pytest.mark.parametrize(
+    ("duration_ms", "late", "records", "expected"),
+    [
+        (1000, 0, 10, []),                            # quick, nothing late
+        (6000, 0, 10, ["took 6.0 s"]),                # over 5 s
+        (1000, 2, 10, ["2 of 10 records were late"]),  # 20% > 10%
+        (1000, 1, 10, []),                            # 10% is not over 10%
+        (1000, None, None, []),                       # a replayed batch: counts unknown
+        (1000, 0, 0, []),                             # an empty batch
+    ],
+)
+def test_batch_alerts(duration_ms: int, late: int | None, records: int | None,
+                      expected: list[str]) -> None:
+    settings = settings_from({"lake": "/tmp/lake", "alert_batch_duration": "5s"}, env={})
+    alerts = batch_alerts(_record(duration_ms, late, records), settings)
+    assert len(alerts) == len(expected)
+    for alert, words in zip(alerts, expected, strict=True):
+        assert words in alert and alert.startswith("batch 7")
+
+
+def test_alert_limits_come_from_flags_or_environment() -> None:
+    env = {"SESSIONLAKE_ALERT_BATCH_DURATION": "2m", "SESSIONLAKE_ALERT_LATE_FRACTION": "0.3"}
+    settings = settings_from({"lake": "/tmp/lake"}, env=env)
+    assert (settings.alert_batch_duration, settings.alert_late_fraction) == (
+        timedelta(minutes=2), 0.3)
+    assert settings_from({"lake": "/tmp/lake", "alert_late_fraction": "0.05"},
+                         env=env).alert_late_fraction == 0.05
+    with pytest.raises(ConfigError, match="alert-late-fraction must be a number from 0 to 1"):
+        settings_from({"lake": "/tmp/lake", "alert_late_fraction": "1.5"}, env={})

@@ -1,0 +1,81 @@
+"""``sessionlake report``: the summary and the HTML charts, read without Spark."""
+
+from __future__ import annotations
+
+import io
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from sessionlake import cli
+from sessionlake.progress import progress
+from sessionlake.report import build_report, duration_classes, format_summary, sessions_per_hour
+from tests.conftest import ObservedLake
+
+
+def test_summary_of_the_observed_lake(observed_lake: ObservedLake) -> None:
+    text = format_summary(build_report(observed_lake.settings))
+    assert "3 closed, 1 open" in text
+    # Sessions: u1 20 min, u2 one event, u3 10 min -> median 10 min, one bounce in three.
+    assert "median length 10.0 min, 33% bounces" in text
+    assert "13 in, 8 accepted, 3 late, 1 quarantined, 1 duplicates (3 batches)" in text
+    assert "watermark     2026-01-05 13:00:00 UTC" in text
+    assert "busiest hour  2026-01-05 10:00 UTC: 2 sessions" in text
+    assert f"(newest {observed_lake.snapshot_id} nightly)" in text
+
+
+def test_report_command_writes_the_charts(
+    observed_lake: ObservedLake, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page = tmp_path / "out" / "report.html"
+    assert cli.main(["report", "--lake", observed_lake.settings.lake, "--html", str(page)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"sessionlake report: {observed_lake.settings.lake}")
+    assert out.rstrip().endswith(f"wrote {page}")
+    html = page.read_text()
+    charts = re.findall(r"<svg .*?</svg>", html, re.S)
+    assert len(charts) == 2
+    # Sessions per hour: 10:00 has two, 11:00 none, 12:00 one.
+    hours = re.findall(r'<rect class="bar"[^>]*><title>([^<]*)</title>', charts[0])
+    assert hours == ["01-05 10:00: 2", "01-05 11:00: 0", "01-05 12:00: 1"]
+    lengths = dict(t.split(": ") for t in
+                   re.findall(r'<rect class="bar"[^>]*><title>([^<]*)</title>', charts[1]))
+    assert (lengths["0 s"], lengths["5-15 min"], lengths["15-30 min"]) == ("1", "1", "1")
+
+
+def test_report_on_a_missing_lake_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["report", "--lake", str(tmp_path / "none")]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no lake at" in err[0]
+
+
+def test_sessions_per_hour_fills_empty_hours() -> None:
+    starts = [datetime(2026, 1, 5, 10, 59, tzinfo=UTC), datetime(2026, 1, 5, 13, 1, tzinfo=UTC)]
+    assert [n for _, n in sessions_per_hour(starts)] == [1, 0, 0, 1]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "label"),
+    [(0, "0 s"), (9.9, "<10 s"), (10, "10-60 s"), (1799, "15-30 min"), (1800, "30-60 min"),
+     (86400, "2 h+")],
+)
+def test_duration_classes(seconds: float, label: str) -> None:
+    assert dict(duration_classes([seconds]))[label] == 1
+
+
+def test_progress_draws_on_a_terminal_only(capsys: pytest.CaptureFixture[str]) -> None:
+    from rich.console import Console
+
+    screen = io.StringIO()
+    with progress("compaction", total=3,
+                  console=Console(file=screen, force_terminal=True, width=100)) as step:
+        for table in ("events", "sessions", "quarantine"):
+            step(table)
+    assert "3/3" in screen.getvalue() and "compaction: quarantine" in screen.getvalue()
+    with progress("compaction", total=3) as step:  # pytest's stderr is no terminal
+        step("events")
+    assert capsys.readouterr() == ("", "")
