@@ -329,7 +329,7 @@ def test_writes_that_lose_a_race_to_an_optimize_are_redone_once(
         assert operations.count("MERGE" if table == "open_sessions" else "WRITE") == (
             DeltaTable.forPath(spark, table_path(reference, table)).history()
             .where(F.col("operation").isin("MERGE", "WRITE")).count()), table
-    for table in PUBLIC_TABLES[:-1]:
+    for table in [t for t in PUBLIC_TABLES if t != "batch_metrics"]:
         assertDataFrameEqual(read_table(spark, raced, table), read_table(spark, reference, table))
     assertDataFrameEqual(read_table(spark, raced, "batch_metrics").select(*METRICS_KEY),
                          read_table(spark, reference, "batch_metrics").select(*METRICS_KEY))
