@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -189,18 +190,39 @@ def run_stream(
         try:
             query = writer.start()
             stop = threading.Event()
+            forced = False
+            give_up_waiting: float | None = None
             with _stop_on_signals(stop):
                 while query.isActive:
-                    if stop.is_set() and not in_batch.is_set() and _between_triggers(query):
-                        query.stop()
-                        break
+                    if stop.is_set() and give_up_waiting is None:
+                        give_up_waiting = time.monotonic() + quiet_moment_wait(settings)
+                    if give_up_waiting is not None and not in_batch.is_set():
+                        forced = time.monotonic() > give_up_waiting
+                        if forced or _between_triggers(query):
+                            query.stop()
+                            break
                     query.awaitTermination(1)
-            if query.exception() is not None:
-                raise query.exception()  # type: ignore[misc]
+            error = query.exception()
+            if error is not None and forced:
+                log.warning("stopped while a trigger planned its batch (%s): that batch was "
+                            "not committed and runs again on restart", str(error).splitlines()[0])
+            elif error is not None:
+                raise error
             monitor.wait_for(reports)
         finally:
             spark.streams.removeListener(monitor)
     return summary
+
+
+def quiet_moment_wait(settings: Settings) -> float:
+    """How long a requested stop waits for a quiet moment between triggers, in seconds.
+
+    When batches take longer than the trigger interval, triggers follow each other without
+    a gap; the run then stops as soon as no batch of its own is in flight. That is safe: a
+    batch whose offsets were planned but not committed is replayed on restart, and every
+    table write is idempotent per batch id.
+    """
+    return max(30.0, 3 * settings.processing_interval.total_seconds())
 
 
 def _between_triggers(query: StreamingQuery) -> bool:
