@@ -28,8 +28,6 @@ DEFAULT_CONF: dict[str, str] = {
     # makes every commit of a small batch pay for 50 tiny tasks.
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.sql.streaming.stopGracefullyOnShutdown": "true",
-    "spark.sql.adaptive.enabled": "true",
-    "spark.sql.adaptive.coalescePartitions.enabled": "true",
 }
 
 

@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Every Spark the tests start (in process, `sessionlake` subprocesses, the DAGs'
+# spark-submit) reads the suite's spark-defaults.conf: see the comment in that file.
+os.environ["SPARK_CONF_DIR"] = str(Path(__file__).resolve().parent / "spark-conf")
 # Spark hands timestamps to Python as naive local times: make local time UTC.
 os.environ["TZ"] = "UTC"
 time.tzset()

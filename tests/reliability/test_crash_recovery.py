@@ -2,8 +2,9 @@
 an uninterrupted run's — no session lost, none doubled, every record counted once.
 
 The kill points are deterministic (``SESSIONLAKE_FAULT=<point>@<batch>``, see
-``sessionlake/faults.py``); one scenario kills at a random moment instead. Some restarts
-change ``--shuffle-partitions`` and the master.
+``sessionlake/faults.py``): one run is killed at each point in turn, every restart resuming
+from the previous crash, some at another parallelism or master. One scenario kills at a
+random moment instead.
 """
 
 from __future__ import annotations
@@ -83,23 +84,25 @@ def expected(spark: SparkSession, landing: Path, tmp_path_factory: pytest.TempPa
     return result
 
 
-@pytest.mark.parametrize(
-    ("point", "restart_flags"),
-    [
-        ("ingest", ()),
-        ("before_merge", ("--shuffle-partitions", "3")),
-        ("after_merge", ("--master", "local[1]")),
-        ("after_metrics", ()),
-    ],
-)
-def test_kill_at_a_point_then_restart(
-    spark: SparkSession, landing: Path, expected: dict, tmp_path: Path,
-    point: str, restart_flags: tuple[str, ...],
+#: One kill per point, in the order a batch reaches them; each run restarts from the last
+#: one's crash (replaying the batch it cut off), some at another parallelism or master.
+KILLS = [
+    ("ingest@0", ()),
+    ("before_merge@1", ("--shuffle-partitions", "3")),
+    ("after_merge@1", ("--master", "local[1]")),
+    ("after_sessions@2", ()),
+    ("after_metrics@2", ("--shuffle-partitions", "1")),
+]
+
+
+def test_a_kill_at_every_point_then_a_restart_ends_as_if_uninterrupted(
+    spark: SparkSession, landing: Path, expected: dict, tmp_path: Path
 ) -> None:
     lake = tmp_path / "lake"
-    killed = run_cli(landing, lake, SESSIONLAKE_FAULT=f"{point}@0")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    restarted = run_cli(landing, lake, *restart_flags)
+    for fault, flags in KILLS:
+        killed = run_cli(landing, lake, *flags, SESSIONLAKE_FAULT=fault)
+        assert killed.returncode == -signal.SIGKILL, f"{fault}: {killed.stderr[-2000:]}"
+    restarted = run_cli(landing, lake)
     assert restarted.returncode == 0, restarted.stderr[-2000:]
     assert outcome(spark, lake) == expected
 
