@@ -144,6 +144,10 @@ class BatchMonitor(StreamingQueryListener):
         self.reports = reports
         self._seen: set[int] = set()
         self._changed = threading.Condition()
+        self._terminated = threading.Event()
+        #: Set by the run before it stops the query itself, so that an interrupted
+        #: trigger is not reported as an error.
+        self.stop_requested = False
 
     def onQueryStarted(self, event: Any) -> None:
         log.info("stream started: query %s, run %s", event.name, event.runId)
@@ -162,10 +166,19 @@ class BatchMonitor(StreamingQueryListener):
         """Nothing to say while the query waits for files."""
 
     def onQueryTerminated(self, event: Any) -> None:
-        if event.exception:
+        if event.exception and not self.stop_requested:
             log.error("ALERT stream stopped on an error: %s", event.exception.splitlines()[0])
         else:
             log.info("stream stopped: run %s", event.runId)
+        self._terminated.set()
+
+    def wait_terminated(self, timeout: float = 10.0) -> bool:
+        """Wait until Spark has told the listener that the query ended.
+
+        The event comes on Spark's listener thread after the query stopped; a listener
+        removed (or a process gone) before it arrives makes Spark log a Python traceback.
+        """
+        return self._terminated.wait(timeout)
 
     def wait_for(self, batch_ids: Iterable[int], timeout: float = 10.0) -> bool:
         """Wait until the progress of every batch in ``batch_ids`` has been logged.

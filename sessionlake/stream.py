@@ -187,6 +187,7 @@ def run_stream(
             writer = writer.trigger(processingTime=f"{seconds} seconds")
         monitor = BatchMonitor(settings, reports)
         spark.streams.addListener(monitor)
+        query: StreamingQuery | None = None
         try:
             query = writer.start()
             stop = threading.Event()
@@ -199,6 +200,7 @@ def run_stream(
                     if give_up_waiting is not None and not in_batch.is_set():
                         forced = time.monotonic() > give_up_waiting
                         if forced or _between_triggers(query):
+                            monitor.stop_requested = True
                             query.stop()
                             break
                     query.awaitTermination(1)
@@ -210,6 +212,8 @@ def run_stream(
                 raise error
             monitor.wait_for(reports)
         finally:
+            if query is not None:
+                monitor.wait_terminated()
             spark.streams.removeListener(monitor)
     return summary
 

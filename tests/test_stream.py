@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -10,10 +12,11 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
+from sessionlake.checkpoint import lock_held
 from sessionlake.config import ConfigError, settings_from
 from sessionlake.sessionize import sessionize_events
 from sessionlake.sources import ApacheAccessLogAdapter
-from sessionlake.stream import run_stream
+from sessionlake.stream import StreamAlreadyRunning, run_stream
 from sessionlake.tables import read_table
 from sessionlake.validation import apply_guards, valid_events
 from tests.conftest import DATA
@@ -149,3 +152,28 @@ def test_generated_stream_equals_batch_sessionization_at_any_split_and_paralleli
         assert read_table(spark, str(tmp_path / lake), "late_events").count() == 0
         assertDataFrameEqual(all_sessions(spark, str(tmp_path / lake)).drop("distinct_pages"),
                              expected, checkRowOrder=False)
+
+
+def test_a_second_run_on_a_held_checkpoint_is_refused_before_touching_the_lake(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Two runs on one checkpoint would commit the same batch ids: the second must not start."""
+    split_log(tmp_path / "landing", 1)
+    settings = settings_from({"lake": str(tmp_path / "lake"),
+                              "source": str(tmp_path / "landing")}, env={})
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from sessionlake.stream import checkpoint_lock\n"
+         "with checkpoint_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)",
+         settings.checkpoint],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(StreamAlreadyRunning, match=f"pid {holder.pid}"):
+            run_stream(spark, settings)
+        assert not (tmp_path / "lake" / "events").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not lock_held(Path(settings.checkpoint))  # the kernel let go with the process
