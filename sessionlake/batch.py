@@ -33,7 +33,7 @@ from sessionlake.changelog import (
     expiring_open_sessions,
     merge_source,
 )
-from sessionlake.checkpoint import IDENTITY_FILE
+from sessionlake.checkpoint import IDENTITY_FILE, batch_lock
 from sessionlake.config import Settings
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.sessionize import (
@@ -247,7 +247,24 @@ def process_lines(
     identity: StreamIdentity,
     clock: Clock = utc_now,
 ) -> BatchReport:
-    """Process one micro-batch of lines (``source_file``, ``source_line``, ``line``)."""
+    """Process one micro-batch of lines (``source_file``, ``source_line``, ``line``).
+
+    The batch holds the checkpoint's batch lock from pinning its input versions to its
+    last write, so that an erasure (which takes the lock too) happens before or after the
+    whole batch, never between its read of a user's state and its write of it.
+    """
+    with batch_lock(storage.local_path(settings.checkpoint)):
+        return _process_locked(spark, lines, batch_id, settings, identity, clock)
+
+
+def _process_locked(
+    spark: SparkSession,
+    lines: DataFrame,
+    batch_id: int,
+    settings: Settings,
+    identity: StreamIdentity,
+    clock: Clock,
+) -> BatchReport:
     started = time.monotonic()
     inputs, done = record_inputs(spark, settings, identity, batch_id, clock)
     if done:

@@ -31,8 +31,8 @@ from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake import storage
-from sessionlake.checkpoint import IDENTITY_FILE
-from sessionlake.config import Settings
+from sessionlake.checkpoint import IDENTITY_FILE, LockTimeout, batch_lock
+from sessionlake.config import Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.erasure import delete_rows, erase, user_hash, users_named
 from sessionlake.snapshots import kept_since
@@ -58,6 +58,8 @@ log = logging.getLogger("sessionlake.retention")
 DELTA_DEFAULT_RETAIN_HOURS = 168.0
 #: What a running stream may still read that was removed a moment ago.
 RUNNING_STREAM_HOURS = 1.0
+#: How long an erasure waits for the stream's batch in flight to finish.
+BATCH_WAIT = timedelta(minutes=15)
 
 
 class RetentionError(Exception):
@@ -150,6 +152,38 @@ def stream_needs_since(spark: SparkSession, checkpoint: str) -> tuple[datetime |
         if entry and not entry.get("done"):
             oldest = datetime.fromisoformat(entry["processing_time"])
     return oldest, running
+
+
+@contextmanager
+def batches_held(
+    spark: SparkSession, settings: Settings, timeout: timedelta = BATCH_WAIT
+) -> Iterator[None]:
+    """Keep the stream's micro-batches out while the block erases users.
+
+    A batch reads the state of its users at the versions it pinned when it started and
+    writes it back at its end; a user erased in between would come back with it. So the
+    erasure waits for the batch in flight (the checkpoint's batch lock; local checkpoints
+    only) and refuses to start while a batch cut off by a crash is still to be replayed
+    from versions pinned before it.
+
+    :raises RetentionError: the batch in flight outlasted ``timeout``, or a replay is due.
+    """
+    folder = storage.local_path(settings.checkpoint)
+    try:
+        with batch_lock(folder, timeout.total_seconds()):
+            pending, _ = stream_needs_since(spark, settings.checkpoint)
+            if pending is not None:
+                raise RetentionError(
+                    f"a batch of the stream on {settings.checkpoint} started "
+                    f"{pending.isoformat()} and did not finish (its run was cut off): run "
+                    "the stream once, so that it replays that batch, then erase"
+                )
+            yield
+    except LockTimeout:
+        raise RetentionError(
+            f"the stream's batch in flight on {settings.checkpoint} did not finish within "
+            f"{format_duration(timeout)}: erase again when it has"
+        ) from None
 
 
 def plan_vacuum(
@@ -275,7 +309,9 @@ def enforce_retention(
 
     deleted: dict[str, int] = {}
     if request.erase_users:
-        for table, rows in erase(spark, lake, users_named(request.erase_users)).items():
+        with batches_held(spark, settings):
+            erased = erase(spark, lake, users_named(request.erase_users))
+        for table, rows in erased.items():
             deleted[table] = deleted.get(table, 0) + rows
     aged, sessions_cutoff, events_cutoff = age_limits(spark, lake, request, started.date())
     for table, rows in aged.items():

@@ -1,5 +1,5 @@
-"""Compaction: which tables it rewrites, that it changes no row, and that it can run while
-micro-batches commit without failing them or losing anything."""
+"""Compaction: which tables it rewrites, that it changes no row, and that it (with retention)
+can run while micro-batches commit without failing them or losing anything."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from sessionlake.compaction import (
     partition_predicate,
 )
 from sessionlake.config import Settings, settings_from
+from sessionlake.retention import RetentionReport, RetentionRequest, enforce_retention
 from sessionlake.tables import (
     PUBLIC_TABLES,
     TXN_APP_ID_CONF,
@@ -335,23 +336,33 @@ def test_writes_that_lose_a_race_to_an_optimize_are_redone_once(
                          read_table(spark, reference, "batch_metrics").select(*METRICS_KEY))
 
 
-def stream_commits_around_an_optimize(spark: SparkSession, lake: str) -> list[str]:
-    """Tables whose history has an OPTIMIZE between two commits of the stream."""
+def stream_commits_around(spark: SparkSession, lake: str, operation: str) -> list[str]:
+    """Tables whose history has ``operation`` between two commits of the stream."""
     found = []
     for table in PUBLIC_TABLES:
         history = DeltaTable.forPath(spark, table_path(lake, table)).history().collect()
         stream = [r["version"] for r in history if r["operation"] in ("WRITE", "MERGE")]
-        optimize = [r["version"] for r in history if r["operation"] == "OPTIMIZE"]
-        if stream and any(min(stream) < v < max(stream) for v in optimize):
+        others = [r["version"] for r in history if r["operation"] == operation]
+        if stream and any(min(stream) < v < max(stream) for v in others):
             found.append(table)
     return found
 
 
-def test_compaction_beside_running_micro_batches_loses_nothing(
+#: A retention run that changes no row of the test's lake but does all its work: an
+#: erasure (of nobody: it waits for the batch in flight all the same), age limits that
+#: keep ten years, and a VACUUM that keeps what Delta's 7-day margin keeps.
+NOTHING_TO_RETAIN = RetentionRequest(
+    erase_users=("nobody",), sessions_max_age_days=3650, events_max_age_days=3650,
+    vacuum_retain_hours=168,
+)
+
+
+def test_compaction_and_retention_beside_running_micro_batches_lose_nothing(
     spark: SparkSession, lake: str, batched_lake: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The same batches as ``batched_lake``, while another thread compacts over and over
-    (every table with a file to merge): the result must be the same lake."""
+    (every table with a file to merge) and runs retention: the result must be the same
+    lake. (An erasure of a user the batches write is tested in test_retention.py.)"""
     batches = small_batches()
     cfg = settings(lake)
     ensure_tables(spark, lake)
@@ -360,6 +371,7 @@ def test_compaction_beside_running_micro_batches_loses_nothing(
     passes = {"started": 0, "finished": 0}
     progress = threading.Condition()
     reports: list[CompactionReport] = []
+    retained: list[RetentionReport] = []
     errors: list[BaseException] = []
 
     def compact_until_done() -> None:
@@ -370,6 +382,7 @@ def test_compaction_beside_running_micro_batches_loses_nothing(
                 reports.extend(compact_lake(spark, lake, min_files=1))
                 # Again the table the state MERGE contends for, to make races likelier.
                 reports.extend(compact_lake(spark, lake, min_files=1, tables=["open_sessions"]))
+                retained.append(enforce_retention(spark, cfg, NOTHING_TO_RETAIN))
                 with progress:
                     passes["finished"] += 1
                     progress.notify_all()
@@ -399,11 +412,13 @@ def test_compaction_beside_running_micro_batches_loses_nothing(
         compactor.join()
     assert not errors, f"the compactor failed: {errors[0]}"
     races = [r.getMessage() for r in caplog.records if "lost a commit race" in r.getMessage()]
-    print(f"{sum(r.compacted for r in reports)} OPTIMIZE commits; commit races redone: "
-          f"{len(races)}", *races, sep="\n")
+    print(f"{sum(r.compacted for r in reports)} OPTIMIZE commits, {len(retained)} retention "
+          f"runs; commit races redone: {len(races)}", *races, sep="\n")
 
     assert any(r.compacted for r in reports)
-    assert stream_commits_around_an_optimize(spark, lake) != []
+    assert stream_commits_around(spark, lake, "OPTIMIZE") != []
+    assert stream_commits_around(spark, lake, "VACUUM END") != []
+    assert not any(any(r.rows_deleted.values()) for r in retained)
     # The same lake as without compaction: rows of every table but the metrics, which
     # hold timings and file counts, are compared whole.
     assertDataFrameEqual(all_sessions(spark, lake), all_sessions(spark, batched_lake))

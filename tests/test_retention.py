@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -12,12 +15,18 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from sessionlake import faults
+from sessionlake.batch import stream_identity
 from sessionlake.config import Settings, settings_from
 from sessionlake.erasure import user_hash, users_named
 from sessionlake.retention import RetentionError, RetentionRequest, enforce_retention
 from sessionlake.snapshots import create_snapshot, restore_snapshot
 from sessionlake.tables import STREAM_TABLES, USER_TABLES, read_table, table_path
 from tests.helpers import event, run_batches
+
+#: A batch after BATCHES whose time moves the watermark past u2's open session: the batch
+#: closes it, writing u2's session to `sessions` from the state it read when it started.
+CLOSING_BATCH = [event("u1", "16:00", "/e")]
 
 #: u2 ends up in every table that holds user data: events and sessions (10:00), the
 #: changelog, open_sessions (13:00, still open), late_events (09:00 after the watermark
@@ -180,3 +189,72 @@ def test_a_missing_lake_is_refused(spark: SparkSession, tmp_path: Path) -> None:
     with pytest.raises(RetentionError, match="sessionlake run"):
         enforce_retention(spark, config, RetentionRequest(erase_users=("u1",)))
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_an_erasure_waits_for_the_batch_in_flight_and_stays_erased(
+    spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Erasing u2 while a batch that closes u2's session is in flight leaves no u2 behind.
+
+    The batch is held at its start (its input versions pinned, nothing written) until the
+    erasure has either finished (the race this guards against: the batch would then write
+    u2's session back) or is waiting for the batch.
+    """
+    caplog.set_level(logging.INFO, logger="sessionlake.checkpoint")
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def erase_u2() -> None:
+        try:
+            enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+        except BaseException as error:  # reported by the test thread
+            failures.append(error)
+        finally:
+            done.set()
+
+    eraser = threading.Thread(target=erase_u2)
+    real_point = faults.point
+
+    def erase_while_in_flight(name: str) -> None:
+        if name == "ingest" and not eraser.is_alive() and not done.is_set():
+            eraser.start()
+            deadline = time.monotonic() + 300
+            while not done.is_set() and time.monotonic() < deadline and not any(
+                "waiting" in r.getMessage() for r in caplog.records
+            ):
+                time.sleep(0.2)
+        real_point(name)
+
+    monkeypatch.setattr(faults, "point", erase_while_in_flight)
+    run_batches(spark, settings, [CLOSING_BATCH], first_batch_id=len(BATCHES))
+    eraser.join(timeout=600)
+
+    assert not failures, failures
+    assert any("waiting" in r.getMessage() for r in caplog.records)
+    assert user_rows(spark, settings.lake, "u2") == dict.fromkeys(USER_TABLES, 0)
+    assert user_rows(spark, settings.lake, "u1")["events"] == 3
+
+
+def test_an_erasure_waits_for_a_cut_off_batch_to_be_replayed(
+    spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch cut off after its MERGE would replay u2's state from before an erasure."""
+    def crash_after_merge(name: str) -> None:
+        if name == "after_merge":
+            raise RuntimeError("cut off")
+
+    identity = stream_identity(spark, settings.checkpoint)  # as a run keeps it
+    monkeypatch.setattr(faults, "point", crash_after_merge)
+    with pytest.raises(RuntimeError, match="cut off"):
+        run_batches(spark, settings, [CLOSING_BATCH], identity, len(BATCHES))
+    monkeypatch.undo()
+    before = user_rows(spark, settings.lake, "u2")
+
+    with pytest.raises(RetentionError, match="did not finish"):
+        enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    assert user_rows(spark, settings.lake, "u2") == before
+
+    run_batches(spark, settings, [CLOSING_BATCH], identity, len(BATCHES))  # the replay
+    enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    assert user_rows(spark, settings.lake, "u2") == dict.fromkeys(USER_TABLES, 0)
