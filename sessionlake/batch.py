@@ -470,28 +470,26 @@ def _batch_counts(
     expiring: DataFrame,
     batch_buckets: list[int],
 ) -> dict[str, Any]:
-    """Counts of the batch's outcomes, from the frames already held in memory."""
-    checks = _one(checked.agg(
+    """Counts of the batch's outcomes, from the frames already held in memory (one job)."""
+    counts = _one(checked.agg(
         F.count(F.lit(1)).alias("unique"),
         F.count("late_reason").alias("late"),
-    ))
-    sessions = _one(classified.agg(
+    ).crossJoin(classified.agg(
         F.count(F.when(F.col("change") == "open", 1)).alias("opened"),
         F.count(F.when(F.col("change") != "unchanged", 1)).alias("changed"),
-        F.count(F.when(F.col("closes"), 1)).alias("closed"),
-    ))
-    expired = _one(expiring.agg(
-        F.count(F.lit(1)).alias("count"), F.collect_set("user_bucket").alias("buckets")
-    ))
-    closed = int(sessions["closed"]) + int(expired["count"])
+        F.count(F.when(F.col("closes"), 1)).alias("closes"),
+    )).crossJoin(expiring.agg(
+        F.count(F.lit(1)).alias("expired"), F.collect_set("user_bucket").alias("buckets")
+    )))
+    closed = int(counts["closes"]) + int(counts["expired"])
     return {
-        "unique": int(checks["unique"]),
+        "unique": int(counts["unique"]),
         "accepted": int(outcome["accepted"]),
-        "late": int(checks["late"]) + int(outcome["late"]),
-        "opened": int(sessions["opened"]),
+        "late": int(counts["late"]) + int(outcome["late"]),
+        "opened": int(counts["opened"]),
         "closed": closed,
-        "changes": int(sessions["changed"]) + closed,
-        "merge_buckets": sorted({*batch_buckets, *(int(b) for b in expired["buckets"])}),
+        "changes": int(counts["changed"]) + closed,
+        "merge_buckets": sorted({*batch_buckets, *(int(b) for b in counts["buckets"])}),
     }
 
 
