@@ -186,7 +186,14 @@ def _commit_txn_versions(spark: SparkSession, log_dir: str, version: int, app_id
         raise FileNotFoundError(f"{log_dir}/{version:020d}.json")
     found = []
     for line in text.splitlines():
-        txn = json.loads(line).get("txn") if line.strip() else None
+        try:
+            txn = json.loads(line).get("txn") if line.strip() else None
+        except json.JSONDecodeError:
+            raise SnapshotError(
+                f"the Delta log entry {log_dir}/{version:020d}.json is half-written: no "
+                "snapshot can hold this table's newest version; `sessionlake doctor` says "
+                "how to recover"
+            ) from None
         if txn and txn.get("appId") == app_id:
             found.append(int(txn["version"]))
     return found

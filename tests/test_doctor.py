@@ -205,6 +205,14 @@ def test_damage_is_named_with_its_recovery(
     assert report.lines()[-1].startswith("damaged: 1 problem(s); recover with: " + command)
 
 
+def test_a_snapshot_of_a_half_written_log_is_refused_naming_the_doctor(
+    spark: SparkSession, copy: Settings
+) -> None:
+    broken = half_write_changelog_commit(copy)
+    with pytest.raises(SnapshotError, match=f"{re.escape(broken)} is half-written.*doctor"):
+        create_snapshot(spark, copy)
+
+
 def test_damage_before_every_snapshot_says_what_is_lost(copy: Settings) -> None:
     """The first events commit of the stream predates the snapshot: restoring cannot help."""
     (Path(table_path(copy.lake, "events")) / "_delta_log" / f"{1:020d}.json").unlink()
