@@ -33,6 +33,7 @@ DATA = Path(__file__).resolve().parent / "data"
 LONGEST_FIRST = (
     "tests/dags/test_dag_runs.py",
     "tests/reliability/test_crash_recovery.py",
+    "tests/dags/test_restart_dag.py",
     "tests/test_cli.py",
     "tests/test_snapshots.py",
     "tests/test_compaction.py",

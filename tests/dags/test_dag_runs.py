@@ -6,11 +6,8 @@ the maintenance DAGs reuse its lake.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +15,6 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from sessionlake import orchestration as orch
 from tests.dags.conftest import BIN, DAGS
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
@@ -146,46 +142,3 @@ def test_maintenance_dag_runs_its_cli_command(
     assert str(run.state) == "success", _task_states(run)
     if command == "retention":
         assert "u2" not in set(read_delta(lake["lake"] / "sessions")["user_id"])
-
-
-def _feed(landing: Path, stop: threading.Event) -> None:
-    """A live source: a new file of two events every 3 s, later in event time each time."""
-    n = 0
-    while not stop.wait(3):
-        n += 1
-        minute = f"{10 + n // 60:02d}:{n % 60:02d}:00"
-        lines = [_event(f"r{n % 3}", minute, f"f{n}a"), _event("r9", minute, f"f{n}b")]
-        (landing / f"feed-{n:04d}.jsonl").write_text("\n".join(lines) + "\n")
-
-
-@pytest.mark.slow
-def test_restart_dag_resumes_the_stream_at_a_new_parallelism(
-    locations: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("SESSIONLAKE_RESTART_TIMEOUT", "300")
-    checkpoint = str(locations["lake"] / "_checkpoints" / "stream")
-    stop = threading.Event()
-    feeder = threading.Thread(target=_feed, args=(locations["source"], stop), daemon=True)
-    feeder.start()
-    pids: list[int] = []
-    try:
-        first = run_dag("sessionlake_restart", {"shuffle_partitions": 2, "master": "local[2]"})
-        assert str(first.state) == "success", _task_states(first)
-        pids.append(orch.running_pid(checkpoint) or -1)
-        before = orch.stream_position(str(locations["lake"]), checkpoint)
-
-        second = run_dag("sessionlake_restart", {"shuffle_partitions": 3, "master": "local[1]"})
-        assert str(second.state) == "success", _task_states(second)
-        pids.append(orch.running_pid(checkpoint) or -1)
-        after = orch.stream_position(str(locations["lake"]), checkpoint)
-    finally:
-        stop.set()
-        orch.stop_continuous_run(checkpoint, timeout=300)
-        for pid in pids:
-            if pid > 0:  # started by this process: reap them, unless `subprocess` already did
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, 0)
-    assert -1 not in pids and pids[0] != pids[1]
-    assert after.stream_id == before.stream_id and after.last_batch_id > before.last_batch_id
-    log = (Path(checkpoint) / orch.CONTINUOUS_LOG).read_text()
-    assert "Traceback" not in log, log[-2000:]
