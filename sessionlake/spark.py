@@ -196,7 +196,7 @@ def ship_package(spark: SparkSession) -> Path | None:
     :return: the zip shipped, or ``None`` for a local master.
     """
     context = spark.sparkContext
-    if is_local_master(context.master):
+    if is_local_master(str(context.master)):
         return None
     archive = package_zip()
     if _SHIPPED.get(context.applicationId) != str(archive):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -195,7 +194,3 @@ def _wait_until_alive(cluster: SparkCluster, workers: int, timeout: float) -> No
             raise RuntimeError(f"Spark standalone cluster {why}\n{cluster.logs()}")
         time.sleep(0.5)
 
-
-def remove(root: Path) -> None:
-    """Delete a stopped cluster's folders (work folders hold each app's jars)."""
-    shutil.rmtree(root, ignore_errors=True)
