@@ -1,8 +1,9 @@
 """sessionlake on a real Spark standalone cluster: same tables as a local run.
 
 One cluster (a master and two one-core workers, ``spark_cluster``), one synthetic
-clickstream with late, duplicate and malformed records in two files (two micro-batches),
-and three runs of it: a local one in this process (the reference), ``sessionlake run
+clickstream file with duplicate and malformed records (one micro-batch: every job of a
+batch costs scheduling on the cluster, and lateness across batches is tested locally
+elsewhere), and three runs of it: a local one in this process (the reference), ``sessionlake run
 --master spark://...`` into a ``file://`` lake, and the micro-batch DAG through the
 ``spark_default`` connection pointed at the cluster. Both cluster runs must give the
 reference's tables and must have run tasks on both workers, each executor holding the
@@ -41,8 +42,6 @@ PROCESSING_TIME = ("ingested_at", "recorded_at", "quarantined_at", "updated_at",
 TABLES = ("events", "open_sessions", "sessions", "session_changelog", "late_events",
           "quarantine")
 METRIC_COUNTS = ("batch_id", "input_records", "accepted", "late", "quarantined", "duplicates")
-#: Both cluster runs read one file per micro-batch, like the reference.
-RUN_SETTINGS = {"max_files_per_trigger": 1, "shuffle_partitions": 2}
 
 
 def _comparable(frame: DataFrame) -> DataFrame:
@@ -72,10 +71,10 @@ def assert_ran_on_both_workers(cluster: SparkCluster, app_name: str) -> None:
 
 @pytest.fixture(scope="module")
 def clickstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two files of synthetic events: late, duplicate and malformed records included."""
+    """One file of synthetic events, duplicate and malformed records included."""
     landing = tmp_path_factory.mktemp("cluster") / "landing"
-    generate_clickstream(landing, users=20, events=400, files=2, late_fraction=0.05,
-                         duplicate_fraction=0.03, malformed_fraction=0.03, seed=7)
+    generate_clickstream(landing, users=20, events=400, files=1, duplicate_fraction=0.03,
+                         malformed_fraction=0.03, seed=7)
     return landing
 
 
@@ -83,7 +82,7 @@ def clickstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def reference_lake(spark: SparkSession, clickstream: Path) -> str:
     """The same events run locally, in this process."""
     settings = settings_from({"lake": str(clickstream.parent / "local-lake"),
-                              "source": str(clickstream), **RUN_SETTINGS}, env={})
+                              "source": str(clickstream), "shuffle_partitions": 2}, env={})
     run_stream(spark, settings)
     return settings.lake
 
@@ -102,8 +101,7 @@ def test_cli_run_on_the_cluster_gives_the_local_tables(
     lake = (clickstream.parent / "cli-lake").as_uri()
     done = subprocess.run(
         [sys.executable, "-m", "sessionlake.cli", "run", "--source", str(clickstream),
-         "--lake", lake, "--master", cluster_env.master_url, "--shuffle-partitions", "2",
-         "--max-files-per-trigger", "1"],
+         "--lake", lake, "--master", cluster_env.master_url, "--shuffle-partitions", "2"],
         capture_output=True, text=True, cwd=REPO, env=dict(os.environ), timeout=600, check=False,
     )
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-4000:]}\n{cluster_env.logs()}"
@@ -120,7 +118,6 @@ def dag_on_cluster(cluster_env: SparkCluster, clickstream: Path,
                        json.dumps({"conn_type": "spark", "host": cluster_env.master_url}))
     monkeypatch.setenv("SESSIONLAKE_LAKE", lake)
     monkeypatch.setenv("SESSIONLAKE_SOURCE", str(clickstream))
-    monkeypatch.setenv("SESSIONLAKE_MAX_FILES_PER_TRIGGER", "1")
     monkeypatch.delenv("SESSIONLAKE_CHECKPOINT", raising=False)
     yield lake
 
