@@ -35,6 +35,7 @@ LONGEST_FIRST = (
     "tests/dags/test_dag_runs.py",
     "tests/reliability/test_crash_recovery.py",
     "tests/dags/test_restart_dag.py",
+    "tests/test_cluster.py",
     "tests/test_cli.py",
     "tests/test_snapshots.py",
     "tests/test_compaction.py",
