@@ -88,6 +88,10 @@ def build_spark(
     Parallel file listing (VACUUM's, and partition discovery) uses as many tasks as a
     shuffle: Spark's default of 10000 tasks made each VACUUM of a small table take half a
     minute here, for listing a few folders.
+
+    On a cluster (any master but ``local``) the ``sessionlake`` package is shipped to the
+    executors (:func:`ship_package`), judged by the master the session really has: under
+    spark-submit the session predates this call and ``master`` is ignored.
     :return: the session.
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -104,7 +108,6 @@ def build_spark(
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    # The session may predate this call (spark-submit creates it with its own master).
     ship_package(spark)
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
     listing = (conf or {}).get(LISTING_PARALLELISM, str(shuffle_partitions))
