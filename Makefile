@@ -75,14 +75,33 @@ clean:
 SESSIONLAKE_LAKE   ?= $(abspath $(DEMO))/lake
 SESSIONLAKE_SOURCE ?= $(abspath $(DEMO))/landing
 
-airflow: setup
-	mkdir -p airflow_home $(SESSIONLAKE_SOURCE)
-	AIRFLOW_HOME=$(PWD)/airflow_home \
+AIRFLOW_ENV = AIRFLOW_HOME=$(PWD)/airflow_home \
 	AIRFLOW__CORE__DAGS_FOLDER=$(PWD)/dags \
 	AIRFLOW__CORE__PLUGINS_FOLDER=$(PWD)/plugins \
-	AIRFLOW__CORE__LOAD_EXAMPLES=False \
+	AIRFLOW__CORE__LOAD_EXAMPLES=False
+
+# The one-slot pool of the tasks that write the streaming checkpoint (see
+# docs/airflow-at-scale.md): without it the scheduler never starts those tasks.
+airflow: setup
+	mkdir -p airflow_home $(SESSIONLAKE_SOURCE)
+	$(AIRFLOW_ENV) $(BIN)/airflow db migrate
+	$(AIRFLOW_ENV) $(BIN)/airflow pools set sessionlake_checkpoint 1 \
+	  "tasks that write the streaming checkpoint: one at a time"
+	$(AIRFLOW_ENV) \
 	AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}' \
 	SESSIONLAKE_LAKE=$(SESSIONLAKE_LAKE) \
 	SESSIONLAKE_SOURCE=$(SESSIONLAKE_SOURCE) \
 	PATH=$(abspath $(BIN)):$$PATH \
 	$(BIN)/airflow standalone
+
+# --- Docker: Airflow 3 on PostgreSQL + a Spark standalone cluster (docker/compose.yaml) ----
+# Needs a Docker engine with the compose plugin. Builds both images on first use; returns
+# once every service is healthy. The UI is on http://localhost:8080, Spark's on :8081.
+.PHONY: docker-up docker-down
+COMPOSE := docker compose -f docker/compose.yaml
+
+docker-up:
+	$(COMPOSE) up --detach --build --wait --wait-timeout 600
+
+docker-down:
+	$(COMPOSE) down

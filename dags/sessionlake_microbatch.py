@@ -5,8 +5,11 @@ Every five minutes, one **available-now** `sessionlake run` over the landing fol
 (`SESSIONLAKE_SOURCE`) into the lake (`SESSIONLAKE_LAKE`): whatever files arrived since the
 last run become one or more micro-batches, committed exactly once, then the job stops.
 
-`max_active_runs=1`: two runs on one checkpoint would commit the same batch ids (the job
-also refuses to start while another run holds the checkpoint's lock).
+Never twice at once on one checkpoint: two runs would commit the same batch ids. Enforced
+three times over: `max_active_runs=1` (one run of this DAG), `max_active_tis_per_dag=1` on
+the run task, and the one-slot pool `sessionlake_checkpoint` shared with every task that
+writes the checkpoint (restore, restart, retention), so those queue instead of colliding;
+the job itself refuses to start while another run holds the checkpoint's lock.
 
 Params: `shuffle_partitions` (>= 1; may change between runs, the checkpoint has no state).
 """
@@ -52,4 +55,6 @@ with DAG(
         conf=job["conf"],
         env_vars=job["env"],
         name="sessionlake-microbatch",
+        pool=orch.CHECKPOINT_POOL,
+        max_active_tis_per_dag=1,
     )

@@ -12,7 +12,9 @@ master, from the same checkpoint:
    within `SESSIONLAKE_RESTART_TIMEOUT` seconds (300), so data must be arriving.
 
 With no run holding the checkpoint, steps 2 and 3 start one. The long-running job is a
-detached process, not a SparkSubmitOperator: it must outlive this DAG run.
+detached process, not a SparkSubmitOperator: it must outlive this DAG run. The three
+checkpoint steps run in the one-slot pool `sessionlake_checkpoint`, so no micro-batch or
+restore task runs beside them.
 
 Params: `shuffle_partitions` (>= 1), `master` (`local[*]`, `local[N]`, `spark://host:port`).
 """
@@ -46,7 +48,7 @@ with DAG(
         checked = orch.validate_restart_params(params)
         return orch.continuous_run_args(orch.locations_from_env(), checked)
 
-    @task
+    @task(pool=orch.CHECKPOINT_POOL)
     def stop_running_stream() -> dict[str, Any]:
         """SIGTERM the run holding the checkpoint; return where its stream stopped."""
         where = orch.locations_from_env()
@@ -55,12 +57,12 @@ with DAG(
         return {"stopped_pid": stopped, "stream_id": position.stream_id,
                 "last_batch_id": position.last_batch_id}
 
-    @task
+    @task(pool=orch.CHECKPOINT_POOL)
     def start_stream(args: list[str]) -> int:
         """Start the new continuous run, detached; return its pid."""
         return orch.start_continuous_run(args, orch.locations_from_env().checkpoint)
 
-    @task
+    @task(pool=orch.CHECKPOINT_POOL)
     def verify_resumed(before: dict[str, Any], pid: int) -> dict[str, Any]:
         """Wait for a new batch of the same stream from the new run."""
         where = orch.locations_from_env()

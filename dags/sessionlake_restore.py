@@ -3,7 +3,8 @@
 
 `sessionlake restore --snapshot ID`: return every table and the streaming checkpoint to a
 snapshot, so the next run resumes from exactly that point. Stop a continuous run first
-(the job refuses while another run holds the checkpoint).
+(the job refuses while another run holds the checkpoint). Runs in the one-slot pool
+`sessionlake_checkpoint`, so a scheduled micro-batch waits for it.
 
 Params: `snapshot_id` (as printed by `sessionlake_snapshot`).
 """
@@ -47,4 +48,5 @@ with DAG(
         conf=job["conf"],
         env_vars=job["env"],
         name="sessionlake-restore",
+        pool=orch.CHECKPOINT_POOL,
     )

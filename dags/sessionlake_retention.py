@@ -3,7 +3,9 @@
 
 Daily `sessionlake retention`: erase the listed users from every table, drop sessions and
 events older than the age limits, VACUUM files older than the retention, and write an
-audit row. A null limit leaves that step out.
+audit row. A null limit leaves that step out. Runs in the one-slot pool
+`sessionlake_checkpoint`: an erasure must not interleave with a micro-batch (the job would
+wait for the batch in flight; in the pool Airflow queues it instead of holding executors).
 
 Params: `erase_user_ids` (list of user ids), `sessions_max_age_days`, `events_max_age_days`
 (days >= 1), `vacuum_retain_hours` (hours >= 0).
@@ -51,4 +53,5 @@ with DAG(
         conf=job["conf"],
         env_vars=job["env"],
         name="sessionlake-retention",
+        pool=orch.CHECKPOINT_POOL,
     )

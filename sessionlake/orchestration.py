@@ -39,6 +39,11 @@ from sessionlake.spark import DEFAULT_CONF, LOG_CONFIG, PROJECT_ROOT, delta_jars
 
 #: The spark-submit entry point every Spark task runs.
 JOB_SCRIPT = PROJECT_ROOT / "jobs" / "sessionlake_job.py"
+#: The Airflow pool of the tasks that write the streaming checkpoint (micro-batch run,
+#: restore, restart, retention's erasure): one slot, so that Airflow never runs two of them
+#: at once, across DAGs. ``make airflow`` and docker/ create it.
+CHECKPOINT_POOL = "sessionlake_checkpoint"
+CHECKPOINT_POOL_SLOTS = 1
 #: Written by :func:`sessionlake.stream.checkpoint_lock` while a run holds the checkpoint.
 #: The stream's identity (``stream_id``, restore ``epoch``), kept in the checkpoint folder.
 #: Output of a detached continuous run, in the checkpoint folder.
@@ -377,10 +382,18 @@ def spark_submit_conf() -> dict[str, str]:
 
 
 def spark_submit_env() -> dict[str, str]:
-    """Environment of ``spark-submit``: the project's interpreter for Python workers."""
+    """Environment of ``spark-submit``: the project's interpreter and package.
+
+    ``PYTHONPATH`` puts this project first, so the submitted driver imports the same
+    ``sessionlake`` as the DAG that built the job (and whose ``jobs/`` script and jars it
+    runs), not another copy installed in the interpreter. The driver ships that package to
+    the executors (:func:`sessionlake.spark.ship_package`).
+    """
+    inherited = os.environ.get("PYTHONPATH")
     return {
         "PYSPARK_PYTHON": python_executable(),
         "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+        "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), *([inherited] if inherited else [])]),
     }
 
 

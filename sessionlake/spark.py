@@ -3,17 +3,26 @@
 The Delta Lake JVM artifacts are resolved once from Maven Central into the project's
 ``jars/`` folder (``make jars``) and put on ``spark.jars``, so that every later start is
 offline and takes seconds instead of an Ivy resolution.
+
+On a cluster (any master but ``local``), the ``sessionlake`` package itself is shipped to the
+executors as a zip (:func:`package_zip`, added with ``addPyFile``), so that Python code run
+on an executor imports the very code the driver runs, whatever is installed on the nodes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+import tempfile
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent
+PROJECT_ROOT = PACKAGE_DIR.parent
 LOG_CONFIG = PROJECT_ROOT / "conf" / "log4j2.properties"
 
 #: Settings that suit sessionlake's small, frequent batches on Delta.
@@ -79,6 +88,10 @@ def build_spark(
     Parallel file listing (VACUUM's, and partition discovery) uses as many tasks as a
     shuffle: Spark's default of 10000 tasks made each VACUUM of a small table take half a
     minute here, for listing a few folders.
+
+    On a cluster (any master but ``local``) the ``sessionlake`` package is shipped to the
+    executors (:func:`ship_package`), judged by the master the session really has: under
+    spark-submit the session predates this call and ``master`` is ignored.
     :return: the session.
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -95,11 +108,104 @@ def build_spark(
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    ship_package(spark)
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
     listing = (conf or {}).get(LISTING_PARALLELISM, str(shuffle_partitions))
     spark.conf.set(LISTING_PARALLELISM, listing)
     spark.sparkContext.setLogLevel(os.environ.get("SESSIONLAKE_SPARK_LOG_LEVEL", "ERROR"))
     return spark
+
+
+_LOCAL_MASTER = re.compile(r"^local(\[[^\]]*\])?$")
+
+
+def is_local_master(master: str) -> bool:
+    """Whether ``master`` runs the executors inside the driver's JVM, on this machine.
+
+    Example::
+
+        is_local_master("local[2]")                 # True
+        is_local_master("spark://10.0.0.5:7077")    # False
+        is_local_master("local-cluster[2,1,1024]")  # False: separate executor processes
+
+    :param master: a Spark master URL.
+    :return: ``True`` for ``local``, ``local[N]``, ``local[*]`` and ``local[N,F]``.
+    """
+    return bool(_LOCAL_MASTER.match(master.strip()))
+
+
+def package_files(package_dir: Path = PACKAGE_DIR) -> list[Path]:
+    """The files of the package that executors need: its modules and ``py.typed``, sorted."""
+    return sorted(
+        path for path in package_dir.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+        and (path.suffix == ".py" or path.name == "py.typed")
+    )
+
+
+def package_zip(target_dir: Path | None = None, package_dir: Path = PACKAGE_DIR) -> Path:
+    """A zip of the ``sessionlake`` package named after a hash of its content.
+
+    The same code always gives the same file (``sessionlake-<sha256 prefix>.zip``, entries in
+    a fixed order with a fixed date), so it is built once per code version and two
+    versions never overwrite each other's zip while an application still ships it.
+
+    Example::
+
+        spark.sparkContext.addPyFile(str(package_zip()))
+
+    :param target_dir: where to keep it; default ``$SESSIONLAKE_PYFILES_DIR`` or
+        ``<tmp>/sessionlake-pyfiles``.
+    :param package_dir: the package to zip (default: the one running this code).
+    :return: the zip's path.
+    """
+    files = package_files(package_dir)
+    digest = hashlib.sha256()
+    for path in files:
+        name = path.relative_to(package_dir.parent).as_posix()
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    folder = Path(target_dir or os.environ.get("SESSIONLAKE_PYFILES_DIR")
+                  or Path(tempfile.gettempdir()) / "sessionlake-pyfiles")
+    target = folder / f"{package_dir.name}-{digest.hexdigest()[:16]}.zip"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    # Written beside the target and renamed into place: a reader never sees half a zip.
+    handle, partial = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as raw, zipfile.ZipFile(raw, "w") as archive:
+            for path in files:
+                name = path.relative_to(package_dir.parent).as_posix()
+                archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)),
+                                 path.read_bytes(), compress_type=zipfile.ZIP_DEFLATED)
+        os.replace(partial, target)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+    return target
+
+
+#: Zips already added, per application id (``addPyFile`` once per application).
+_SHIPPED: dict[str, str] = {}
+
+
+def ship_package(spark: SparkSession) -> Path | None:
+    """Ship the ``sessionlake`` package to the executors when the master is not local.
+
+    With a local master the executors run in this process and import the package the
+    driver imported. On a cluster the nodes may hold another version, or none: the zip
+    goes to every executor (``addPyFile``) and ahead of installed packages on their path.
+
+    :return: the zip shipped, or ``None`` for a local master.
+    """
+    context = spark.sparkContext
+    if is_local_master(str(context.master)):
+        return None
+    archive = package_zip()
+    if _SHIPPED.get(context.applicationId) != str(archive):
+        context.addPyFile(str(archive))
+        _SHIPPED[context.applicationId] = str(archive)
+    return archive
 
 
 def _python() -> str:

@@ -24,6 +24,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 
 from sessionlake.config import Settings, settings_from  # noqa: E402
 from sessionlake.spark import build_spark  # noqa: E402
+from tests.sparkcluster import SparkCluster, start_cluster  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
@@ -34,6 +35,7 @@ LONGEST_FIRST = (
     "tests/dags/test_dag_runs.py",
     "tests/reliability/test_crash_recovery.py",
     "tests/dags/test_restart_dag.py",
+    "tests/test_cluster.py",
     "tests/test_cli.py",
     "tests/test_snapshots.py",
     "tests/test_compaction.py",
@@ -59,6 +61,14 @@ def spark() -> Iterator[SparkSession]:
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    """A real Spark standalone master with two one-core workers (tests/sparkcluster.py)."""
+    cluster = start_cluster(tmp_path_factory.mktemp("spark-cluster"))
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture

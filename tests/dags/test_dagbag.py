@@ -53,3 +53,52 @@ def test_microbatch_never_runs_twice_at_once(dagbag: Any) -> None:
     dag = dagbag.dags["sessionlake_microbatch"]
     assert dag.max_active_runs == 1
     assert dag.schedule == timedelta(minutes=5)
+
+
+#: The tasks that write the streaming checkpoint, per DAG: they share a one-slot pool.
+CHECKPOINT_TASKS = {
+    "sessionlake_microbatch": {"run_microbatch"},
+    "sessionlake_restore": {"restore"},
+    "sessionlake_restart": {"stop_running_stream", "start_stream", "verify_resumed"},
+    "sessionlake_retention": {"enforce_retention"},
+}
+
+
+def test_checkpoint_writers_share_a_one_slot_pool_and_nothing_else_uses_it(dagbag: Any) -> None:
+    from sessionlake.orchestration import CHECKPOINT_POOL, CHECKPOINT_POOL_SLOTS
+
+    assert CHECKPOINT_POOL_SLOTS == 1
+    in_pool = {
+        dag_id: {t.task_id for t in dag.tasks if t.pool == CHECKPOINT_POOL}
+        for dag_id, dag in dagbag.dags.items()
+    }
+    assert {k: v for k, v in in_pool.items() if v} == CHECKPOINT_TASKS
+    for dag_id, tasks in CHECKPOINT_TASKS.items():
+        for task_id in tasks:
+            assert dagbag.dags[dag_id].get_task(task_id).pool_slots == 1
+
+
+def test_the_microbatch_task_never_runs_twice_at_once(dagbag: Any) -> None:
+    run = dagbag.dags["sessionlake_microbatch"].get_task("run_microbatch")
+    assert run.max_active_tis_per_dag == 1
+
+
+@pytest.mark.parametrize("dag_id", sorted(DAG_IDS))
+def test_each_dag_runs_one_at_a_time(dagbag: Any, dag_id: str) -> None:
+    # Two compactions, backfills or snapshots at once would only conflict with each other;
+    # docs/airflow-at-scale.md counts what may run together against one lake.
+    assert dagbag.dags[dag_id].max_active_runs == 1
+
+
+def test_the_pool_is_reported_missing_until_it_is_created() -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    from sessionlake.orchestration import CHECKPOINT_POOL
+
+    # What the dag-processor warns about on a deployment that skipped `airflow pools set`
+    # (the scheduler would then never start these tasks; dag.test() runs them anyway).
+    bag = DagBag(dag_folder=str(DAGS), known_pools={"default_pool"})
+    warned = {w.dag_id for w in bag.dag_warnings if CHECKPOINT_POOL in w.message}
+    assert warned == set(CHECKPOINT_TASKS)
+    created = DagBag(dag_folder=str(DAGS), known_pools={"default_pool", CHECKPOINT_POOL})
+    assert not created.dag_warnings

@@ -145,6 +145,17 @@ def test_spark_job_carries_the_delta_jars_and_the_interpreter() -> None:
     assert Path(job["env"]["PYSPARK_PYTHON"]).exists()
 
 
+def test_the_submitted_driver_imports_the_project_of_the_dags(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The package beside jobs/ first, ahead of any installed copy and of what was set before.
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    env = orch.spark_submit_env()
+    assert env["PYTHONPATH"].split(":") == [str(orch.PROJECT_ROOT), "/elsewhere"]
+    assert (orch.PROJECT_ROOT / "sessionlake" / "orchestration.py").is_file()
+    assert orch.JOB_SCRIPT.parent.parent == orch.PROJECT_ROOT
+
+
 def test_stream_position_reads_the_batch_metrics_transactions(tmp_path: Path) -> None:
     checkpoint, lake = tmp_path / "cp", tmp_path / "lake"
     checkpoint.mkdir()

@@ -1,0 +1,155 @@
+"""docker/: what can be checked without a Docker engine.
+
+The compose file parses and wires the deployment (Airflow 3's four services on PostgreSQL,
+a Spark master and two workers, one lake volume, healthchecks); the images install the
+project's own pins (requirements.lock, unchanged) and add only packages the lock does not
+hold; ``docker compose config`` validates the file where the compose plugin is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sessionlake.orchestration import CHECKPOINT_POOL
+from tests.conftest import REPO
+
+DOCKER = REPO / "docker"
+COMPOSE = DOCKER / "compose.yaml"
+AIRFLOW_SERVICES = ("airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
+                    "airflow-triggerer")
+SPARK_SERVICES = ("spark-master", "spark-worker-1", "spark-worker-2")
+LONG_RUNNING = ("postgres", *AIRFLOW_SERVICES, *SPARK_SERVICES)
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return data
+
+
+def _services(compose: dict[str, Any]) -> dict[str, Any]:
+    services: dict[str, Any] = compose["services"]
+    return services
+
+
+def _pins(path: Path) -> dict[str, str]:
+    """``name -> version`` of a requirements file's ``name==version`` lines (names normalized)."""
+    pins = {}
+    for raw in path.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"([A-Za-z0-9._-]+)(\[[^\]]*\])?==([^\s;]+)", line)
+        assert match, f"{path.name}: {line!r} is not pinned as name==version"
+        pins[re.sub(r"[-_.]+", "-", match.group(1)).lower()] = match.group(3)
+    return pins
+
+
+def test_compose_has_the_deployment_and_every_long_running_service_a_healthcheck(
+    compose: dict[str, Any],
+) -> None:
+    services = _services(compose)
+    assert set(LONG_RUNNING) | {"airflow-init"} == set(services)
+    for name in LONG_RUNNING:
+        assert services[name].get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+    commands = {name: " ".join(services[name]["command"]) for name in AIRFLOW_SERVICES}
+    assert commands == {
+        "airflow-api-server": "airflow api-server",
+        "airflow-scheduler": "airflow scheduler",
+        "airflow-dag-processor": "airflow dag-processor",
+        "airflow-triggerer": "airflow triggerer",
+    }
+    assert "deploy.master.Master" in " ".join(services["spark-master"]["command"])
+    for worker in ("spark-worker-1", "spark-worker-2"):
+        assert services[worker]["command"][-1] == "spark://spark-master:7077"
+        assert services[worker]["depends_on"]["spark-master"]["condition"] == "service_healthy"
+
+
+def test_airflow_runs_on_postgres_after_the_init_and_submits_to_the_cluster(
+    compose: dict[str, Any],
+) -> None:
+    services = _services(compose)
+    for name in AIRFLOW_SERVICES:
+        service = services[name]
+        env = service["environment"]
+        assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith(
+            "postgresql+psycopg2://")
+        assert "@postgres:5432/" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+        assert service["depends_on"]["postgres"]["condition"] == "service_healthy"
+        assert (service["depends_on"]["airflow-init"]["condition"]
+                == "service_completed_successfully")
+        assert json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])["host"] == (
+            "spark://spark-master:7077")
+        assert service["build"]["target"] == "airflow"
+    for name in SPARK_SERVICES:
+        assert services[name]["build"]["target"] == "spark"
+    init = " ".join(services["airflow-init"]["command"])
+    assert "airflow db migrate" in init
+    assert f"airflow pools set {CHECKPOINT_POOL} 1" in init
+
+
+def test_the_lake_is_one_volume_at_the_same_path_for_drivers_and_executors(
+    compose: dict[str, Any],
+) -> None:
+    services = _services(compose)
+    assert "lake" in compose["volumes"]
+    # The scheduler runs the drivers (Delta log), the workers the executors (data files),
+    # the api-server the health page: all must see /data as one folder.
+    for name in ("airflow-scheduler", "airflow-api-server", "spark-worker-1", "spark-worker-2"):
+        assert "lake:/data" in services[name]["volumes"], name
+    env = services["airflow-scheduler"]["environment"]
+    assert env["SESSIONLAKE_LAKE"].startswith("/data/")
+    assert env["SESSIONLAKE_SOURCE"].startswith("/data/")
+
+
+def test_the_images_install_requirements_lock_unchanged_and_only_add_packages() -> None:
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    installs = re.findall(r"pip install[^\n]*", dockerfile)
+    assert any("-r requirements.lock" in line for line in installs), installs
+    assert "COPY requirements.lock docker/requirements-deploy.txt" in dockerfile
+    # Both targets build on the one base that installed them.
+    assert re.search(r"^FROM base AS spark$", dockerfile, re.MULTILINE)
+    assert re.search(r"^FROM base AS airflow$", dockerfile, re.MULTILINE)
+    lock = _pins(REPO / "requirements.lock")
+    extras = _pins(DOCKER / "requirements-deploy.txt")
+    assert "psycopg2-binary" in extras
+    assert not set(extras) & set(lock), "requirements-deploy.txt re-pins packages of the lock"
+    for package in ("pyspark", "pyspark-client", "delta-spark", "apache-airflow",
+                    "apache-airflow-providers-apache-spark"):
+        assert package in lock
+
+
+def test_the_build_context_leaves_local_state_out() -> None:
+    ignored = set((REPO / ".dockerignore").read_text().split())
+    assert {".git", ".venv", "jars", "demo"} <= ignored
+
+
+def test_make_targets_start_and_stop_the_deployment() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^docker-up:", makefile, re.MULTILINE)
+    assert re.search(r"^docker-down:", makefile, re.MULTILINE)
+    assert "docker compose -f docker/compose.yaml" in makefile
+    assert f"airflow pools set {CHECKPOINT_POOL} 1" in makefile
+
+
+def _compose_plugin() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    done = subprocess.run(["docker", "compose", "version"], capture_output=True, check=False)
+    return done.returncode == 0
+
+
+@pytest.mark.skipif(not _compose_plugin(),
+                    reason="the docker compose plugin is not installed here")
+def test_docker_compose_config_accepts_the_file() -> None:
+    done = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "config", "--quiet"],
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 0, done.stderr

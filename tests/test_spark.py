@@ -1,0 +1,98 @@
+"""Building the Spark session: which masters are local, and the package zip for executors."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from sessionlake.spark import PACKAGE_DIR, is_local_master, package_files, package_zip, ship_package
+
+
+@pytest.mark.parametrize(
+    ("master", "local"),
+    [
+        ("local", True),
+        ("local[*]", True),
+        ("local[2]", True),
+        ("local[2,3]", True),  # with task retries
+        (" local[4] ", True),
+        ("spark://127.0.0.1:7077", False),
+        ("spark://m1:7077,m2:7077", False),  # standby masters
+        ("local-cluster[2,1,1024]", False),  # executors in separate JVMs
+        ("yarn", False),
+        ("k8s://https://kubernetes:443", False),
+        ("localhost", False),
+    ],
+)
+def test_is_local_master(master: str, local: bool) -> None:
+    assert is_local_master(master) is local
+
+
+def test_package_zip_holds_every_module_and_is_named_by_content(tmp_path: Path) -> None:
+    archive = package_zip(tmp_path)
+    names = zipfile.ZipFile(archive).namelist()
+    assert names == [f"sessionlake/{p.relative_to(PACKAGE_DIR).as_posix()}"
+                     for p in package_files()]
+    assert "sessionlake/__init__.py" in names and "sessionlake/py.typed" in names
+    assert not any("__pycache__" in name for name in names)
+    # Same code, same file: built once, reused by every application.
+    assert package_zip(tmp_path) == archive
+    assert archive.name.startswith("sessionlake-") and archive.suffix == ".zip"
+    assert [p.name for p in tmp_path.iterdir()] == [archive.name]  # no temporary left over
+
+
+def test_changed_code_gets_a_new_zip_beside_the_old(tmp_path: Path) -> None:
+    copy = tmp_path / "src" / "sessionlake"
+    shutil.copytree(PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = package_zip(tmp_path / "zips", package_dir=copy)
+    with open(copy / "sessionize.py", "a") as module:
+        module.write("\n# changed\n")
+    after = package_zip(tmp_path / "zips", package_dir=copy)
+    assert after != before and before.exists() and after.exists()
+
+
+def test_executors_import_the_package_from_the_zip(tmp_path: Path) -> None:
+    archive = package_zip(tmp_path)
+    # As a PySpark worker does: the shipped file ahead of what the interpreter has installed.
+    code = ("import sys; sys.path.insert(1, sys.argv[1]); import sessionlake.sessionize as m; "
+            "print(m.__file__)")
+    done = subprocess.run([sys.executable, "-c", code, str(archive)], capture_output=True,
+                          text=True, cwd=tmp_path, check=True)
+    assert done.stdout.strip() == f"{archive}/sessionlake/sessionize.py"
+
+
+class _Context:
+    def __init__(self, master: str) -> None:
+        self.master, self.applicationId = master, f"app-{master}"
+        self.added: list[str] = []
+
+    def addPyFile(self, path: str) -> None:
+        self.added.append(path)
+
+
+def _session(master: str) -> Any:
+    return SimpleNamespace(sparkContext=_Context(master))
+
+
+def test_a_local_master_ships_nothing() -> None:
+    spark = _session("local[2]")
+    assert ship_package(spark) is None
+    assert spark.sparkContext.added == []
+
+
+def test_a_cluster_master_ships_the_zip_once_per_application(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SESSIONLAKE_PYFILES_DIR", str(tmp_path))
+    spark = _session("spark://127.0.0.1:7077")
+    shipped = ship_package(spark)
+    assert shipped is not None and shipped.parent == tmp_path
+    assert ship_package(spark) == shipped  # build_spark again on the same session
+    assert spark.sparkContext.added == [str(shipped)]
