@@ -83,7 +83,7 @@ bench: setup
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(DEMO) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(DEMO) kafka-data .pytest_cache .mypy_cache .ruff_cache
 
 # --- Airflow -------------------------------------------------------------------------------
 # `make airflow`: Airflow 3 standalone (SQLite, LocalExecutor) on http://localhost:8080 with
