@@ -35,6 +35,7 @@ LONGEST_FIRST = (
     "tests/reliability/test_crash_recovery.py",
     "tests/dags/test_restart_dag.py",
     "tests/test_cli.py",
+    "tests/test_kafka_source.py",
     "tests/test_snapshots.py",
     "tests/test_compaction.py",
     "tests/test_retention.py",
