@@ -16,7 +16,7 @@ is one chain, because every ``sessionlake run`` is a JVM start:
 
 The final tables must equal a file-based run over the same events: no event lost, none
 doubled, every record counted once. The tests that need the broker are marked ``kafka``
-(the chain ``slow`` too); they are never skipped: without the broker's jars
+and ``slow`` (a broker start); they are never skipped: without the broker's jars
 (``make kafka-broker``, part of ``make setup``) they fail.
 """
 
@@ -169,6 +169,7 @@ def test_kill_restart_and_new_partitions_end_as_a_file_run(
 
 
 @pytest.mark.kafka
+@pytest.mark.slow
 def test_a_missing_topic_is_refused_before_the_lake_is_touched(
     spark: SparkSession, broker: KafkaBroker, tmp_path: Path
 ) -> None:
