@@ -12,12 +12,14 @@ is one chain, because every ``sessionlake run`` is a JVM start:
    topic;
 4. the topic grows to 5 partitions and the last third goes round-robin to all five;
 5. a run at another parallelism (``--shuffle-partitions 3``) reads it, new partitions
-   included.
+   included;
+6. the lake goes back to a snapshot taken before the growth, and a run from there reads
+   the last third again (once).
 
-The final tables must equal a file-based run over the same events: no event lost, none
-doubled, every record counted once. The tests that need the broker are marked ``kafka``
-and ``slow`` (a broker start); they are never skipped: without the broker's jars
-(``make kafka-broker``, part of ``make setup``) they fail.
+After 5 and after 6, the tables must equal a file-based run over the same events: no
+event lost, none doubled, every record counted once. The tests that need the broker are
+marked ``kafka`` and ``slow`` (a broker start); they are never skipped: without the
+broker's jars (``make kafka-broker``, part of ``make setup``) they fail.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from sessionlake.config import ConfigError, Settings, settings_from
 from sessionlake.devkafka import KafkaBroker, free_port, start_broker
 from sessionlake.generate import generate_clickstream
 from sessionlake.kafkaadmin import KafkaUnavailable, add_partitions, create_topic, topic_partitions
+from sessionlake.snapshots import create_snapshot, restore_snapshot
 from sessionlake.stream import run_stream
 from sessionlake.tables import read_table
 from tests.conftest import REPO
@@ -151,8 +154,10 @@ def test_kill_restart_and_new_partitions_end_as_a_file_run(
     killed = run_cli(lake, broker.bootstrap, fault="after_merge@1")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     # The restart in this process (one JVM start less): the library entry point, same code.
-    restarted = run_stream(spark, kafka_settings(lake, broker.bootstrap))
+    settings = kafka_settings(lake, broker.bootstrap)
+    restarted = run_stream(spark, settings)
     assert [r.row["batch_id"] for r in restarted.batches] == [1]  # the batch cut off
+    snapshot = create_snapshot(spark, settings, name="before-growth")
 
     add_partitions(spark, broker.bootstrap, TOPIC, 5)
     assert topic_partitions(spark, broker.bootstrap, TOPIC) == 5
@@ -160,6 +165,13 @@ def test_kill_restart_and_new_partitions_end_as_a_file_run(
     grown = run_cli(lake, broker.bootstrap, "--shuffle-partitions", "3")
     assert grown.returncode == 0, grown.stderr[-3000:]
 
+    assert outcome(spark, lake) == expected
+
+    # Back to the snapshot (3 partitions' offsets in its checkpoint), then the same run:
+    # the records read since, the new partitions' included, are read again, once.
+    restore_snapshot(spark, settings, snapshot.snapshot_id)
+    assert outcome(spark, lake) != expected
+    run_stream(spark, settings)
     assert outcome(spark, lake) == expected
     produced = len(first) + len(last)
     assert expected["totals"]["input_records"] == produced
