@@ -40,6 +40,7 @@ from pyspark.sql import SparkSession
 from sessionlake import storage
 from sessionlake.batch import StreamIdentity, write_stream_identity
 from sessionlake.checkpoint import (
+    BATCH_LOCK_FILE,
     IDENTITY_FILE,
     LOCK_FILE,
     MANIFEST,
@@ -56,7 +57,7 @@ from sessionlake.tables import STREAM_TABLES, table_path, table_version
 log = logging.getLogger("sessionlake.snapshots")
 
 #: Files of the checkpoint folder that belong to the running process, not to the stream.
-_PROCESS_FILES = (LOCK_FILE, PID_FILE, RESTORING_MARKER)
+_PROCESS_FILES = (LOCK_FILE, BATCH_LOCK_FILE, PID_FILE, RESTORING_MARKER)
 _COPY_ATTEMPTS = 20
 
 
@@ -372,7 +373,7 @@ def _replace_checkpoint(
         return None  # the next run starts the stream afresh, as the snapshot had none
     copy = f"{snapshot_dir}/checkpoint"
     for name in storage.list_names(spark, copy):
-        if name != IDENTITY_FILE:
+        if name != IDENTITY_FILE and name not in _PROCESS_FILES:
             storage.copy_tree(spark, f"{copy}/{name}", f"{checkpoint}/{name}")
     epochs = [snapshot.epoch or 0, *([current.epoch] if current else [])]
     identity = StreamIdentity(snapshot.stream_id, max(epochs) + 1)

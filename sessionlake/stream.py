@@ -275,9 +275,13 @@ def run_stream(
                             break
                     query.awaitTermination(1)
             error = query.exception()
-            if error is not None and forced:
-                log.warning("stopped while a trigger planned its batch (%s): that batch was "
-                            "not committed and runs again on restart", str(error).splitlines()[0])
+            if error is not None and monitor.stop_requested:
+                # A trigger can begin between the check for a quiet moment and the stop (or
+                # the wait gave up): the stop interrupts it before its commit, so it runs
+                # again on restart, as after a crash. Not an error of the run.
+                log.warning("stopped while a trigger %s its batch (%s): that batch was not "
+                            "committed and runs again on restart",
+                            "planned" if forced else "started", str(error).splitlines()[0])
             elif error is not None:
                 raise error
             monitor.wait_for(reports)
