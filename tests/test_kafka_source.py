@@ -170,7 +170,7 @@ def test_kill_restart_and_new_partitions_end_as_a_file_run(
     # Back to the snapshot (3 partitions' offsets in its checkpoint), then the same run:
     # the records read since, the new partitions' included, are read again, once.
     restore_snapshot(spark, settings, snapshot.snapshot_id)
-    assert outcome(spark, lake) != expected
+    assert read_table(spark, str(lake), "events").count() < len(expected["events"])
     run_stream(spark, settings)
     assert outcome(spark, lake) == expected
     produced = len(first) + len(last)
