@@ -9,16 +9,17 @@ DEMO   := demo
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup jars browser demo test test-fast lint bench clean help
+.PHONY: setup jars kafka-broker kafka browser demo test test-fast lint bench clean help
 
 help:
 	@echo "make demo   - set up, sessionize the bundled Apache access log, print a report"
 	@echo "make test   - set up, lint, then run the whole test suite"
 	@echo "make lint   - ruff and mypy"
 	@echo "make bench  - benchmarks (see bench/README.md)"
-	@echo "make setup  - only the virtual environment, the Delta jars and Chromium"
+	@echo "make setup  - only the virtual environment, the Delta and Kafka jars, the Kafka broker and Chromium"
+	@echo "make kafka  - a development Kafka broker (KRaft) on 127.0.0.1:$(KAFKA_PORT)"
 
-setup: $(VENV)/.installed jars/.resolved browser
+setup: $(VENV)/.installed jars/.resolved kafka-broker/.resolved browser
 
 # Headless Chromium and its driver (Debian's packages) for the health page's browser test;
 # skipped when they are there. Needs root (CI runs as root).
@@ -39,8 +40,25 @@ jars: jars/.resolved
 
 jars/.resolved: build/pom.xml
 	mkdir -p jars
-	mvn --batch-mode --quiet -f build/pom.xml dependency:copy-dependencies -Djars.dir=$(abspath jars)
+	mvn --batch-mode --quiet -f build/pom.xml dependency:copy-dependencies \
+	  dependency:copy@kafka-jars -Djars.dir=$(abspath jars)
 	touch $@
+
+# The Kafka server's jars (build/kafka-broker-pom.xml) for the development and test broker.
+kafka-broker: kafka-broker/.resolved
+
+kafka-broker/.resolved: build/kafka-broker-pom.xml
+	mkdir -p kafka-broker
+	mvn --batch-mode --quiet -f build/kafka-broker-pom.xml dependency:copy-dependencies \
+	  -Dbroker.dir=$(abspath kafka-broker)
+	touch $@
+
+# A single-node KRaft broker on 127.0.0.1 for development, data in kafka-data/ (wiped at
+# start); Ctrl-C stops it.
+KAFKA_PORT ?= 9092
+
+kafka: $(VENV)/.installed kafka-broker/.resolved
+	$(BIN)/python -m sessionlake.devkafka --data-dir kafka-data --port $(KAFKA_PORT)
 
 demo: setup
 	rm -rf $(DEMO) && mkdir -p $(DEMO)/landing
@@ -65,7 +83,7 @@ bench: setup
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(DEMO) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(DEMO) kafka-data .pytest_cache .mypy_cache .ruff_cache
 
 # --- Airflow -------------------------------------------------------------------------------
 # `make airflow`: Airflow 3 standalone (SQLite, LocalExecutor) on http://localhost:8080 with

@@ -47,8 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log every batch")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    run = commands.add_parser("run", help="sessionize the events in a landing folder")
-    run.add_argument("--source", help="landing folder (default $SESSIONLAKE_SOURCE)")
+    run = commands.add_parser(
+        "run", help="sessionize the events in a landing folder or a Kafka topic")
+    run.add_argument("--source", help="landing folder, or `kafka` to read --topic "
+                                      "(default $SESSIONLAKE_SOURCE)")
     run.add_argument("--format", dest="input_format", choices=("jsonl", "apache"),
                      help="input format (default jsonl)")
     _lake(run)
@@ -66,6 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --trigger continuous: time between micro-batches (default 10s)")
     run.add_argument("--max-files-per-trigger", type=int, dest="max_files_per_trigger",
                      help="at most this many files per micro-batch")
+    run.add_argument("--kafka-bootstrap", dest="kafka_bootstrap",
+                     help="with --source kafka: the brokers, HOST:PORT[,HOST:PORT...] "
+                          "(default $SESSIONLAKE_KAFKA_BOOTSTRAP)")
+    run.add_argument("--topic", dest="kafka_topic",
+                     help="with --source kafka: the topic to read, every partition "
+                          "(default $SESSIONLAKE_KAFKA_TOPIC)")
+    run.add_argument("--starting-offsets", dest="kafka_starting_offsets",
+                     choices=("earliest", "latest"),
+                     help="with --source kafka: where a new checkpoint starts in the topic "
+                          "(default earliest; a restart resumes from its checkpoint)")
+    run.add_argument("--max-offsets-per-trigger", type=int,
+                     dest="kafka_max_offsets_per_trigger",
+                     help="with --source kafka: at most this many records per micro-batch")
     run.add_argument("--alert-batch-duration", dest="alert_batch_duration",
                      help="log an ALERT line for a batch that takes longer (default 5m)")
     run.add_argument("--alert-late-fraction", dest="alert_late_fraction",
@@ -221,14 +236,17 @@ def _settings(args: argparse.Namespace) -> Settings:
     keys = ("lake", "source", "checkpoint", "input_format", "gap", "grace",
             "max_session_duration", "max_future_skew", "trigger", "processing_interval",
             "shuffle_partitions", "max_files_per_trigger", "master", "alert_batch_duration",
-            "alert_late_fraction")
+            "alert_late_fraction", "kafka_bootstrap", "kafka_topic", "kafka_starting_offsets",
+            "kafka_max_offsets_per_trigger")
     return settings_from({k: getattr(args, k, None) for k in keys})
 
 
-def _spark(settings: Settings, app: str) -> Any:
-    from sessionlake.spark import JarsMissingError, build_spark
+def _spark(settings: Settings, app: str, *, kafka: bool = False) -> Any:
+    from sessionlake.spark import JarsMissingError, build_spark, check_kafka_jars
 
     try:
+        if kafka:
+            check_kafka_jars()
         return build_spark(settings.master, app_name=app,
                            shuffle_partitions=settings.shuffle_partitions)
     except JarsMissingError as error:
@@ -246,7 +264,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     check_source(settings)
-    spark = _spark(settings, "sessionlake-run")
+    spark = _spark(settings, "sessionlake-run", kafka=settings.reads_kafka)
     # A bar for runs that end (available-now); a continuous run is followed in its log.
     bar = progress("micro-batches") if settings.trigger == "available-now" else nullcontext()
     try:

@@ -20,9 +20,14 @@ from typing import Any, Literal
 
 InputFormat = Literal["jsonl", "apache"]
 Trigger = Literal["available-now", "continuous"]
+StartingOffsets = Literal["earliest", "latest"]
 
 INPUT_FORMATS: tuple[str, ...] = ("jsonl", "apache")
 TRIGGERS: tuple[str, ...] = ("available-now", "continuous")
+STARTING_OFFSETS: tuple[str, ...] = ("earliest", "latest")
+#: ``--source kafka`` reads a Kafka topic instead of a landing folder (a folder that
+#: happens to be called ``kafka`` is still reachable as ``./kafka``).
+KAFKA_SOURCE = "kafka"
 
 #: Environment variables read by :func:`settings_from` (the DAGs rely on the first three).
 ENV = {
@@ -40,10 +45,18 @@ ENV = {
     "user_buckets": "SESSIONLAKE_USER_BUCKETS",
     "alert_batch_duration": "SESSIONLAKE_ALERT_BATCH_DURATION",
     "alert_late_fraction": "SESSIONLAKE_ALERT_LATE_FRACTION",
+    "kafka_bootstrap": "SESSIONLAKE_KAFKA_BOOTSTRAP",
+    "kafka_topic": "SESSIONLAKE_KAFKA_TOPIC",
+    "kafka_starting_offsets": "SESSIONLAKE_KAFKA_STARTING_OFFSETS",
+    "kafka_max_offsets_per_trigger": "SESSIONLAKE_KAFKA_MAX_OFFSETS_PER_TRIGGER",
 }
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+#: One Kafka bootstrap server: a host name, IPv4 or [IPv6] address, and a port.
+_KAFKA_SERVER = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
+#: Kafka's own rule for topic names.
+_KAFKA_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
 class ConfigError(ValueError):
@@ -101,6 +114,30 @@ def _positive_int(value: Any, name: str) -> int:
     return number
 
 
+def _kafka_bootstrap(value: Any) -> str:
+    """``HOST:PORT[,HOST:PORT...]`` checked server by server (Kafka's own client would only
+    log a warning and retry forever on a typo)."""
+    servers = [part.strip() for part in str(value).split(",")]
+    for server in servers:
+        match = _KAFKA_SERVER.match(server)
+        if not match or not 1 <= int(match.group(2)) <= 65535:
+            raise ConfigError(
+                f"kafka-bootstrap must be HOST:PORT[,HOST:PORT...], got {value!r} "
+                f"({server!r} is not a host and a port from 1 to 65535)"
+            )
+    return ",".join(servers)
+
+
+def _kafka_topic(value: Any) -> str:
+    topic = str(value)
+    if not _KAFKA_TOPIC.match(topic) or topic in (".", ".."):
+        raise ConfigError(
+            f"topic must be a Kafka topic name (1 to 249 of letters, digits, '.', '_', "
+            f"'-'), got {value!r}"
+        )
+    return topic
+
+
 def _fraction(value: Any, name: str) -> float:
     try:
         number = float(str(value))
@@ -137,12 +174,26 @@ class Settings:
     alert_batch_duration: timedelta = timedelta(minutes=5)
     #: A batch whose late records exceed this fraction of its input logs an ``ALERT`` line.
     alert_late_fraction: float = 0.1
+    #: With ``source="kafka"``: the brokers, as ``HOST:PORT[,HOST:PORT...]``.
+    kafka_bootstrap: str | None = None
+    #: With ``source="kafka"``: the topic read (every partition, new ones included).
+    kafka_topic: str | None = None
+    #: Where a new checkpoint starts in the topic; a restart resumes from its checkpoint.
+    kafka_starting_offsets: StartingOffsets = "earliest"
+    #: At most this many records per micro-batch, over all partitions (Spark splits it
+    #: between partitions in proportion to their backlog).
+    kafka_max_offsets_per_trigger: int | None = None
     spark_conf: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def checkpoint(self) -> str:
         """The streaming checkpoint: ``--checkpoint`` or ``<lake>/_checkpoints/stream``."""
         return self.checkpoint_dir or f"{self.lake.rstrip('/')}/_checkpoints/stream"
+
+    @property
+    def reads_kafka(self) -> bool:
+        """Whether the source is a Kafka topic (``--source kafka``) rather than a folder."""
+        return self.source == KAFKA_SOURCE
 
     def with_overrides(self, **values: Any) -> Settings:
         """A copy with some values replaced and validated again."""
@@ -190,7 +241,8 @@ def settings_from(
     updates: dict[str, Any] = {}
     for key in ("source", "checkpoint_dir"):
         if key in current:
-            updates[key] = absolute_location(str(current[key]))
+            updates[key] = (KAFKA_SOURCE if key == "source" and current[key] == KAFKA_SOURCE
+                            else absolute_location(str(current[key])))
     if "master" in current:
         updates["master"] = str(current["master"])
     if "input_format" in current:
@@ -210,9 +262,22 @@ def settings_from(
                 "processing_interval", "alert_batch_duration"):
         if key in current:
             updates[key] = parse_duration(current[key], key.replace("_", "-"))
-    for key in ("shuffle_partitions", "max_files_per_trigger", "user_buckets"):
+    if "kafka_bootstrap" in current:
+        updates["kafka_bootstrap"] = _kafka_bootstrap(current["kafka_bootstrap"])
+    if "kafka_topic" in current:
+        updates["kafka_topic"] = _kafka_topic(current["kafka_topic"])
+    if "kafka_starting_offsets" in current:
+        if current["kafka_starting_offsets"] not in STARTING_OFFSETS:
+            raise ConfigError(
+                f"starting-offsets must be one of {', '.join(STARTING_OFFSETS)}, "
+                f"got {current['kafka_starting_offsets']!r}"
+            )
+        updates["kafka_starting_offsets"] = current["kafka_starting_offsets"]
+    for key in ("shuffle_partitions", "max_files_per_trigger", "user_buckets",
+                "kafka_max_offsets_per_trigger"):
         if key in current:
-            updates[key] = _positive_int(current[key], key.replace("_", "-"))
+            name = key.removeprefix("kafka_").replace("_", "-")
+            updates[key] = _positive_int(current[key], name)
     if "alert_late_fraction" in current:
         updates["alert_late_fraction"] = _fraction(
             current["alert_late_fraction"], "alert-late-fraction"

@@ -309,6 +309,10 @@ def _command(settings: Settings, name: str, *extra: str) -> str:
 
 def _run_command(settings: Settings) -> str:
     """``sessionlake run`` for this lake, with the landing folder when it is known."""
+    if settings.reads_kafka:
+        return _command(settings, "run", "--source", settings.source or "kafka",
+                        "--kafka-bootstrap", settings.kafka_bootstrap or "<HOST:PORT>",
+                        "--topic", settings.kafka_topic or "<topic>")
     if settings.source:
         return _command(settings, "run", "--source", settings.source)
     return f"{_command(settings, 'run')} --source <landing folder>"

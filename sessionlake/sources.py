@@ -1,5 +1,9 @@
 """Source adapters: raw lines in, candidate events out.
 
+Lines come from a landing folder's files (:func:`split_lines`) or from a Kafka topic's
+records (:func:`kafka_lines`), in the same three columns, so every format and every rule
+after this point is shared.
+
 Every input format is an adapter with one method, :meth:`SourceAdapter.parse`, that turns
 a DataFrame of lines (``source_file``, ``source_line``, ``line``) into the candidate-event
 shape below, with a ``reason`` column that is null for a record that parsed and says what
@@ -36,6 +40,8 @@ COMBINED_LOG = (
     r'(?: "((?:[^"\\]|\\.)*)" "((?:[^"\\]|\\.)*)")?\s*$'
 )
 APACHE_TIME_FORMAT = "dd/MMM/yyyy:HH:mm:ss Z"
+#: ``source_file`` of a Kafka record is ``kafka://<topic>/<partition>``.
+KAFKA_SCHEME = "kafka://"
 
 CANDIDATE_COLUMNS: tuple[str, ...] = (
     "event_id", "user_id", "event_time", "event_type", "page", "properties",
@@ -226,3 +232,30 @@ def split_lines(files: DataFrame, source_root_path: str) -> DataFrame:
         (F.col("pos") + 1).cast("long").alias("source_line"),
         F.regexp_replace("line", "\r$", "").alias("line"),
     ).where(F.trim("line") != "")
+
+
+def kafka_lines(records: DataFrame) -> DataFrame:
+    """One line per Kafka record, in the columns :func:`split_lines` gives for files.
+
+    Each record's value is one record of the input format (a jsonl event, usually); a
+    trailing line ending is dropped. ``source_file`` is ``kafka://<topic>/<partition>`` and
+    ``source_line`` the record's offset, so a record is named by where it sits in the log:
+    quarantine rows point at it, and an event without an ``event_id`` gets
+    ``<topic>/<partition>/<offset>`` (see :func:`sessionlake.validation.apply_guards`), which
+    a replay of the same offsets reproduces.
+
+    The record's Kafka timestamp is deliberately not used: ``event_time`` is required by the
+    event model, and the producer's send time (or the broker's append time) is not when the
+    event happened, so an event without one is quarantined like a file's. An empty or null
+    value is a record too, and is quarantined rather than dropped.
+
+    :param records: Kafka source rows (``topic``, ``partition``, ``offset``, ``value``).
+    :return: ``source_file``, ``source_line`` and ``line``.
+    """
+    return records.select(
+        F.concat(F.lit(KAFKA_SCHEME), F.col("topic"), F.lit("/"),
+                 F.col("partition").cast("string")).alias("source_file"),
+        F.col("offset").cast("long").alias("source_line"),
+        F.regexp_replace(F.coalesce(F.col("value").cast("string"), F.lit("")),
+                         r"\r?\n$", "").alias("line"),
+    )

@@ -1,8 +1,9 @@
 """How sessionlake reaches Spark: one function that builds a Delta-enabled session.
 
-The Delta Lake JVM artifacts are resolved once from Maven Central into the project's
-``jars/`` folder (``make jars``) and put on ``spark.jars``, so that every later start is
-offline and takes seconds instead of an Ivy resolution.
+The JVM artifacts pyspark does not ship (Delta Lake, and Spark's Kafka source) are resolved
+once from Maven Central into the project's ``jars/`` folder (``make jars``) and every jar
+there is put on ``spark.jars``, so that every later start is offline and takes seconds
+instead of an Ivy resolution.
 
 On a cluster (any master but ``local``), the ``sessionlake`` package itself is shipped to the
 executors as a zip (:func:`package_zip`, added with ``addPyFile``), so that Python code run
@@ -44,15 +45,20 @@ class JarsMissingError(RuntimeError):
     """The Delta jars are not where sessionlake looks for them."""
 
 
+def _jars_folder(jars_dir: str | os.PathLike[str] | None = None) -> Path:
+    return Path(jars_dir or os.environ.get("SESSIONLAKE_JARS") or PROJECT_ROOT / "jars")
+
+
 def delta_jars(jars_dir: str | os.PathLike[str] | None = None) -> list[str]:
-    """The Delta Lake jars to put on ``spark.jars``.
+    """Every jar of the jars folder, to put on ``spark.jars``: Delta Lake's, which must be
+    there, and Spark's Kafka source with its client, when ``make jars`` fetched them.
 
     :param jars_dir: the folder holding them; default ``$SESSIONLAKE_JARS`` or ``jars/``
         in the project.
     :return: absolute paths, sorted.
     :raises JarsMissingError: with the command that fetches them, when there are none.
     """
-    folder = Path(jars_dir or os.environ.get("SESSIONLAKE_JARS") or PROJECT_ROOT / "jars")
+    folder = _jars_folder(jars_dir)
     jars = sorted(str(p.resolve()) for p in folder.glob("*.jar"))
     if not any(Path(j).name.startswith("delta-spark_") for j in jars):
         raise JarsMissingError(
@@ -60,6 +66,29 @@ def delta_jars(jars_dir: str | os.PathLike[str] | None = None) -> list[str]:
             "Central once) or set SESSIONLAKE_JARS to a folder that holds them"
         )
     return jars
+
+
+#: The jars Spark's Kafka source needs beyond pyspark's (see build/pom.xml).
+KAFKA_JAR_PREFIXES: tuple[str, ...] = (
+    "spark-sql-kafka-0-10_", "spark-token-provider-kafka-0-10_", "kafka-clients-",
+    "commons-pool2-",
+)
+
+
+def check_kafka_jars(jars_dir: str | os.PathLike[str] | None = None) -> None:
+    """Check, before Spark starts, that the Kafka source's jars are in the jars folder.
+
+    :raises JarsMissingError: naming the missing jars and the command that fetches them.
+    """
+    folder = _jars_folder(jars_dir)
+    names = [p.name for p in folder.glob("*.jar")]
+    missing = [prefix.rstrip("-_") for prefix in KAFKA_JAR_PREFIXES
+               if not any(name.startswith(prefix) for name in names)]
+    if missing:
+        raise JarsMissingError(
+            f"no {', '.join(missing)} jar in {folder}, which --source kafka needs: run "
+            "`make jars` (resolves them from Maven Central once)"
+        )
 
 
 #: Tasks of a parallel file listing (Spark's default, 10000, is meant for huge tables).

@@ -1,9 +1,10 @@
-"""The streaming job: files in the landing folder to micro-batches.
+"""The streaming job: files in the landing folder, or a Kafka topic, to micro-batches.
 
-Spark's file source tracks which files were processed (offsets in the checkpoint); each
-micro-batch is handed whole to :func:`sessionlake.batch.process_files` through
-``foreachBatch``. No Spark stateful operator is used, so the checkpoint holds only file
-offsets: ``--shuffle-partitions`` and ``--master`` may change between runs.
+Spark's file source tracks which files were processed, and Spark's Kafka source which
+offsets of which partitions (both in the checkpoint); each micro-batch is turned into lines
+and handed whole to :func:`sessionlake.batch.process_lines` through ``foreachBatch``. No
+Spark stateful operator is used, so the checkpoint holds only source offsets:
+``--shuffle-partitions`` and ``--master`` may change between runs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from types import FrameType
 from typing import Any
 
@@ -26,10 +28,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from sessionlake import faults, storage
-from sessionlake.batch import BatchReport, Clock, process_files, stream_identity, utc_now
+from sessionlake.batch import BatchReport, Clock, process_lines, stream_identity, utc_now
 from sessionlake.checkpoint import LOCK_FILE, PID_FILE, RESTORING_MARKER, lock_held
-from sessionlake.config import ConfigError, Settings
+from sessionlake.config import ENV, ConfigError, Settings
+from sessionlake.kafkaadmin import KafkaUnavailable, topic_partitions
 from sessionlake.monitor import BatchMonitor
+from sessionlake.sources import kafka_lines, split_lines
 from sessionlake.storage import local_path
 from sessionlake.tables import ensure_tables
 
@@ -75,9 +79,16 @@ class RunSummary:
 
 
 def check_source(settings: Settings) -> str:
-    """The source folder, checked before anything is read or written."""
+    """The source folder, or ``kafka`` with its brokers and topic, checked before anything
+    is read or written (without reaching the brokers: see :func:`check_kafka_topic`)."""
     if not settings.source:
-        raise ConfigError("no source folder: pass --source DIR or set SESSIONLAKE_SOURCE")
+        raise ConfigError("no source folder: pass --source DIR (or --source kafka) "
+                          "or set SESSIONLAKE_SOURCE")
+    if settings.reads_kafka:
+        return _check_kafka_settings(settings)
+    if settings.kafka_max_offsets_per_trigger:
+        raise ConfigError("--max-offsets-per-trigger goes with --source kafka; for a "
+                          "folder use --max-files-per-trigger")
     path = local_path(settings.source)
     if path is not None and not path.is_dir():
         raise ConfigError(
@@ -85,6 +96,36 @@ def check_source(settings: Settings) -> str:
             "create it, or point --source at the landing folder"
         )
     return settings.source
+
+
+def _check_kafka_settings(settings: Settings) -> str:
+    """The Kafka flags of ``--source kafka``: both brokers and topic, no folder-only flag."""
+    if not settings.kafka_bootstrap:
+        raise ConfigError("--source kafka needs the brokers: pass --kafka-bootstrap "
+                          f"HOST:PORT or set {ENV['kafka_bootstrap']}")
+    if not settings.kafka_topic:
+        raise ConfigError("--source kafka needs a topic: pass --topic NAME or set "
+                          f"{ENV['kafka_topic']}")
+    if settings.max_files_per_trigger:
+        raise ConfigError("--max-files-per-trigger is for a folder; with --source kafka "
+                          "use --max-offsets-per-trigger")
+    return settings.source or ""
+
+
+def check_kafka_topic(spark: SparkSession, settings: Settings) -> int:
+    """Check that the brokers answer and the topic exists, before the stream starts.
+
+    Without this, Spark's Kafka source waits for an unreachable broker or an absent topic
+    without saying so.
+
+    :return: the topic's partition count.
+    :raises ConfigError: naming the brokers or the topic, and what to check.
+    """
+    assert settings.kafka_bootstrap and settings.kafka_topic
+    try:
+        return topic_partitions(spark, settings.kafka_bootstrap, settings.kafka_topic)
+    except KafkaUnavailable as error:
+        raise ConfigError(str(error)) from None
 
 
 @contextmanager
@@ -133,6 +174,25 @@ def landing_files(spark: SparkSession, settings: Settings) -> DataFrame:
     )
 
 
+def kafka_records(spark: SparkSession, settings: Settings) -> DataFrame:
+    """The streaming DataFrame of the topic's records, every partition, new ones included.
+
+    Offsets live in the checkpoint, so ``--starting-offsets`` only matters for a new one.
+    Partitions added to the topic later are read from their first offset. Spark's
+    ``failOnDataLoss`` stays on: records deleted (by retention) before they were read stop
+    the stream instead of being skipped silently.
+    """
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+        .option("subscribe", settings.kafka_topic)
+        .option("startingOffsets", settings.kafka_starting_offsets)
+    )
+    if settings.kafka_max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", settings.kafka_max_offsets_per_trigger)
+    return reader.load().select("topic", "partition", "offset", "value")
+
+
 def run_stream(
     spark: SparkSession,
     settings: Settings,
@@ -149,6 +209,8 @@ def run_stream(
     :param on_batch: called with every batch's report, after its commit.
     """
     source = check_source(settings)
+    if settings.reads_kafka:
+        check_kafka_topic(spark, settings)
     summary = RunSummary()
     with checkpoint_lock(settings.checkpoint):
         check_no_restore_pending(spark, settings.checkpoint)
@@ -158,7 +220,14 @@ def run_stream(
                         buckets, settings.user_buckets)
             settings = settings.with_overrides(user_buckets=buckets)
         identity = stream_identity(spark, settings.checkpoint)
-        root = storage.path_part(spark, source)
+        to_lines: Callable[[DataFrame], DataFrame]
+        if settings.reads_kafka:
+            stream, to_lines = kafka_records(spark, settings), kafka_lines
+        else:
+            root = storage.path_part(spark, source)
+            stream = landing_files(spark, settings)
+            to_lines = partial(split_lines, source_root_path=root)
+
         in_batch = threading.Event()
         reports: dict[int, BatchReport] = {}
 
@@ -166,7 +235,8 @@ def run_stream(
             in_batch.set()
             try:
                 faults.set_batch(batch_id)
-                report = process_files(spark, frame, batch_id, settings, identity, root, clock)
+                report = process_lines(spark, to_lines(frame), batch_id, settings, identity,
+                                       clock)
                 summary.batches.append(report)
                 reports[batch_id] = report
                 log.info("batch %s: %s", batch_id, report.row)
@@ -176,7 +246,7 @@ def run_stream(
                 in_batch.clear()
 
         writer = (
-            landing_files(spark, settings).writeStream.foreachBatch(handle)
+            stream.writeStream.foreachBatch(handle)
             .option("checkpointLocation", f"{settings.checkpoint.rstrip('/')}/spark")
             .queryName(f"sessionlake-{identity.stream_id}")
         )

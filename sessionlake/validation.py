@@ -13,6 +13,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from sessionlake.config import format_duration
+from sessionlake.sources import KAFKA_SCHEME
 
 #: Longest record parsed; a longer one is quarantined with its first MAX_RECORD_CHARS.
 MAX_RECORD_CHARS = 1 << 20
@@ -42,8 +43,9 @@ def apply_guards(
     * An event more than ``max_future_skew`` ahead of the batch clock is quarantined, so
       that one producer with a wrong clock cannot push the watermark forward and close
       every open session.
-    * An event without an id gets ``<source file>#<line>``: a replayed file is recognised
-      as a duplicate, while two identical lines stay two events.
+    * An event without an id gets one from where the record sits (see
+      :func:`derived_event_id`): a replayed file is recognised as a duplicate, while two
+      identical lines stay two events.
     """
     horizon = F.lit(processing_time + max_future_skew).cast("timestamp")
     too_long = F.length("raw") > MAX_RECORD_CHARS
@@ -60,15 +62,28 @@ def apply_guards(
         )
     )
     return candidates.select(
-        F.coalesce(
-            "event_id", F.concat_ws("#", "source_file", F.col("source_line").cast("string"))
-        ).alias("event_id"),
+        F.coalesce("event_id", derived_event_id()).alias("event_id"),
         "user_id", "event_time", "event_type", "page", "properties",
         "source_file", "source_line",
         F.substring("raw", 1, MAX_RECORD_CHARS).alias("raw"),
         too_long.alias("raw_truncated"),
         reason.alias("reason"),
     )
+
+
+def derived_event_id() -> Column:
+    """The id of an event that has none: where its record sits in the input.
+
+    ``<file>#<line>`` for a file (the path relative to the landing folder), and
+    ``<topic>/<partition>/<offset>`` for a Kafka record, whose ``source_file`` is
+    ``kafka://<topic>/<partition>``: both are stable under replay and distinct for two
+    identical records.
+    """
+    line = F.col("source_line").cast("string")
+    return F.when(
+        F.col("source_file").startswith(KAFKA_SCHEME),
+        F.concat(F.substring("source_file", len(KAFKA_SCHEME) + 1, 1 << 16), F.lit("/"), line),
+    ).otherwise(F.concat_ws("#", "source_file", line))
 
 
 def quarantined(guarded: DataFrame) -> DataFrame:

@@ -37,6 +37,7 @@ LONGEST_FIRST = (
     "tests/dags/test_restart_dag.py",
     "tests/test_cluster.py",
     "tests/test_cli.py",
+    "tests/test_kafka_source.py",
     "tests/test_snapshots.py",
     "tests/test_compaction.py",
     "tests/test_retention.py",

@@ -60,8 +60,32 @@ def test_relative_paths_become_absolute_and_uris_stay(tmp_path, monkeypatch) -> 
         ({"lake": "L", "input_format": "csv"}, "format must be one of jsonl, apache"),
         ({"lake": "L", "trigger": "sometimes"}, "trigger must be one of"),
         ({"lake": "L", "user_buckets": "many"}, "user-buckets must be a whole number"),
+        ({"lake": "L", "kafka_bootstrap": "broker"}, "kafka-bootstrap must be HOST:PORT"),
+        ({"lake": "L", "kafka_bootstrap": "a:9092,b:99999"}, "'b:99999' is not a host"),
+        ({"lake": "L", "kafka_topic": "clicks/eu"}, "topic must be a Kafka topic name"),
+        ({"lake": "L", "kafka_starting_offsets": "newest"},
+         "starting-offsets must be one of earliest, latest"),
+        ({"lake": "L", "kafka_max_offsets_per_trigger": "0"},
+         "max-offsets-per-trigger must be a whole number"),
     ],
 )
 def test_bad_settings_are_refused_with_their_name(values: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         settings_from(values, env={})
+
+
+def test_kafka_settings_from_the_environment(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    env = {"SESSIONLAKE_LAKE": "L", "SESSIONLAKE_SOURCE": "kafka",
+           "SESSIONLAKE_KAFKA_BOOTSTRAP": "k1:9092, [::1]:9093",
+           "SESSIONLAKE_KAFKA_TOPIC": "clicks", "SESSIONLAKE_KAFKA_STARTING_OFFSETS": "latest",
+           "SESSIONLAKE_KAFKA_MAX_OFFSETS_PER_TRIGGER": "500"}
+    settings = settings_from({}, env=env)
+    # `kafka` names the source, not a folder; `./kafka` is still a folder.
+    assert settings.source == "kafka" and settings.reads_kafka
+    assert (settings.kafka_bootstrap, settings.kafka_topic, settings.kafka_starting_offsets,
+            settings.kafka_max_offsets_per_trigger) == ("k1:9092,[::1]:9093", "clicks",
+                                                         "latest", 500)
+    folder = settings_from({"source": "./kafka"}, env=env)
+    assert folder.source == str(tmp_path / "kafka") and not folder.reads_kafka
+    assert settings_from({"lake": "L"}, env={}).kafka_starting_offsets == "earliest"

@@ -8,7 +8,12 @@ from datetime import datetime, timedelta
 import pytest
 from pyspark.sql import SparkSession
 
-from sessionlake.sources import ApacheAccessLogAdapter, JsonLinesAdapter, adapter_for
+from sessionlake.sources import (
+    ApacheAccessLogAdapter,
+    JsonLinesAdapter,
+    adapter_for,
+    kafka_lines,
+)
 from sessionlake.validation import MAX_RECORD_CHARS, apply_guards, cap_record_size
 from tests.conftest import DATA
 from tests.helpers import NOW, lines_frame
@@ -143,3 +148,26 @@ def test_unknown_format_is_refused() -> None:
 
 def test_jsonl_adapter_has_the_adapter_name() -> None:
     assert JsonLinesAdapter().name == "jsonl"
+
+
+def test_kafka_records_become_lines_named_by_topic_partition_and_offset(
+    spark: SparkSession,
+) -> None:
+    records = spark.createDataFrame([
+        ("clicks", 2, 17, bytearray(b'{"user_id": "u1", "event_time": "2026-01-05T10:00:00Z"}\n')),
+        ("clicks", 0, 3, bytearray(b'{"user_id": "u2", "event_time": "2026-01-05T10:00:00Z", '
+                                   b'"event_id": "own"}')),
+        ("clicks", 1, 5, bytearray(b'{"user_id": "u3"}')),  # no event_time: the Kafka
+        ("clicks", 1, 6, None),                             # timestamp is not used
+    ], "topic string, partition int, offset long, value binary")
+    lines = kafka_lines(records)
+    assert lines.columns == ["source_file", "source_line", "line"]
+    guarded = apply_guards(JsonLinesAdapter().parse(lines), NOW, SKEW)
+    got = {(r.source_file, r.source_line): (r.event_id, r.reason) for r in guarded.collect()}
+    assert got == {
+        ("kafka://clicks/2", 17): ("clicks/2/17", None),  # derived: topic/partition/offset
+        ("kafka://clicks/0", 3): ("own", None),
+        ("kafka://clicks/1", 5): ("clicks/1/5", "missing event_time"),
+        ("kafka://clicks/1", 6): ("clicks/1/6", "invalid JSON"),  # a null value is a record
+    }
+

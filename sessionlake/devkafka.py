@@ -1,0 +1,241 @@
+"""A real single-node Kafka broker for development and tests, without Docker.
+
+The broker is Kafka's own server (``kafka.Kafka``) from the jars ``make kafka-broker``
+resolves from Maven Central into ``kafka-broker/``, started with ``java -cp`` in KRaft mode
+as a combined broker and controller, on 127.0.0.1 only, with its data in a folder of your
+choice. Used by the Kafka tests (one broker per test module) and by ``make kafka``::
+
+    python -m sessionlake.devkafka --data-dir kafka-data --port 9092
+
+Nothing here needs Spark or a Python Kafka client: readiness is checked with one Kafka
+``ApiVersions`` request over a socket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from sessionlake.spark import PROJECT_ROOT
+
+#: Where ``make kafka-broker`` puts the broker's jars (``SESSIONLAKE_KAFKA_BROKER`` overrides).
+BROKER_JARS = PROJECT_ROOT / "kafka-broker"
+LOG_CONFIG = PROJECT_ROOT / "conf" / "kafka-log4j2.properties"
+#: The broker's heap: enough for tests and demos, small beside Spark's on a 2-core machine.
+BROKER_HEAP = "512m"
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be started: the message says why and what to do."""
+
+
+def broker_jars_dir() -> Path:
+    """The folder of the broker's jars, checked to hold the Kafka server.
+
+    :raises BrokerError: with the command that fetches them, when it does not.
+    """
+    folder = Path(os.environ.get("SESSIONLAKE_KAFKA_BROKER") or BROKER_JARS)
+    if not any(folder.glob("kafka_2.13-*.jar")):
+        raise BrokerError(
+            f"no Kafka server jars in {folder}: run `make kafka-broker` (resolves them "
+            "from Maven Central once) or set SESSIONLAKE_KAFKA_BROKER to a folder that "
+            "holds them"
+        )
+    return folder
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
+    """``server.properties`` of a one-node KRaft cluster (broker and controller in one).
+
+    Internal topics get one replica; topics are never created on first use, so a typo
+    in a topic name fails instead of creating an empty topic.
+    """
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(data_dir / "log"),
+        "num.partitions": "1",
+        "num.network.threads": "2",
+        "num.io.threads": "2",
+        "auto.create.topics.enable": "false",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+    }
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+def answers(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    """Whether a Kafka broker answers an ``ApiVersions`` request on ``host:port``.
+
+    A listening socket is not enough: the broker accepts connections before it serves
+    requests. Any well-formed answer with our correlation id counts.
+    """
+    client = b"sessionlake"
+    correlation = 7
+    body = struct.pack(">hhih", 18, 0, correlation, len(client)) + client
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            conn.sendall(struct.pack(">i", len(body)) + body)
+            head = b""
+            while len(head) < 8:
+                chunk = conn.recv(8 - len(head))
+                if not chunk:
+                    return False
+                head += chunk
+    except OSError:
+        return False
+    _size, answered = struct.unpack(">ii", head)
+    return answered == correlation
+
+
+@dataclass
+class KafkaBroker:
+    """A running broker: where to reach it, and how to stop it."""
+
+    bootstrap: str
+    data_dir: Path
+    process: subprocess.Popen[bytes]
+
+    @property
+    def log_file(self) -> Path:
+        """The broker's console output (warnings and errors)."""
+        return self.data_dir / "broker.log"
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the broker: SIGTERM (a clean shutdown), SIGKILL if it takes too long."""
+        if self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    candidate = Path(home) / "bin" / "java" if home else None
+    if candidate is not None and candidate.exists():
+        return str(candidate)
+    found = shutil.which("java")
+    if found is None:
+        raise BrokerError("no `java` on PATH and no JAVA_HOME: install JDK 17")
+    return found
+
+
+def start_broker(
+    data_dir: Path, *, port: int | None = None, timeout_s: float = 90.0
+) -> KafkaBroker:
+    """Format a fresh KRaft log in ``data_dir`` and start a broker on 127.0.0.1.
+
+    Example::
+
+        broker = start_broker(tmp_path / "kafka")
+        try:
+            ...  # use broker.bootstrap, e.g. "127.0.0.1:41234"
+        finally:
+            broker.stop()
+
+    :param data_dir: an empty (or absent) folder for the configuration, log and data.
+    :param port: the client port; a free one when not given.
+    :param timeout_s: how long to wait for the broker to answer.
+    :return: the running broker.
+    :raises BrokerError: when the jars are missing, formatting fails, or the broker does
+        not answer in time (the message quotes the end of its log).
+    """
+    jars = broker_jars_dir()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    controller_port = free_port()
+    config = data_dir / "server.properties"
+    config.write_text(server_properties(data_dir, port, controller_port))
+    java = [_java(), f"-Xmx{BROKER_HEAP}", "-XX:+UseSerialGC",
+            f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}",
+            "-cp", f"{jars}/*"]
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    formatted = subprocess.run(
+        [*java, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    if formatted.returncode != 0:
+        raise BrokerError(f"formatting the broker's storage failed: "
+                          f"{(formatted.stderr or formatted.stdout).strip()[-1000:]}")
+    log = open(data_dir / "broker.log", "ab")  # noqa: SIM115 (the broker writes it)
+    process = subprocess.Popen([*java, "kafka.Kafka", str(config)],
+                               stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+    log.close()
+    broker = KafkaBroker(f"127.0.0.1:{port}", data_dir, process)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        if answers("127.0.0.1", port):
+            return broker
+        time.sleep(0.5)
+    broker.stop()
+    tail = broker.log_file.read_text(errors="replace")[-2000:]
+    raise BrokerError(f"the Kafka broker did not answer on {broker.bootstrap} within "
+                      f"{timeout_s:g}s (exit status {process.poll()}); its log ends:\n{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sessionlake.devkafka``: run a broker until Ctrl-C or SIGTERM."""
+    parser = argparse.ArgumentParser(prog="python -m sessionlake.devkafka",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, default=Path("kafka-data"),
+                        help="folder for the broker's log and data, wiped first (kafka-data)")
+    parser.add_argument("--port", type=int, default=9092, help="client port (9092)")
+    args = parser.parse_args(argv)
+    shutil.rmtree(args.data_dir, ignore_errors=True)
+    try:
+        broker = start_broker(args.data_dir.resolve(), port=args.port)
+    except BrokerError as error:
+        print(f"devkafka: error: {error}", file=sys.stderr)
+        return 2
+    print(f"Kafka broker on {broker.bootstrap} (KRaft, data and log in {args.data_dir}); "
+          "Ctrl-C stops it. Try:\n"
+          f"  sessionlake run --source kafka --kafka-bootstrap {broker.bootstrap} "
+          "--topic TOPIC --lake demo/kafka-lake", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.is_set() and broker.process.poll() is None:
+        stop.wait(1.0)
+    broker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Kafka's Admin API, reached through the Spark driver's JVM (kafka-clients is in ``jars/``).
+
+Used before a Kafka stream starts, to turn "broker unreachable" and "no such topic" into
+one clear line instead of a stream that waits forever, and by the tests and the
+development broker to create and grow topics. No Python Kafka client is needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+#: How long a look-up may wait for the brokers before sessionlake gives up, in seconds.
+ADMIN_TIMEOUT_S = 15.0
+
+
+class KafkaUnavailable(RuntimeError):
+    """The brokers did not answer, or the topic is not there: the message says which."""
+
+
+@contextmanager
+def kafka_admin(
+    spark: SparkSession, bootstrap: str, timeout_s: float = ADMIN_TIMEOUT_S
+) -> Iterator[Any]:
+    """An ``org.apache.kafka.clients.admin.Admin`` on ``bootstrap``, closed afterwards.
+
+    Example::
+
+        with kafka_admin(spark, "127.0.0.1:9092") as admin:
+            partitions = topic_partitions(admin, "events")
+
+    :param bootstrap: ``HOST:PORT[,HOST:PORT...]``.
+    :param timeout_s: the client's request and API time-outs.
+    :return: the JVM Admin object (py4j).
+    """
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None, "Kafka look-ups need a classic (JVM) Spark session"
+    props = jvm.java.util.Properties()
+    millis = str(int(timeout_s * 1000))
+    for key, value in {"bootstrap.servers": bootstrap, "request.timeout.ms": millis,
+                       "default.api.timeout.ms": millis,
+                       "client.id": "sessionlake-admin"}.items():
+        props.put(key, value)
+    admin = jvm.org.apache.kafka.clients.admin.Admin.create(props)
+    try:
+        yield admin
+    finally:
+        admin.close(jvm.java.time.Duration.ofSeconds(5))
+
+
+def _wait(spark: SparkSession, future: Any, timeout_s: float) -> Any:
+    """The value of a JVM ``KafkaFuture``, waiting at most ``timeout_s``."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    return future.get(int(timeout_s * 1000), jvm.java.util.concurrent.TimeUnit.MILLISECONDS)
+
+
+def _cause(error: Exception) -> str:
+    """The innermost Java exception's class and message, for one readable line."""
+    java = getattr(error, "java_exception", None)
+    while java is not None and java.getCause() is not None:
+        java = java.getCause()
+    if java is None:
+        return str(error).strip().splitlines()[0]
+    return f"{java.getClass().getSimpleName()}: {java.getMessage()}"
+
+
+def topic_partitions(
+    spark: SparkSession, bootstrap: str, topic: str, timeout_s: float = ADMIN_TIMEOUT_S
+) -> int:
+    """How many partitions ``topic`` has, checking that the brokers answer and it exists.
+
+    :raises KafkaUnavailable: the brokers did not answer within ``timeout_s``, or the topic
+        does not exist; the message says what to check.
+    """
+    try:
+        with kafka_admin(spark, bootstrap, timeout_s) as admin:
+            names = _wait(spark, admin.listTopics().names(), timeout_s)
+            if not names.contains(topic):
+                raise KafkaUnavailable(
+                    f"topic {topic!r} does not exist on the Kafka brokers at {bootstrap}: "
+                    "create it, or fix --topic"
+                )
+            described = _wait(
+                spark, admin.describeTopics([topic]).allTopicNames(), timeout_s
+            )
+            return int(described.get(topic).partitions().size())
+    except KafkaUnavailable:
+        raise
+    except Exception as error:  # py4j wraps the Java exceptions
+        raise KafkaUnavailable(
+            f"the Kafka brokers at {bootstrap} did not answer within {timeout_s:g}s "
+            f"({_cause(error)}): check --kafka-bootstrap and that the brokers are running"
+        ) from None
+
+
+def create_topic(spark: SparkSession, bootstrap: str, topic: str, partitions: int) -> None:
+    """Create ``topic`` with ``partitions`` partitions and the brokers' replication factor."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    optional = jvm.java.util.Optional
+    new_topic = jvm.org.apache.kafka.clients.admin.NewTopic(
+        topic, optional.of(partitions), optional.empty()
+    )
+    with kafka_admin(spark, bootstrap) as admin:
+        _wait(spark, admin.createTopics([new_topic]).all(), ADMIN_TIMEOUT_S)
+
+
+def add_partitions(spark: SparkSession, bootstrap: str, topic: str, total: int) -> None:
+    """Grow ``topic`` to ``total`` partitions (Kafka never shrinks a topic)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    increase = jvm.org.apache.kafka.clients.admin.NewPartitions.increaseTo(total)
+    with kafka_admin(spark, bootstrap) as admin:
+        _wait(spark, admin.createPartitions({topic: increase}).all(), ADMIN_TIMEOUT_S)

@@ -1,0 +1,220 @@
+"""``sessionlake run --source kafka`` against a real broker: exactly once through a SIGKILL,
+a restart and a topic that grows from 3 to 5 partitions.
+
+One KRaft broker (``sessionlake/devkafka.py``) serves the whole module. The events are a
+generated clickstream (duplicates and malformed lines included, none late); the scenario
+is one chain, because every ``sessionlake run`` is a JVM start:
+
+1. the first two thirds of the events go round-robin to a 3-partition topic;
+2. a run that reads at most 110 records per micro-batch is killed with SIGKILL in the
+   middle of its second batch (``SESSIONLAKE_FAULT=after_merge@1``, after its MERGE);
+3. a restart (in this process, on the suite's Spark) replays that batch, which drains the
+   topic;
+4. the topic grows to 5 partitions and the last third goes round-robin to all five;
+5. a run at another parallelism (``--shuffle-partitions 3``) reads it, new partitions
+   included;
+6. the lake goes back to a snapshot taken before the growth, and a run from there reads
+   the last third again (once).
+
+After 5 and after 6, the tables must equal a file-based run over the same events: no
+event lost, none doubled, every record counted once. The tests that need the broker are
+marked ``kafka`` and ``slow`` (a broker start); they are never skipped: without the
+broker's jars (``make kafka-broker``, part of ``make setup``) they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from sessionlake.cli import main
+from sessionlake.config import ConfigError, Settings, settings_from
+from sessionlake.devkafka import KafkaBroker, free_port, start_broker
+from sessionlake.generate import generate_clickstream
+from sessionlake.kafkaadmin import KafkaUnavailable, add_partitions, create_topic, topic_partitions
+from sessionlake.snapshots import create_snapshot, restore_snapshot
+from sessionlake.stream import run_stream
+from sessionlake.tables import read_table
+from tests.conftest import REPO
+
+TOPIC = "clicks"
+#: Both runs take late events out of the picture (equality holds when none is late):
+#: a round-robin topic read 110 records at a time keeps partitions within minutes of
+#: each other in event time, far less than this grace.
+GRACE = "1h"
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """One real KRaft broker on 127.0.0.1 for the module."""
+    running = start_broker(tmp_path_factory.mktemp("kafka"))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three chronological files of events, with duplicates and malformed lines."""
+    folder = tmp_path_factory.mktemp("landing")
+    generate_clickstream(folder, users=30, events=300, files=3, seed=11,
+                         duplicate_fraction=0.03, malformed_fraction=0.03)
+    return folder
+
+
+def _lines(landing: Path) -> list[list[str]]:
+    """The non-blank lines of each file, in file order."""
+    return [[line for line in path.read_text().splitlines() if line.strip()]
+            for path in sorted(landing.glob("*.jsonl"))]
+
+
+def produce(spark: SparkSession, bootstrap: str, lines: list[str], partitions: int) -> None:
+    """Send ``lines`` round-robin to the topic's partitions, in order within each.
+
+    Spark's Kafka sink writes them; one task keeps each partition's records in order.
+    """
+    rows = [(i % partitions, line) for i, line in enumerate(lines)]
+    (spark.createDataFrame(rows, "partition int, value string").coalesce(1)
+     .write.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+     .option("topic", TOPIC).save())
+
+
+def run_cli(lake: Path, bootstrap: str, *extra: str, fault: str | None = None,
+            ) -> subprocess.CompletedProcess[str]:
+    """``sessionlake run --source kafka`` in its own process, as an operator runs it."""
+    env = {k: v for k, v in os.environ.items() if k != "SESSIONLAKE_FAULT"}
+    env["SESSIONLAKE_DRIVER_MEMORY"] = "1g"
+    if fault:
+        env["SESSIONLAKE_FAULT"] = fault
+    command = [sys.executable, "-m", "sessionlake.cli", "run", "--source", "kafka",
+               "--kafka-bootstrap", bootstrap, "--topic", TOPIC, "--lake", str(lake),
+               "--grace", GRACE, "--max-offsets-per-trigger", "110", *extra]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=900, check=False)
+
+
+def kafka_settings(lake: Path, bootstrap: str) -> Settings:
+    """The settings :func:`run_cli` gives on the command line."""
+    return settings_from({"lake": str(lake), "source": "kafka", "kafka_bootstrap": bootstrap,
+                          "kafka_topic": TOPIC, "grace": GRACE,
+                          "kafka_max_offsets_per_trigger": 110}, env={})
+
+
+def outcome(spark: SparkSession, lake: Path) -> dict[str, Any]:
+    """What must not depend on the source, the batching or the crashes."""
+    path = str(lake)
+
+    def rows(table: str, *columns: Any) -> list[tuple[Any, ...]]:
+        return sorted(tuple(r) for r in read_table(spark, path, table).select(*columns)
+                      .collect())
+
+    key = ("session_id", "user_id", "session_start", "session_end", "event_count",
+           "entry_page", "exit_page")
+    metrics = read_table(spark, path, "batch_metrics").agg(*[
+        F.sum(c).alias(c) for c in ("input_records", "accepted", "late", "quarantined",
+                                    "duplicates")
+    ]).first()
+    assert metrics is not None
+    return {
+        "closed": rows("sessions", *key),
+        "open": rows("open_sessions", *key),
+        "events": rows("events", "user_id", "event_id", "event_time", "page"),
+        "late": rows("late_events", "event_id"),
+        "quarantine": rows("quarantine", "raw", "reason"),
+        "totals": metrics.asDict(),
+    }
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_kill_restart_and_new_partitions_end_as_a_file_run(
+    spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path
+) -> None:
+    files = _lines(landing)
+    first, last = files[0] + files[1], files[2]
+    expected_lake = tmp_path / "from-files"
+    run_stream(spark, settings_from({
+        "lake": str(expected_lake), "source": str(landing), "grace": GRACE,
+        "shuffle_partitions": 2}, env={}))
+    expected = outcome(spark, expected_lake)
+    assert expected["closed"] and expected["open"] and expected["quarantine"]
+    assert expected["totals"]["duplicates"] > 0 and not expected["late"]
+
+    create_topic(spark, broker.bootstrap, TOPIC, 3)
+    produce(spark, broker.bootstrap, first, 3)
+    lake = tmp_path / "lake"
+    killed = run_cli(lake, broker.bootstrap, fault="after_merge@1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    # The restart in this process (one JVM start less): the library entry point, same code.
+    settings = kafka_settings(lake, broker.bootstrap)
+    restarted = run_stream(spark, settings)
+    assert [r.row["batch_id"] for r in restarted.batches] == [1]  # the batch cut off
+    snapshot = create_snapshot(spark, settings, name="before-growth")
+
+    add_partitions(spark, broker.bootstrap, TOPIC, 5)
+    assert topic_partitions(spark, broker.bootstrap, TOPIC) == 5
+    produce(spark, broker.bootstrap, last, 5)
+    grown = run_cli(lake, broker.bootstrap, "--shuffle-partitions", "3")
+    assert grown.returncode == 0, grown.stderr[-3000:]
+
+    assert outcome(spark, lake) == expected
+
+    # Back to the snapshot (3 partitions' offsets in its checkpoint), then the same run:
+    # the records read since, the new partitions' included, are read again, once.
+    restore_snapshot(spark, settings, snapshot.snapshot_id)
+    assert read_table(spark, str(lake), "events").count() < len(expected["events"])
+    run_stream(spark, settings)
+    assert outcome(spark, lake) == expected
+    produced = len(first) + len(last)
+    assert expected["totals"]["input_records"] == produced
+    sources = {r[0] for r in read_table(spark, str(lake), "events")
+               .select("source_file").distinct().collect()}
+    assert sources == {f"kafka://{TOPIC}/{p}" for p in range(5)}
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_missing_topic_is_refused_before_the_lake_is_touched(
+    spark: SparkSession, broker: KafkaBroker, tmp_path: Path
+) -> None:
+    settings = settings_from({"lake": str(tmp_path / "lake"), "source": "kafka",
+                              "kafka_bootstrap": broker.bootstrap,
+                              "kafka_topic": "no-such-topic"}, env={})
+    with pytest.raises(ConfigError, match="topic 'no-such-topic' does not exist"):
+        run_stream(spark, settings)
+    assert not (tmp_path / "lake").exists()
+
+
+def test_a_broker_that_does_not_answer_is_named(spark: SparkSession) -> None:
+    nobody = f"127.0.0.1:{free_port()}"
+    with pytest.raises(KafkaUnavailable, match=f"brokers at {nobody} did not answer"):
+        topic_partitions(spark, nobody, TOPIC, timeout_s=2)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--source", "kafka"], "--source kafka needs the brokers"),
+    (["--source", "kafka", "--kafka-bootstrap", "127.0.0.1:9092"],
+     "--source kafka needs a topic"),
+    (["--source", "kafka", "--kafka-bootstrap", "localhost", "--topic", "t"],
+     "kafka-bootstrap must be HOST:PORT"),
+    (["--source", "kafka", "--kafka-bootstrap", "h:1", "--topic", "a topic"],
+     "topic must be a Kafka topic name"),
+    (["--source", "kafka", "--kafka-bootstrap", "h:1", "--topic", "t",
+      "--max-files-per-trigger", "2"], "--max-files-per-trigger is for a folder"),
+    (["--source", "kafka", "--kafka-bootstrap", "h:1", "--topic", "t",
+      "--max-offsets-per-trigger", "0"], "max-offsets-per-trigger must be a whole number"),
+])
+def test_bad_kafka_flags_exit_2_before_spark_starts(
+    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", "--lake", str(tmp_path / "lake"), *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "lake").exists()
