@@ -70,11 +70,13 @@ lint: setup
 	$(BIN)/ruff check $(wildcard sessionlake tests dags plugins jobs bench)
 	$(BIN)/mypy
 
-# Two test processes, a test file each at a time (module fixtures build their lake once).
+# Two test processes, a test file each at a time (module fixtures build their lake once),
+# files in collection order (tests/conftest.py puts the longest first; xdist would otherwise
+# start the files with the most tests first, and a long two-test file last).
 PYTEST_WORKERS ?= 2
 
 test: setup lint
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 test-fast: setup
 	$(BIN)/pytest -m "not slow"
