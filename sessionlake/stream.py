@@ -257,6 +257,8 @@ def run_stream(
             writer = writer.trigger(processingTime=f"{seconds} seconds")
         monitor = BatchMonitor(settings, reports)
         spark.streams.addListener(monitor)
+        quiet_after_stop = _QuietAfterStop(monitor)
+        _PY4J_LOG.addFilter(quiet_after_stop)
         query: StreamingQuery | None = None
         try:
             query = writer.start()
@@ -289,7 +291,27 @@ def run_stream(
             if query is not None:
                 monitor.wait_terminated()
             spark.streams.removeListener(monitor)
+            _PY4J_LOG.removeFilter(quiet_after_stop)
     return summary
+
+
+#: py4j reports, with a traceback, an error of the Python side of a batch.
+_PY4J_LOG = logging.getLogger("py4j.clientserver")
+
+
+class _QuietAfterStop(logging.Filter):
+    """Drop py4j's report of a batch that a requested stop interrupted as it began.
+
+    That batch was not committed and runs again on restart; :func:`run_stream` logs it as
+    one warning. Before a stop is requested every report passes.
+    """
+
+    def __init__(self, monitor: BatchMonitor) -> None:
+        super().__init__()
+        self._monitor = monitor
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self._monitor.stop_requested
 
 
 def quiet_moment_wait(settings: Settings) -> float:
