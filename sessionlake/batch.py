@@ -46,7 +46,7 @@ from sessionlake.sessionize import (
     open_sessions_as_fragments,
     user_bucket,
 )
-from sessionlake.sources import adapter_for, split_lines
+from sessionlake.sources import adapter_for
 from sessionlake.state import MergeResult, apply_changelog_merge
 from sessionlake.tables import (
     BATCH_METRICS,
@@ -218,25 +218,6 @@ def _one(frame: DataFrame) -> Row:
 def watermark_of(max_event_time: datetime | None, grace: timedelta) -> datetime | None:
     """The watermark: the largest accepted event time so far minus the grace period."""
     return None if max_event_time is None else max_event_time - grace
-
-
-def process_files(
-    spark: SparkSession,
-    files: DataFrame,
-    batch_id: int,
-    settings: Settings,
-    identity: StreamIdentity,
-    source_root_path: str,
-    clock: Clock = utc_now,
-) -> BatchReport:
-    """Process one micro-batch of whole files (``content``, ``file_path``).
-
-    :param source_root_path: the source folder's path; event ids derived from files are
-        relative to it.
-    :return: the metrics row written for the batch.
-    """
-    lines = split_lines(files, source_root_path)
-    return process_lines(spark, lines, batch_id, settings, identity, clock)
 
 
 def process_lines(

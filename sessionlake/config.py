@@ -104,6 +104,13 @@ def absolute_location(location: str) -> str:
     return os.path.abspath(os.path.expanduser(location))
 
 
+def _one_of(value: Any, choices: tuple[str, ...], name: str) -> str:
+    """``value`` when it is one of ``choices``; else a ConfigError naming them."""
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return str(value)
+
+
 def _positive_int(value: Any, name: str) -> int:
     try:
         number = int(str(value))
@@ -245,19 +252,11 @@ def settings_from(
                             else absolute_location(str(current[key])))
     if "master" in current:
         updates["master"] = str(current["master"])
-    if "input_format" in current:
-        if current["input_format"] not in INPUT_FORMATS:
-            raise ConfigError(
-                f"format must be one of {', '.join(INPUT_FORMATS)}, "
-                f"got {current['input_format']!r}"
-            )
-        updates["input_format"] = current["input_format"]
-    if "trigger" in current:
-        if current["trigger"] not in TRIGGERS:
-            raise ConfigError(
-                f"trigger must be one of {', '.join(TRIGGERS)}, got {current['trigger']!r}"
-            )
-        updates["trigger"] = current["trigger"]
+    for key, name, choices in (("input_format", "format", INPUT_FORMATS),
+                               ("trigger", "trigger", TRIGGERS),
+                               ("kafka_starting_offsets", "starting-offsets", STARTING_OFFSETS)):
+        if key in current:
+            updates[key] = _one_of(current[key], choices, name)
     for key in ("gap", "grace", "max_session_duration", "max_future_skew",
                 "processing_interval", "alert_batch_duration"):
         if key in current:
@@ -266,13 +265,6 @@ def settings_from(
         updates["kafka_bootstrap"] = _kafka_bootstrap(current["kafka_bootstrap"])
     if "kafka_topic" in current:
         updates["kafka_topic"] = _kafka_topic(current["kafka_topic"])
-    if "kafka_starting_offsets" in current:
-        if current["kafka_starting_offsets"] not in STARTING_OFFSETS:
-            raise ConfigError(
-                f"starting-offsets must be one of {', '.join(STARTING_OFFSETS)}, "
-                f"got {current['kafka_starting_offsets']!r}"
-            )
-        updates["kafka_starting_offsets"] = current["kafka_starting_offsets"]
     for key in ("shuffle_partitions", "max_files_per_trigger", "user_buckets",
                 "kafka_max_offsets_per_trigger"):
         if key in current:
