@@ -176,10 +176,7 @@ def record_inputs(
     """
     entry = _read_ledger(spark, settings, identity, batch_id)
     if entry is None:
-        max_before = _one(read_table(spark, settings.lake, BATCH_METRICS).agg(
-            F.max("max_event_time")
-        ))[0]
-        max_before = _as_utc(max_before)
+        max_before = max_event_time_before(spark, settings, identity, batch_id)
         entry = {
             "events_version": table_version(spark, settings.lake, EVENTS),
             "open_sessions_version": table_version(spark, settings.lake, OPEN_SESSIONS),
@@ -199,12 +196,37 @@ def record_inputs(
     return inputs, bool(entry.get("done"))
 
 
-def mark_done(
+def max_event_time_before(
     spark: SparkSession, settings: Settings, identity: StreamIdentity, batch_id: int
+) -> datetime | None:
+    """The largest event time accepted before batch ``batch_id``: where its watermark stands.
+
+    The previous batch of the same stream and epoch noted it in its ledger entry when it
+    finished, so a batch reads one small file instead of scanning ``batch_metrics``, whose
+    files grow with every batch. Only the first batch after a restore (a new epoch), or
+    after a ledger without that note, takes the maximum over ``batch_metrics``.
+    """
+    previous = _read_ledger(spark, settings, identity, batch_id - 1) if batch_id > 0 else None
+    if previous is not None and previous.get("done") and "max_event_time_after" in previous:
+        return _parse_time(previous["max_event_time_after"])
+    return _as_utc(_one(read_table(spark, settings.lake, BATCH_METRICS).agg(
+        F.max("max_event_time")
+    ))[0])
+
+
+def mark_done(
+    spark: SparkSession,
+    settings: Settings,
+    identity: StreamIdentity,
+    batch_id: int,
+    max_event_time_after: datetime | None,
 ) -> None:
-    """Note in the ledger that every table write of the batch has committed."""
+    """Note in the ledger that every table write of the batch has committed, and the
+    largest accepted event time so far (the next batch's watermark starts there)."""
     entry = _read_ledger(spark, settings, identity, batch_id) or {}
-    _write_ledger(spark, settings, identity, batch_id, {**entry, "done": True})
+    after = None if max_event_time_after is None else max_event_time_after.isoformat()
+    _write_ledger(spark, settings, identity, batch_id,
+                  {**entry, "done": True, "max_event_time_after": after})
 
 
 def _one(frame: DataFrame) -> Row:
@@ -397,7 +419,7 @@ def _process_locked(
         schema = read_table(spark, lake, BATCH_METRICS).schema
         _append_once(spark.createDataFrame([Row(**row)], schema), lake, BATCH_METRICS, txn)
         faults.point("after_metrics")
-        mark_done(spark, settings, identity, batch_id)
+        mark_done(spark, settings, identity, batch_id, max_event_time)
         phase("metrics")
         log.debug("batch %s phases (ms): %s", batch_id, phases)
         return BatchReport(row=row, phases_ms=phases)

@@ -15,7 +15,13 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake.conflicts import retry_on_conflict
-from sessionlake.tables import OPEN_SESSIONS, delta_txn, last_operation_metrics, table_path
+from sessionlake.tables import (
+    OPEN_SESSIONS,
+    delta_txn,
+    last_operation_metrics,
+    table_path,
+    txn_commit_metrics,
+)
 
 OPEN_SESSION_COLUMNS: tuple[str, ...] = (
     "session_id", "user_id", "user_bucket", "session_start", "session_end", "run_start",
@@ -77,7 +83,8 @@ def apply_changelog_merge(
             )
 
     retry_on_conflict(merge, f"MERGE into {OPEN_SESSIONS}")
-    metrics = last_operation_metrics(spark, lake, OPEN_SESSIONS, operation="MERGE")
+    metrics = (txn_commit_metrics(spark, lake, OPEN_SESSIONS, txn) if txn else None) \
+        or last_operation_metrics(spark, lake, OPEN_SESSIONS, operation="MERGE")
     return MergeResult(
         rows_inserted=metrics.get("numTargetRowsInserted", 0),
         rows_updated=metrics.get("numTargetRowsUpdated", 0),

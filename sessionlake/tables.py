@@ -10,6 +10,7 @@ Delta instead of being written twice.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -181,3 +182,29 @@ def last_operation_metrics(
     row = history.orderBy(history["version"].desc()).head()
     metrics = (row["operationMetrics"] if row is not None else None) or {}
     return {key: int(value) for key, value in metrics.items() if str(value).isdigit()}
+
+
+def txn_commit_metrics(
+    spark: SparkSession, lake: str, table: str, txn: tuple[str, int], newest: int = 20
+) -> dict[str, int] | None:
+    """The operation metrics of the commit of ``table`` made under ``txn``, if it is recent.
+
+    Read from the commit files themselves: the commit that carries the transaction key
+    (``txn`` action) is the very write of the batch, whatever other writers (an OPTIMIZE
+    beside the stream) committed around it, and no Spark job or history query is needed.
+
+    :param newest: how many of the newest commits to look through.
+    :return: the metrics, or ``None`` when no such commit is among them.
+    """
+    log_dir = f"{table_path(lake, table)}/_delta_log"
+    latest = table_version(spark, lake, table)
+    for version in range(latest, max(-1, latest - newest), -1):
+        text = storage.read_text(spark, f"{log_dir}/{version:020d}.json")
+        actions = [json.loads(line) for line in (text or "").splitlines() if line.strip()]
+        if any(a.get("txn", {}).get("appId") == txn[0]
+               and a["txn"].get("version") == txn[1] for a in actions):
+            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            metrics = info.get("operationMetrics") or {}
+            return {key: int(value) for key, value in metrics.items()
+                    if str(value).isdigit()}
+    return None
