@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -203,7 +204,7 @@ def txn_commit_metrics(
         actions = [json.loads(line) for line in (text or "").splitlines() if line.strip()]
         if any(a.get("txn", {}).get("appId") == txn[0]
                and a["txn"].get("version") == txn[1] for a in actions):
-            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
             metrics = info.get("operationMetrics") or {}
             return {key: int(value) for key, value in metrics.items()
                     if str(value).isdigit()}
