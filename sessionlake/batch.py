@@ -343,7 +343,7 @@ def _process_locked(
         assigned = keep(mark_late_new_sessions(
             assign_sessions(fragments, gap, settings.max_session_duration), watermark, gap
         ))
-        sessions = keep(aggregate_sessions(assigned.where(F.col("late_reason").isNull())))
+        sessions = aggregate_sessions(assigned.where(F.col("late_reason").isNull()))
 
         outcome = _one(assigned.where(~F.col("is_state")).agg(
             F.count(F.when(F.col("late_reason").isNull(), 1)).alias("accepted"),
@@ -363,7 +363,9 @@ def _process_locked(
         )
         expiring = keep(expiring_open_sessions(untouched, watermark_after, gap))
 
-        source = keep(merge_source(classified, expiring, settings.user_buckets, batch_id, now))
+        # Not persisted: a union of projections of persisted frames, which Delta's MERGE
+        # materializes itself.
+        source = merge_source(classified, expiring, settings.user_buckets, batch_id, now)
         counts = _batch_counts(checked, outcome, classified, expiring, buckets)
         phase("classify")
         late_rows = checked.where(F.col("late_reason").isNotNull()).select(
