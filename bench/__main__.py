@@ -74,7 +74,7 @@ def print_table(figures: dict[str, Any], batches: int) -> None:
     for r in figures["restart"]:
         for what, key in (("to 1st commit", "first_commit_s"), ("whole process", "process_s")):
             a, b = r[f"sessionlake_{key}"], r[f"peer_{key}"]
-            label = f"restart, {r['size']:,} open sessions, {what}, vs peer (s)"
+            label = f"restart, {r['size']:,} open, {what}, vs peer (s)"
             print(f"{label:<52}{a:>12.1f}{b:>10.1f}{a / b:>8.2f}")
     equal = figures["equal_sessions"]
     print(f"closed sessions equal to the peer's: {equal['closed_equal']}; all sessions equal "
