@@ -1,10 +1,11 @@
-"""sessionlake against Spark's own streaming session_window, on the same generated files.
+"""sessionlake against Spark's own streaming session_window and a plain batch job.
 
-    .venv/bin/python -m bench [--events 1000000] [--users 100000] [--files 10] [--out DIR]
+    .venv/bin/python -m bench [--events 1000000] [--users 100000] [--files 10]
+        [--restart-sizes 10000,100000,1000000] [--out DIR]
 
 Every system runs as its own process and is timed whole (JVM start included), as an
-operator would see it. Prints a table, then one JSON object with the figures and the
-ratios (sessionlake / peer) as the last line.
+operator would see it (see bench/processes.py). Prints a table, then one JSON object with
+the figures and the ratios (sessionlake / peer, sessionlake / plain batch) as the last line.
 """
 
 from __future__ import annotations
@@ -14,66 +15,79 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-PY = sys.executable
+from bench.processes import (
+    PY,
+    REPO,
+    peer_run,
+    plain_batch_run,
+    query,
+    query_delta,
+    sessionlake_run,
+)
+from bench.restart import measure_restart
+
+#: An order-independent fingerprint of a set of sessions, for the equality checks.
+DIGEST = ("count(*) AS n, sum(event_count) AS events, "
+          "sum(hash(user_id, session_start, session_end, event_count)) AS digest")
 
 
-def timed(command: list[str]) -> float:
-    """Run ``command`` to completion; its wall time in seconds."""
-    started = time.monotonic()
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(command)}\n{done.stderr[-3000:]}")
-    return time.monotonic() - started
+def compare_sessions(lake: Path, peer: Path, plain: Path) -> dict[str, Any]:
+    """Where the systems' semantics agree (no late events), their sessions must be equal.
+
+    The peer emits closed sessions only: they are compared with sessionlake's ``sessions``.
+    The plain batch sessionizes every event: it is compared with ``sessions`` and
+    ``open_sessions`` together.
+    """
+    ours = query(lake, (
+        f"SELECT * FROM (SELECT {DIGEST} FROM sessions) CROSS JOIN "
+        f"(SELECT {DIGEST.replace(' AS ', ' AS all_')} FROM (SELECT user_id, session_start, "
+        "session_end, event_count FROM sessions UNION ALL SELECT user_id, session_start, "
+        "session_end, event_count FROM open_sessions))"))[0]
+    theirs = query_delta({"peer": peer / "sessions", "plain": plain}, (
+        f"SELECT * FROM (SELECT {DIGEST} FROM peer) CROSS JOIN "
+        f"(SELECT {DIGEST.replace(' AS ', ' AS all_')} FROM plain)"))
+    closed = {k: ours[k] for k in ("n", "events", "digest")}
+    every = {k: ours[f"all_{k}"] for k in ("n", "events", "digest")}
+    peer_closed = {k: theirs[k] for k in ("n", "events", "digest")}
+    plain_every = {k: theirs[f"all_{k}"] for k in ("n", "events", "digest")}
+    return {"closed_sessionlake": closed, "closed_peer": peer_closed,
+            "closed_equal": closed == peer_closed, "all_sessionlake": every,
+            "all_plain_batch": plain_every, "all_equal": every == plain_every}
 
 
-def sessionlake_run(source: Path, lake: Path, *flags: str) -> float:
-    """Wall time of one ``sessionlake run`` (available-now) over ``source``."""
-    return timed([PY, "-m", "sessionlake.cli", "run", "--source", str(source),
-                  "--lake", str(lake), *flags])
-
-
-def peer_run(source: Path, out: Path, files_per_trigger: int | None = None) -> float:
-    """Wall time of the peer job (session_window + RocksDB) over ``source``."""
-    command = [PY, "-m", "bench.peer_session_window", str(source), str(out / "sessions"),
-               str(out / "checkpoint")]
-    if files_per_trigger:
-        command.append(str(files_per_trigger))
-    return timed(command)
-
-
-def query(lake: Path, statement: str) -> list[dict[str, Any]]:
-    """Rows of a Delta SQL query over a sessionlake lake."""
-    done = subprocess.run(
-        [PY, "-m", "sessionlake.cli", "sql", "--lake", str(lake), "--output", "json", statement],
-        cwd=REPO, capture_output=True, text=True, check=True,
-    )
-    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-
-
-def compare_closed_sessions(lake: Path, peer: Path) -> dict[str, Any]:
-    """Closed sessions of both systems, where their semantics agree (no late events)."""
-    statement = (
-        "SELECT count(*) AS n, sum(event_count) AS events, "
-        "sum(hash(user_id, session_start, session_end, event_count)) AS digest FROM sessions"
-    )
-    ours = query(lake, statement)[0]
-    code = (
-        "import json,sys\n"
-        "from sessionlake.spark import build_spark\n"
-        "s = build_spark('local[2]')\n"
-        f"d = s.read.format('delta').load({str(peer / 'sessions')!r})\n"
-        "d.createOrReplaceTempView('sessions')\n"
-        f"print(json.dumps(s.sql({statement!r}).head().asDict()))\n"
-    )
-    done = subprocess.run([PY, "-c", code], cwd=REPO, capture_output=True, text=True,
-                          check=True)
-    theirs = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"sessionlake": ours, "peer": theirs, "equal": ours == theirs}
+def print_table(figures: dict[str, Any], batches: int) -> None:
+    """The human-readable summary; the JSON line after it holds every figure."""
+    rows = [
+        ("whole process, 1 batch, vs peer (s)", "sessionlake_one_batch_s", "peer_one_batch_s"),
+        (f"whole process, {batches} batches, vs peer (s)", "sessionlake_ten_batches_s",
+         "peer_ten_batches_s"),
+        ("whole process, 1 batch, vs plain batch (s)", "sessionlake_one_batch_s",
+         "plain_batch_s"),
+    ]
+    print(f"{'measurement':<52}{'sessionlake':>12}{'other':>10}{'ratio':>8}")
+    for label, ours, theirs in rows:
+        a, b = figures[ours], figures[theirs]
+        print(f"{label:<52}{a:>12.1f}{b:>10.1f}{a / b:>8.2f}")
+    for r in figures["restart"]:
+        for what, key in (("to 1st commit", "first_commit_s"), ("whole process", "process_s")):
+            a, b = r[f"sessionlake_{key}"], r[f"peer_{key}"]
+            label = f"restart, {r['size']:,} open, {what}, vs peer (s)"
+            print(f"{label:<52}{a:>12.1f}{b:>10.1f}{a / b:>8.2f}")
+    equal = figures["equal_sessions"]
+    print(f"closed sessions equal to the peer's: {equal['closed_equal']}; all sessions equal "
+          f"to the plain batch's: {equal['all_equal']}")
+    merge = figures["merge"]
+    print(f"MERGE rows changed {merge['changed']}, rows copied {merge['copied']}, "
+          f"files added {merge['files_added']}, removed {merge['files_removed']}")
+    for batch in figures["growing_state_batches"]:
+        print(f"growing state: batch {batch['batch_id']}: {batch['duration_ms']} ms "
+              f"with {batch['open_sessions']} open sessions")
+    for r in figures["restart"]:
+        print(f"restart, {r['size']:,}: sessionlake batch {r['sessionlake_batch']}, "
+              f"peer state rows {r['peer_state_rows']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,55 +96,58 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--users", type=int, default=100_000)
     parser.add_argument("--files", type=int, default=10)
+    parser.add_argument("--restart-sizes", default="10000,100000,1000000",
+                        help="open sessions before each restart measurement, comma-separated")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "work")
     args = parser.parse_args(argv)
+    sizes = sorted(int(size) for size in args.restart_sizes.split(",") if size.strip())
     shutil.rmtree(args.out, ignore_errors=True)
     source = args.out / "landing"
     subprocess.run([PY, "-m", "sessionlake.cli", "generate", "--out", str(source),
                     "--users", str(args.users), "--events", str(args.events),
                     "--files", str(args.files)], cwd=REPO, check=True)
 
+    per_trigger = max(1, args.files // 10)
     figures: dict[str, Any] = {"events": args.events, "users": args.users, "files": args.files}
-    figures["sessionlake_one_batch_s"] = sessionlake_run(source, args.out / "one")
-    figures["peer_one_batch_s"] = peer_run(source, args.out / "peer-one")
+    figures["sessionlake_one_batch_s"] = sessionlake_run(source, args.out / "one").seconds
+    figures["peer_one_batch_s"] = peer_run(source, args.out / "peer-one").seconds
+    figures["plain_batch_s"] = plain_batch_run(source, args.out / "plain").seconds
     figures["sessionlake_ten_batches_s"] = sessionlake_run(
-        source, args.out / "ten", "--max-files-per-trigger", str(max(1, args.files // 10)))
-    figures["peer_ten_batches_s"] = peer_run(source, args.out / "peer-ten",
-                                             max(1, args.files // 10))
-    figures["equal_closed_sessions"] = compare_closed_sessions(args.out / "one",
-                                                               args.out / "peer-one")
-    merge = query(args.out / "ten", (
+        source, args.out / "ten", "--max-files-per-trigger", str(per_trigger)).seconds
+    figures["peer_ten_batches_s"] = peer_run(
+        source, args.out / "peer-ten", "--max-files-per-trigger", str(per_trigger)).seconds
+    figures["equal_sessions"] = compare_sessions(args.out / "one", args.out / "peer-one",
+                                                 args.out / "plain")
+    figures["merge"] = query(args.out / "ten", (
         "SELECT sum(merge_rows_inserted + merge_rows_updated + merge_rows_deleted) AS changed, "
         "sum(merge_rows_copied) AS copied, sum(merge_files_added) AS files_added, "
         "sum(merge_files_removed) AS files_removed FROM batch_metrics"))[0]
-    figures["merge"] = merge
     growing = args.out / "growing"
     figures["growing_state_run_s"] = sessionlake_run(
         source, growing, "--max-files-per-trigger", "1", "--gap", "3d",
-        "--max-session-duration", "3d")
+        "--max-session-duration", "3d").seconds
     figures["growing_state_batches"] = query(growing, (
         "SELECT batch_id, duration_ms, open_sessions FROM batch_metrics ORDER BY batch_id"))
+    figures["restart"] = [measure_restart(size, args.out / f"restart-{size}")
+                          for size in sizes]
+
     figures["ratio_one_batch"] = figures["sessionlake_one_batch_s"] / figures["peer_one_batch_s"]
     figures["ratio_ten_batches"] = (figures["sessionlake_ten_batches_s"]
                                     / figures["peer_ten_batches_s"])
+    figures["ratio_one_batch_vs_plain"] = (figures["sessionlake_one_batch_s"]
+                                           / figures["plain_batch_s"])
+    figures["ratio_ten_batches_vs_plain"] = (figures["sessionlake_ten_batches_s"]
+                                             / figures["plain_batch_s"])
     durations = [b["duration_ms"] for b in figures["growing_state_batches"]]
     if len(durations) >= 6:
         figures["growing_last3_over_first3"] = sum(durations[-3:]) / sum(durations[:3])
+    if len(sizes) >= 2:
+        first, last = figures["restart"][0], figures["restart"][-1]
+        for name in ("sessionlake", "peer"):
+            figures[f"{name}_restart_largest_over_smallest"] = (
+                last[f"{name}_first_commit_s"] / first[f"{name}_first_commit_s"])
 
-    print(f"{'measurement':<44}{'sessionlake':>14}{'peer':>10}{'ratio':>8}")
-    for label, ours, theirs in (
-        ("whole process, 1 batch (s)", figures["sessionlake_one_batch_s"],
-         figures["peer_one_batch_s"]),
-        (f"whole process, {args.files // max(1, args.files // 10)} batches (s)",
-         figures["sessionlake_ten_batches_s"], figures["peer_ten_batches_s"]),
-    ):
-        print(f"{label:<44}{ours:>14.1f}{theirs:>10.1f}{ours / theirs:>8.2f}")
-    print(f"closed sessions equal: {figures['equal_closed_sessions']['equal']}")
-    print(f"MERGE rows changed {merge['changed']}, rows copied {merge['copied']}, "
-          f"files added {merge['files_added']}, removed {merge['files_removed']}")
-    for batch in figures["growing_state_batches"]:
-        print(f"growing state: batch {batch['batch_id']}: {batch['duration_ms']} ms "
-              f"with {batch['open_sessions']} open sessions")
+    print_table(figures, args.files // per_trigger)
     print(json.dumps(figures, default=str))
     return 0
 
