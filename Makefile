@@ -15,7 +15,7 @@ help:
 	@echo "make demo   - set up, sessionize the bundled Apache access log, print a report"
 	@echo "make test   - set up, lint, then run the whole test suite"
 	@echo "make lint   - ruff and mypy"
-	@echo "make bench  - benchmarks (see bench/README.md)"
+	@echo "make bench  - benchmarks (see the Benchmark section of README.md)"
 	@echo "make setup  - only the virtual environment, the Delta and Kafka jars, the Kafka broker and Chromium"
 	@echo "make kafka  - a development Kafka broker (KRaft) on 127.0.0.1:$(KAFKA_PORT)"
 
