@@ -143,6 +143,25 @@ def test_watermark_survives_a_new_checkpoint(spark: SparkSession, lake: str) -> 
     assert len(late_reasons(spark, lake)) == 1
 
 
+
+def test_the_watermark_is_carried_in_the_ledger_and_read_from_batch_metrics_without_it(
+    spark: SparkSession, lake: str
+) -> None:
+    """A batch starts from the previous batch's ledger note; a batch with no such note (the
+    first after a restore: a new epoch) from ``batch_metrics``, where both agree."""
+    from sessionlake.batch import _ledger_uri, max_event_time_before
+    from sessionlake.storage import delete
+
+    cfg = settings(lake)
+    identity = StreamIdentity("ledger", 0)
+    run_batches(spark, cfg, [[event("x", "12:00")], [event("y", "11:00")]], identity=identity)
+    noted = max_event_time_before(spark, cfg, identity, 2)
+    assert noted is not None and noted.isoformat() == "2026-01-05T12:00:00+00:00"
+    # Without the note, the maximum over batch_metrics gives the same instant.
+    delete(spark, _ledger_uri(cfg, identity, 1))
+    assert max_event_time_before(spark, cfg, identity, 2) == noted
+    assert max_event_time_before(spark, cfg, StreamIdentity("ledger", 1), 2) == noted
+
 def test_conservation(spark: SparkSession, lake: str) -> None:
     cfg = settings(lake)
     batches = [
