@@ -92,6 +92,7 @@ from sessionlake.tables import (
     SESSION_CHANGELOG,
     SESSIONS,
     read_table,
+    table_exists,
     table_path,
 )
 from sessionlake.validation import EVENT_COLUMNS
@@ -244,8 +245,7 @@ def _validate(settings: Settings, first: date, last: date) -> None:
 
 
 def _require_lake(spark: SparkSession, lake: str) -> None:
-    missing = [t for t in REQUIRED_TABLES
-               if not DeltaTable.isDeltaTable(spark, table_path(lake, t))]
+    missing = [t for t in REQUIRED_TABLES if not table_exists(spark, lake, t)]
     if missing:
         raise BackfillError(
             f"no sessionlake lake at {lake} (missing: {', '.join(missing)}); "

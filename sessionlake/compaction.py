@@ -47,7 +47,7 @@ from pyspark.sql.types import StructType
 from sessionlake import storage
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltareader import OPTIMIZE_MIN_FILE_SIZE
-from sessionlake.tables import PUBLIC_TABLES, table_path
+from sessionlake.tables import PUBLIC_TABLES, table_exists, table_path
 
 log = logging.getLogger(__name__)
 
@@ -312,7 +312,7 @@ def _check_lake(spark: SparkSession, lake: str, tables: Sequence[str]) -> None:
         raise CompactionError(
             f"no lake at {lake}: `sessionlake run` creates it (check --lake)"
         )
-    missing = [t for t in tables if not DeltaTable.isDeltaTable(spark, table_path(lake, t))]
+    missing = [t for t in tables if not table_exists(spark, lake, t)]
     if missing:
         raise CompactionError(
             f"{lake} is not a sessionlake lake: no Delta table {', '.join(missing)} in it "

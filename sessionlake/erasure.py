@@ -24,7 +24,14 @@ from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake.conflicts import retry_on_conflict
-from sessionlake.tables import RETENTION_AUDIT, USER_TABLES, read_table, table_path, table_version
+from sessionlake.tables import (
+    RETENTION_AUDIT,
+    USER_TABLES,
+    read_table,
+    table_exists,
+    table_path,
+    table_version,
+)
 
 log = logging.getLogger("sessionlake.erasure")
 
@@ -88,7 +95,7 @@ def erase(spark: SparkSession, lake: str, condition: Column) -> dict[str, int]:
 
 def erasures_since(spark: SparkSession, lake: str, since: datetime) -> list[str]:
     """Hashes of the users erased by retention runs that started at or after ``since``."""
-    if not DeltaTable.isDeltaTable(spark, table_path(lake, RETENTION_AUDIT)):
+    if not table_exists(spark, lake, RETENTION_AUDIT):
         return []
     rows = read_table(spark, lake, RETENTION_AUDIT).where(
         F.col("started_at") >= F.lit(since).cast("timestamp")

@@ -28,7 +28,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake.tables import PUBLIC_TABLES, sql_dir, table_path
+from sessionlake.tables import PUBLIC_TABLES, sql_dir, table_exists, table_path
 
 OUTPUT_FORMATS: tuple[str, ...] = ("table", "csv", "json")
 PARAM_TYPES: tuple[str, ...] = ("string", "int", "date", "timestamp")
@@ -201,9 +201,8 @@ def register_tables(spark: SparkSession, lake: str, as_of: AsOf | None = None) -
     timestamp = as_of_timestamp(spark, lake, as_of) if as_of else None
     names = []
     for table in PUBLIC_TABLES:
-        path = table_path(lake, table)
-        if DeltaTable.isDeltaTable(spark, path):
-            frame = _reader(spark, path, timestamp)
+        if table_exists(spark, lake, table):
+            frame = _reader(spark, table_path(lake, table), timestamp)
             if frame is not None:
                 frame.createOrReplaceTempView(table)
                 names.append(table)

@@ -48,6 +48,7 @@ from sessionlake.tables import (
     append,
     ensure_tables,
     read_table,
+    table_exists,
     table_path,
     table_version,
 )
@@ -278,7 +279,7 @@ def age_limits(
 
 
 def _require_lake(spark: SparkSession, lake: str) -> None:
-    missing = [t for t in STREAM_TABLES if not DeltaTable.isDeltaTable(spark, table_path(lake, t))]
+    missing = [t for t in STREAM_TABLES if not table_exists(spark, lake, t)]
     if missing:
         raise RetentionError(
             f"{lake} is not a sessionlake lake (no table {', '.join(missing)}): "

@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from sessionlake.config import Settings
 from sessionlake.query import LakeNotFound, named_queries
 from sessionlake.spark import build_spark
-from sessionlake.tables import PUBLIC_TABLES, table_path
+from sessionlake.tables import PUBLIC_TABLES, table_exists, table_path
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +44,7 @@ def register_catalog(spark: SparkSession, lake: str) -> list[str]:
     :return: the names registered.
     :raises LakeNotFound: when the lake has none of the tables.
     """
-    from delta.tables import DeltaTable
-
-    tables = [t for t in PUBLIC_TABLES if DeltaTable.isDeltaTable(spark, table_path(lake, t))]
+    tables = [t for t in PUBLIC_TABLES if table_exists(spark, lake, t)]
     if not tables:
         raise LakeNotFound(
             f"no sessionlake tables in {lake}: check --lake, or create them with "

@@ -52,7 +52,7 @@ from sessionlake.config import Settings
 from sessionlake.deltalog import clear_delta_cache, read_log, set_aside_log_from
 from sessionlake.erasure import reapply_erasures
 from sessionlake.stream import StreamAlreadyRunning, checkpoint_lock
-from sessionlake.tables import STREAM_TABLES, table_path, table_version
+from sessionlake.tables import STREAM_TABLES, table_exists, table_path, table_version
 
 log = logging.getLogger("sessionlake.snapshots")
 
@@ -130,7 +130,7 @@ def find_snapshot(lake: str, snapshot_id: str, spark: SparkSession | None = None
 
 
 def _require_lake(spark: SparkSession, lake: str) -> None:
-    missing = [t for t in STREAM_TABLES if not DeltaTable.isDeltaTable(spark, table_path(lake, t))]
+    missing = [t for t in STREAM_TABLES if not table_exists(spark, lake, t)]
     if missing:
         raise SnapshotError(
             f"{lake} is not a sessionlake lake (no table {', '.join(missing)}): "

@@ -72,6 +72,21 @@ def table_path(lake: str, table: str) -> str:
     return f"{lake.rstrip('/')}/{table}"
 
 
+def _commit_versions(spark: SparkSession | None, lake: str, table: str) -> list[int]:
+    """The versions of the commit files in ``table``'s log (empty when it has none)."""
+    names = storage.list_names(spark, f"{table_path(lake, table)}/_delta_log")
+    return [int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit()]
+
+
+def table_exists(spark: SparkSession | None, lake: str, table: str) -> bool:
+    """Whether ``table`` has been created: its log holds at least one commit.
+
+    A process killed while creating a table can leave its ``_delta_log`` folder without a
+    commit: Delta cannot open that, and ``CREATE TABLE IF NOT EXISTS`` leaves it as it is.
+    """
+    return bool(_commit_versions(spark, lake, table))
+
+
 def ensure_tables(spark: SparkSession, lake: str, user_buckets: int = 16) -> int:
     """Create every table of the lake that does not exist yet (idempotent).
 
@@ -81,8 +96,11 @@ def ensure_tables(spark: SparkSession, lake: str, user_buckets: int = 16) -> int
     :return: the bucket count of the lake's ``open_sessions`` (fixed at its creation: a
         stream must use it whatever its settings say, or its MERGE would miss rows).
     """
-    missing = [table for table in ALL_TABLES
-               if not DeltaTable.isDeltaTable(spark, table_path(lake, table))]
+    missing = [table for table in ALL_TABLES if not table_exists(spark, lake, table)]
+    for table in missing:
+        # A process killed while creating the table can leave a log folder without a
+        # commit; CREATE TABLE IF NOT EXISTS would take it for a table and do nothing.
+        storage.delete(spark, f"{table_path(lake, table)}/_delta_log")
     # Each creation is a commit of its own table, mostly waiting on the file system: side
     # by side they take about a third of the time one after the other.
     with ThreadPoolExecutor(max_workers=max(1, len(missing))) as pool:
@@ -111,8 +129,7 @@ def table_version(spark: SparkSession, lake: str, table: str) -> int:
     Listing ``_delta_log`` costs one file-system call; asking for the history would run a
     Spark job.
     """
-    names = storage.list_names(spark, f"{table_path(lake, table)}/_delta_log")
-    versions = [int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit()]
+    versions = _commit_versions(spark, lake, table)
     if not versions:
         raise FileNotFoundError(f"{table_path(lake, table)} is not a Delta table")
     return max(versions)
