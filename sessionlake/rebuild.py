@@ -65,6 +65,7 @@ from sessionlake.state import OPEN_SESSION_COLUMNS
 from sessionlake.stream import StreamAlreadyRunning, checkpoint_lock
 from sessionlake.tables import (
     BATCH_METRICS,
+    BUCKETS_PROPERTY,
     EVENTS,
     OPEN_SESSIONS,
     SESSIONS,
@@ -78,7 +79,6 @@ log = logging.getLogger("sessionlake.rebuild")
 
 #: The tables the rebuild reads: they must be whole.
 SOURCE_TABLES: tuple[str, ...] = (EVENTS, SESSIONS, BATCH_METRICS)
-BUCKETS_PROPERTY = "sessionlake.userBuckets"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 

@@ -22,6 +22,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from sessionlake import storage
+from sessionlake.deltalog import read_log
 from sessionlake.spark import PROJECT_ROOT
 
 EVENTS = "events"
@@ -32,6 +33,9 @@ LATE_EVENTS = "late_events"
 QUARANTINE = "quarantine"
 BATCH_METRICS = "batch_metrics"
 RETENTION_AUDIT = "retention_audit"
+
+#: The property of ``open_sessions`` that fixes its bucket count (set at its creation).
+BUCKETS_PROPERTY = "sessionlake.userBuckets"
 
 #: The tables the stream writes, in the order a micro-batch writes them: together they are
 #: the state a snapshot captures and a restore returns to.
@@ -107,10 +111,26 @@ def ensure_tables(spark: SparkSession, lake: str, user_buckets: int = 16) -> int
         for created in [pool.submit(spark.sql, table_ddl(t, table_path(lake, t), user_buckets))
                         for t in missing]:
             created.result()
-    properties = DeltaTable.forPath(spark, table_path(lake, OPEN_SESSIONS)).detail().head()
-    configured = (properties["properties"] or {}).get("sessionlake.userBuckets") if properties \
-        else None
-    return int(configured) if configured else user_buckets
+    return configured_user_buckets(spark, lake) or user_buckets
+
+
+def configured_user_buckets(spark: SparkSession, lake: str) -> int | None:
+    """The bucket count fixed in ``open_sessions``' properties at its creation, if any.
+
+    Read from the table's log by hand (:func:`sessionlake.deltalog.read_log`): Delta's
+    ``DESCRIBE DETAIL`` runs Spark jobs, and in a fresh process that was most of the
+    start-up of a run on an existing lake. A damaged log is left to Delta, whose error
+    then says what is wrong.
+    """
+    path = table_path(lake, OPEN_SESSIONS)
+    log = read_log(spark, path)
+    if log.log_damaged_from is None:
+        configured = log.configuration.get(BUCKETS_PROPERTY)
+    else:
+        properties = DeltaTable.forPath(spark, path).detail().head()
+        configured = (properties["properties"] or {}).get(BUCKETS_PROPERTY) \
+            if properties else None
+    return int(configured) if configured else None
 
 
 def read_table(

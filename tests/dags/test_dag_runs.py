@@ -14,7 +14,10 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from pyspark.sql import SparkSession
 
+from sessionlake.config import settings_from
+from sessionlake.snapshots import create_snapshot
 from tests.dags.conftest import BIN, DAGS
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
@@ -128,16 +131,15 @@ MAINTENANCE = [
                          ids=[m[0] for m in MAINTENANCE])
 def test_maintenance_dag_runs_its_cli_command(
     dag_id: str, command: str, conf: dict[str, Any] | None, lake: dict[str, Any],
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, spark: SparkSession,
 ) -> None:
     if not _cli_has(command):
         pytest.skip(f"`sessionlake {command} --help` fails: the sub-command is not there yet")
     monkeypatch.setenv("SESSIONLAKE_LAKE", str(lake["lake"]))
     monkeypatch.setenv("SESSIONLAKE_SOURCE", str(lake["root"] / "landing"))
-    if conf is None:  # restore: to a snapshot taken by hand
-        done = subprocess.run([str(BIN / "sessionlake"), "snapshot", "--lake", str(lake["lake"])],
-                              capture_output=True, text=True, check=True)
-        conf = {"snapshot_id": done.stdout.strip().splitlines()[-1].split()[-1]}
+    if conf is None:  # restore: to a snapshot taken by hand (in this process: no JVM start)
+        snapshot = create_snapshot(spark, settings_from({"lake": str(lake["lake"])}, env={}))
+        conf = {"snapshot_id": snapshot.snapshot_id}
     run = run_dag(dag_id, conf)
     assert str(run.state) == "success", _task_states(run)
     if command == "retention":

@@ -19,10 +19,17 @@ from tests.dags.test_dag_runs import _event, _task_states, run_dag
 pytestmark = pytest.mark.usefixtures("airflow_home")
 
 
+#: Seconds between two landed files. Each file makes the running stream commit a batch, and
+#: a stream that always has a file waiting never idles: at one file every 3 s it kept a core
+#: busy for the whole test. A restarted run finds one within this time after its JVM is up.
+FEED_EVERY = 15
+
+
 def _feed(landing: Path, stop: threading.Event) -> None:
-    """A live source: a new file of two events every 3 s, later in event time each time."""
+    """A live source: a new file of two events every FEED_EVERY s, later in event time
+    each time."""
     n = 0
-    while not stop.wait(3):
+    while not stop.wait(FEED_EVERY):
         n += 1
         minute = f"{10 + n // 60:02d}:{n % 60:02d}:00"
         lines = [_event(f"r{n % 3}", minute, f"f{n}a"), _event("r9", minute, f"f{n}b")]
