@@ -27,6 +27,8 @@ from sessionlake.conflicts import retry_on_conflict
 from sessionlake.tables import (
     RETENTION_AUDIT,
     USER_TABLES,
+    commit_metrics_since,
+    each_table,
     read_table,
     table_exists,
     table_path,
@@ -59,12 +61,8 @@ def delete_rows(spark: SparkSession, lake: str, table: str, condition: Column) -
     target = DeltaTable.forPath(spark, table_path(lake, table))
     before = table_version(spark, lake, table)
     retry_on_conflict(lambda: target.delete(condition), f"DELETE from {table}")
-    deleted = 0
-    for row in target.history().where(
-        (F.col("version") > before) & (F.col("operation") == "DELETE")
-    ).collect():
-        deleted += int((row["operationMetrics"] or {}).get("numDeletedRows", 0))
-    return deleted
+    return sum(m.get("numDeletedRows", 0)
+               for m in commit_metrics_since(spark, lake, table, before, "DELETE"))
 
 
 def purge_deleted_rows(spark: SparkSession, lake: str, table: str) -> None:
@@ -83,14 +81,17 @@ def purge_deleted_rows(spark: SparkSession, lake: str, table: str) -> None:
 def erase(spark: SparkSession, lake: str, condition: Column) -> dict[str, int]:
     """Delete the matching users' rows from every table that holds user data, and purge them.
 
+    The tables are independent, so they are erased side by side.
+
     :return: rows deleted per table.
     """
-    deleted = {}
-    for table in USER_TABLES:
-        deleted[table] = delete_rows(spark, lake, table, condition)
-        if deleted[table]:
+    def erase_from(table: str) -> int:
+        deleted = delete_rows(spark, lake, table, condition)
+        if deleted:
             purge_deleted_rows(spark, lake, table)
-    return deleted
+        return deleted
+
+    return each_table(erase_from, USER_TABLES)
 
 
 def erasures_since(spark: SparkSession, lake: str, since: datetime) -> list[str]:

@@ -27,7 +27,7 @@ from datetime import UTC, date, datetime, timedelta
 from functools import partial
 
 from delta.tables import DeltaTable
-from pyspark.sql import Row, SparkSession
+from pyspark.sql import Column, Row, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake import storage
@@ -46,6 +46,8 @@ from sessionlake.tables import (
     SESSIONS,
     STREAM_TABLES,
     append,
+    commit_metrics_since,
+    each_table,
     ensure_tables,
     read_table,
     table_exists,
@@ -233,19 +235,19 @@ def _retention_check_off(spark: SparkSession, hours: float) -> Iterator[None]:
 
 
 def vacuum_tables(spark: SparkSession, lake: str, hours: float) -> int:
-    """VACUUM every stream table with ``hours`` of retention; how many files it deleted."""
+    """VACUUM every stream table with ``hours`` of retention, side by side; how many files
+    it deleted."""
     spark.conf.set("spark.databricks.delta.vacuum.logging.enabled", "true")
-    deleted = 0
+
+    def vacuum(table: str) -> int:
+        before = table_version(spark, lake, table)
+        target = DeltaTable.forPath(spark, table_path(lake, table))
+        retry_on_conflict(partial(target.vacuum, hours), f"VACUUM {table}")
+        return sum(m.get("numDeletedFiles", 0)
+                   for m in commit_metrics_since(spark, lake, table, before, "VACUUM END"))
+
     with _retention_check_off(spark, hours):
-        for table in STREAM_TABLES:
-            target = DeltaTable.forPath(spark, table_path(lake, table))
-            before = table_version(spark, lake, table)
-            retry_on_conflict(partial(target.vacuum, hours), f"VACUUM {table}")
-            for row in target.history().where(
-                (F.col("version") > before) & (F.col("operation") == "VACUUM END")
-            ).collect():
-                deleted += int((row["operationMetrics"] or {}).get("numDeletedFiles", 0))
-    return deleted
+        return sum(each_table(vacuum, STREAM_TABLES).values())
 
 
 def age_limits(
@@ -259,22 +261,20 @@ def age_limits(
 
     :return: rows deleted per table, and the two cut-off dates (``None``: no limit).
     """
-    deleted: dict[str, int] = {}
+    limits: dict[str, Column] = {}
     sessions_cutoff = events_cutoff = None
     if request.sessions_max_age_days is not None:
         sessions_cutoff = today - timedelta(days=request.sessions_max_age_days)
         cutoff = F.lit(sessions_cutoff)
-        deleted[SESSIONS] = delete_rows(spark, lake, SESSIONS, F.col("session_date") < cutoff)
-        deleted[SESSION_CHANGELOG] = delete_rows(
-            spark, lake, SESSION_CHANGELOG, F.to_date("session_start") < cutoff)
+        limits[SESSIONS] = F.col("session_date") < cutoff
+        limits[SESSION_CHANGELOG] = F.to_date("session_start") < cutoff
     if request.events_max_age_days is not None:
         events_cutoff = today - timedelta(days=request.events_max_age_days)
         cutoff = F.lit(events_cutoff)
-        deleted[EVENTS] = delete_rows(spark, lake, EVENTS, F.col("event_date") < cutoff)
-        deleted[LATE_EVENTS] = delete_rows(
-            spark, lake, LATE_EVENTS, F.to_date("event_time") < cutoff)
-        deleted[QUARANTINE] = delete_rows(
-            spark, lake, QUARANTINE, F.to_date("quarantined_at") < cutoff)
+        limits[EVENTS] = F.col("event_date") < cutoff
+        limits[LATE_EVENTS] = F.to_date("event_time") < cutoff
+        limits[QUARANTINE] = F.to_date("quarantined_at") < cutoff
+    deleted = each_table(lambda table: delete_rows(spark, lake, table, limits[table]), limits)
     return deleted, sessions_cutoff, events_cutoff
 
 

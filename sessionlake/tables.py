@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -80,6 +80,22 @@ def _commit_versions(spark: SparkSession | None, lake: str, table: str) -> list[
     """The versions of the commit files in ``table``'s log (empty when it has none)."""
     names = storage.list_names(spark, f"{table_path(lake, table)}/_delta_log")
     return [int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit()]
+
+
+T = TypeVar("T")
+
+
+def each_table(work: Callable[[str], T], tables: Iterable[str]) -> dict[str, T]:
+    """``work(table)`` for each table, side by side; the results by table.
+
+    Maintenance does the same to several tables, each a few Delta commits that wait on the
+    file system and the scheduler more than they compute: side by side, those waits overlap.
+    The first failure is raised once every table's work has ended.
+    """
+    names = list(tables)
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        futures = {table: pool.submit(work, table) for table in names}
+    return {table: future.result() for table, future in futures.items()}
 
 
 def table_exists(spark: SparkSession | None, lake: str, table: str) -> bool:
@@ -227,6 +243,34 @@ def last_operation_metrics(
     return {key: int(value) for key, value in metrics.items() if str(value).isdigit()}
 
 
+def _commit_actions(spark: SparkSession | None, lake: str, table: str, version: int
+                    ) -> list[dict[str, Any]]:
+    text = storage.read_text(spark, f"{table_path(lake, table)}/_delta_log/{version:020d}.json")
+    return [json.loads(line) for line in (text or "").splitlines() if line.strip()]
+
+
+def _int_metrics(actions: list[dict[str, Any]]) -> dict[str, int]:
+    info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    metrics = info.get("operationMetrics") or {}
+    return {key: int(value) for key, value in metrics.items() if str(value).isdigit()}
+
+
+def commit_metrics_since(
+    spark: SparkSession, lake: str, table: str, after: int, operation: str
+) -> list[dict[str, int]]:
+    """The operation metrics of every ``operation`` commit of ``table`` after version ``after``.
+
+    Read from the commit files (a few small JSON files), not with ``DESCRIBE HISTORY``,
+    which runs Spark jobs over the whole log: maintenance asks this once per table.
+    """
+    found = []
+    for version in range(after + 1, table_version(spark, lake, table) + 1):
+        actions = _commit_actions(spark, lake, table, version)
+        if any(a.get("commitInfo", {}).get("operation") == operation for a in actions):
+            found.append(_int_metrics(actions))
+    return found
+
+
 def txn_commit_metrics(
     spark: SparkSession, lake: str, table: str, txn: tuple[str, int], newest: int = 20
 ) -> dict[str, int] | None:
@@ -239,15 +283,10 @@ def txn_commit_metrics(
     :param newest: how many of the newest commits to look through.
     :return: the metrics, or ``None`` when no such commit is among them.
     """
-    log_dir = f"{table_path(lake, table)}/_delta_log"
     latest = table_version(spark, lake, table)
     for version in range(latest, max(-1, latest - newest), -1):
-        text = storage.read_text(spark, f"{log_dir}/{version:020d}.json")
-        actions = [json.loads(line) for line in (text or "").splitlines() if line.strip()]
+        actions = _commit_actions(spark, lake, table, version)
         if any(a.get("txn", {}).get("appId") == txn[0]
                and a["txn"].get("version") == txn[1] for a in actions):
-            info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-            metrics = info.get("operationMetrics") or {}
-            return {key: int(value) for key, value in metrics.items()
-                    if str(value).isdigit()}
+            return _int_metrics(actions)
     return None
