@@ -22,7 +22,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from sessionlake import storage
-from sessionlake.deltalog import read_log
+from sessionlake.deltalog import commit_file, read_log
 from sessionlake.spark import PROJECT_ROOT
 
 EVENTS = "events"
@@ -123,10 +123,7 @@ def ensure_tables(spark: SparkSession, lake: str, user_buckets: int = 16) -> int
         storage.delete(spark, f"{table_path(lake, table)}/_delta_log")
     # Each creation is a commit of its own table, mostly waiting on the file system: side
     # by side they take about a third of the time one after the other.
-    with ThreadPoolExecutor(max_workers=max(1, len(missing))) as pool:
-        for created in [pool.submit(spark.sql, table_ddl(t, table_path(lake, t), user_buckets))
-                        for t in missing]:
-            created.result()
+    each_table(lambda t: spark.sql(table_ddl(t, table_path(lake, t), user_buckets)), missing)
     return configured_user_buckets(spark, lake) or user_buckets
 
 
@@ -239,20 +236,23 @@ def last_operation_metrics(
     if operation is not None:
         history = history.where(history["operation"] == operation)
     row = history.orderBy(history["version"].desc()).head()
-    metrics = (row["operationMetrics"] if row is not None else None) or {}
-    return {key: int(value) for key, value in metrics.items() if str(value).isdigit()}
+    return _counts((row["operationMetrics"] if row is not None else None) or {})
 
 
 def _commit_actions(spark: SparkSession | None, lake: str, table: str, version: int
                     ) -> list[dict[str, Any]]:
-    text = storage.read_text(spark, f"{table_path(lake, table)}/_delta_log/{version:020d}.json")
+    text = storage.read_text(spark, f"{table_path(lake, table)}/{commit_file(version)}")
     return [json.loads(line) for line in (text or "").splitlines() if line.strip()]
+
+
+def _counts(metrics: dict[str, Any]) -> dict[str, int]:
+    """The numeric operation metrics (Delta records them as strings)."""
+    return {key: int(value) for key, value in metrics.items() if str(value).isdigit()}
 
 
 def _int_metrics(actions: list[dict[str, Any]]) -> dict[str, int]:
     info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-    metrics = info.get("operationMetrics") or {}
-    return {key: int(value) for key, value in metrics.items() if str(value).isdigit()}
+    return _counts(info.get("operationMetrics") or {})
 
 
 def commit_metrics_since(
