@@ -3,11 +3,12 @@
 The stages run top to bottom: source adapter → validation → duplicates → lateness and
 sessionization → changelog → state MERGE (with pruning of closed sessions) → metrics.
 
-Exactly-once: before writing anything a batch records in ``batch_ledger`` which table
-versions and which clock it reads. A batch replayed after a crash finds that row, reads
-the same versions by time travel and so computes the same rows, and every write carries
-the Delta transaction key (``txnAppId`` = the stream's identity, ``txnVersion`` = the
-batch id), so whatever was committed before the crash is skipped, not doubled.
+Exactly-once: before writing anything a batch records in its ledger entry (a file in the
+checkpoint) which table versions and which clock it reads. A batch replayed after a crash
+finds that entry, reads the same versions by time travel and so computes the same rows.
+Every write is tagged with the batch (``userMetadata``: the stream's identity and the batch
+id), and a replay looks for its tag among the commits after the recorded versions, so
+whatever was committed before the crash is skipped, not doubled.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from sessionlake.changelog import (
 from sessionlake.checkpoint import IDENTITY_FILE, batch_lock
 from sessionlake.config import Settings
 from sessionlake.conflicts import retry_on_conflict
+from sessionlake.deltalog import BatchKey
 from sessionlake.sessionize import (
     aggregate_sessions,
     as_closed_sessions,
@@ -55,7 +57,9 @@ from sessionlake.tables import (
     QUARANTINE,
     SESSION_CHANGELOG,
     SESSIONS,
+    STREAM_TABLES,
     append,
+    batch_commit_metrics,
     read_table,
     table_version,
 )
@@ -79,14 +83,14 @@ def utc_now() -> datetime:
 
 @dataclass(frozen=True)
 class StreamIdentity:
-    """Who writes: the checkpoint's id and its restore epoch, the Delta txn app id."""
+    """Who writes: the checkpoint's id and its restore epoch, named in every commit's tag."""
 
     stream_id: str
     epoch: int
 
     @property
     def app_id(self) -> str:
-        """The ``txnAppId`` of this stream's writes (changes with every restore)."""
+        """The stream's name in its commits' tags (changes with every restore)."""
         return f"sessionlake-{self.stream_id}-e{self.epoch}"
 
 
@@ -113,13 +117,24 @@ def write_stream_identity(spark: SparkSession, checkpoint: str, identity: Stream
 
 @dataclass(frozen=True)
 class BatchInputs:
-    """What a batch reads besides its files: fixed in the ledger before any write."""
+    """What a batch reads besides its files: fixed in the ledger before any write.
+
+    ``replay`` says that an earlier attempt of the batch recorded them, and so may have
+    committed some of its writes: each write then first looks for its commit among those
+    after ``table_versions`` (every stream table's version before the first attempt).
+    """
 
     events_version: int
     open_sessions_version: int
     sessions_version: int
     max_event_time_before: datetime | None
     processing_time: datetime
+    replay: bool = False
+    table_versions: dict[str, int] = field(default_factory=dict)
+
+    def written_after(self, table: str) -> int | None:
+        """Where a replay looks for this batch's commit of ``table``; ``None``: not a replay."""
+        return self.table_versions[table] if self.replay else None
 
 
 @dataclass(frozen=True)
@@ -174,12 +189,15 @@ def record_inputs(
     a new batch records them there now, before anything is written.
     """
     entry = _read_ledger(spark, settings, identity, batch_id)
+    replay = entry is not None
     if entry is None:
         max_before = max_event_time_before(spark, settings, identity, batch_id)
+        versions = {table: table_version(spark, settings.lake, table) for table in STREAM_TABLES}
         entry = {
-            "events_version": table_version(spark, settings.lake, EVENTS),
-            "open_sessions_version": table_version(spark, settings.lake, OPEN_SESSIONS),
-            "sessions_version": table_version(spark, settings.lake, SESSIONS),
+            "events_version": versions[EVENTS],
+            "open_sessions_version": versions[OPEN_SESSIONS],
+            "sessions_version": versions[SESSIONS],
+            "table_versions": versions,
             "max_event_time_before": None if max_before is None else max_before.isoformat(),
             "processing_time": clock().astimezone(UTC).isoformat(),
             "done": False,
@@ -191,8 +209,27 @@ def record_inputs(
         sessions_version=int(entry["sessions_version"]),
         max_event_time_before=_parse_time(entry["max_event_time_before"]),
         processing_time=_parse_time(entry["processing_time"]) or clock(),
+        replay=replay,
+        table_versions=_versions_before(spark, settings, entry),
     )
     return inputs, bool(entry.get("done"))
+
+
+def _versions_before(
+    spark: SparkSession, settings: Settings, entry: dict[str, Any]
+) -> dict[str, int]:
+    """Every stream table's version before the batch, from its ledger entry.
+
+    An entry written before these were all recorded (by an earlier release) has the read
+    versions of three tables only; for the others a replay looks through the newest 50
+    commits.
+    """
+    recorded = {EVENTS: entry["events_version"], OPEN_SESSIONS: entry["open_sessions_version"],
+                SESSIONS: entry["sessions_version"], **entry.get("table_versions", {})}
+    for table in STREAM_TABLES:
+        if table not in recorded:
+            recorded[table] = max(-1, table_version(spark, settings.lake, table) - 50)
+    return {table: int(recorded[table]) for table in STREAM_TABLES}
 
 
 def max_event_time_before(
@@ -272,7 +309,7 @@ def _process_locked(
     if done:
         return BatchReport(row={"batch_id": batch_id}, skipped=True)
     now = inputs.processing_time
-    lake, gap, txn = settings.lake, settings.gap, (identity.app_id, batch_id)
+    lake, gap, key = settings.lake, settings.gap, (identity.app_id, batch_id)
     watermark = watermark_of(inputs.max_event_time_before, settings.grace)
     kept: list[DataFrame] = []
     phases: dict[str, int] = {}
@@ -398,13 +435,15 @@ def _process_locked(
 
         def update_state() -> tuple[MergeResult, int]:
             faults.point("before_merge")
-            merged = apply_changelog_merge(spark, lake, source, counts["merge_buckets"], txn)
+            merged = apply_changelog_merge(spark, lake, source, counts["merge_buckets"], key,
+                                           inputs.written_after(OPEN_SESSIONS))
             faults.point("after_merge")
             return merged, read_table(spark, lake, OPEN_SESSIONS).count()
 
         with ThreadPoolExecutor(max_workers=len(appends) + 1) as pool:
             state_update = pool.submit(update_state)
-            writes = [pool.submit(_append_once, frame, lake, table, txn)
+            writes = [pool.submit(_append_once, frame, lake, table, key,
+                                  inputs.written_after(table))
                       for rows, table, frame in appends if rows]
             for write in writes:
                 write.result()
@@ -418,7 +457,8 @@ def _process_locked(
             max_event_time, watermark, watermark_after, started,
         )
         schema = read_table(spark, lake, BATCH_METRICS).schema
-        _append_once(spark.createDataFrame([Row(**row)], schema), lake, BATCH_METRICS, txn)
+        _append_once(spark.createDataFrame([Row(**row)], schema), lake, BATCH_METRICS, key,
+                     inputs.written_after(BATCH_METRICS))
         faults.point("after_metrics")
         mark_done(spark, settings, identity, batch_id, max_event_time)
         phase("metrics")
@@ -448,14 +488,24 @@ def release(frame: DataFrame) -> None:
     frame._jdf.logicalPlan().rdd().unpersist(False)
 
 
-def _append_once(frame: DataFrame, lake: str, table: str, txn: tuple[str, int]) -> None:
-    """Append the batch's rows to ``table``, again if the commit lost a race.
+def _append_once(
+    frame: DataFrame, lake: str, table: str, batch: BatchKey, replay_after: int | None
+) -> None:
+    """Append the batch's rows to ``table`` unless a first attempt of a replay did.
+
+    :param replay_after: on a replay, the table's version before the batch's first attempt:
+        a commit of the batch after it means the append is done. A first attempt (``None``)
+        cannot find its own write, so it looks for none.
 
     A blind append conflicts with little (an OPTIMIZE only removes files it read), but any
-    lost race is redone rather than failing the batch. A redo cannot double the rows: the
-    append carries the batch's txn key, so one that did commit is skipped by Delta.
+    lost race is redone rather than failing the batch; Delta commits nothing of the attempt
+    that lost.
     """
-    retry_on_conflict(lambda: append(frame, lake, table, txn), f"append to {table}")
+    if replay_after is not None and batch_commit_metrics(
+        frame.sparkSession, lake, table, batch, after=replay_after
+    ) is not None:
+        return
+    retry_on_conflict(lambda: append(frame, lake, table, batch), f"append to {table}")
 
 
 def _closed_sessions_near(

@@ -23,6 +23,7 @@ import io
 import json
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -45,6 +46,43 @@ _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?
 def commit_file(version: int) -> str:
     """The commit file of ``version``, relative to the table folder."""
     return f"{LOG_DIR}/{version:020d}.json"
+
+
+#: A micro-batch's identity: the stream's app id (``sessionlake-<stream id>-e<epoch>``) and
+#: the batch id.
+BatchKey = tuple[str, int]
+
+
+def batch_tag(batch: BatchKey) -> str:
+    """The ``userMetadata`` of a micro-batch's commits: which stream and batch made them.
+
+    It is how a replayed batch finds what its first attempt committed, how a snapshot finds
+    the table versions at a batch boundary, and what ``DESCRIBE HISTORY`` shows a user.
+    """
+    return json.dumps({"sessionlake": batch[0], "batch_id": batch[1]}, sort_keys=True)
+
+
+def batch_keys(actions: Iterable[dict[str, Any]]) -> list[BatchKey]:
+    """The micro-batches a commit (its actions) was made by.
+
+    Read from the :func:`batch_tag` in its ``commitInfo``, and from Delta ``txn`` actions:
+    lakes written before the tag keyed every batch write with ``txnAppId``/``txnVersion``.
+    """
+    found: list[BatchKey] = []
+    for action in actions:
+        if "txn" in action:
+            found.append((str(action["txn"]["appId"]), int(action["txn"]["version"])))
+        metadata = action.get("commitInfo", {}).get("userMetadata")
+        if not metadata or not metadata.startswith("{"):
+            continue
+        try:
+            tag = json.loads(metadata)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(tag, dict) and isinstance(tag.get("batch_id"), int) \
+                and isinstance(tag.get("sessionlake"), str):
+            found.append((tag["sessionlake"], tag["batch_id"]))
+    return found
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from typing import Any, TypedDict
 
 from sessionlake.checkpoint import IDENTITY_FILE, PID_FILE, lock_held
 from sessionlake.config import ConfigError, format_duration, parse_duration, settings_from
+from sessionlake.deltalog import batch_keys
 from sessionlake.spark import DEFAULT_CONF, LOG_CONFIG, PROJECT_ROOT, delta_jars
 
 #: The spark-submit entry point every Spark task runs.
@@ -462,10 +463,10 @@ def stop_continuous_run(checkpoint: str, timeout: float = 300.0) -> int | None:
 def stream_position(lake: str, checkpoint: str) -> StreamPosition:
     """The checkpoint's stream id and the last batch id it committed to ``batch_metrics``.
 
-    Read without Spark: each ``batch_metrics`` append carries Delta's transaction key
-    (app id ``sessionlake-<stream_id>-e<epoch>``, version = batch id) in its commit file.
-    Only the current epoch counts: after a restore, batch ids start again from the
-    snapshot's, below those the stream had reached before.
+    Read without Spark: each ``batch_metrics`` append carries the batch's tag (app id
+    ``sessionlake-<stream_id>-e<epoch>`` and batch id) in its commit file. Only the current
+    epoch counts: after a restore, batch ids start again from the snapshot's, below those
+    the stream had reached before.
     """
     identity = _local(checkpoint) / IDENTITY_FILE
     fields = json.loads(identity.read_text()) if identity.exists() else {}
@@ -475,10 +476,9 @@ def stream_position(lake: str, checkpoint: str) -> StreamPosition:
     if stream_id is not None and log.is_dir():
         app_id = f"sessionlake-{stream_id}-e{int(fields.get('epoch', 0))}"
         for commit in log.glob("*.json"):
-            for line in commit.read_text().splitlines():
-                txn = json.loads(line).get("txn") if line.strip() else None
-                if txn and txn.get("appId") == app_id:
-                    last = max(last, int(txn["version"]))
+            actions = [json.loads(line) for line in commit.read_text().splitlines()
+                       if line.strip()]
+            last = max([last, *(batch for app, batch in batch_keys(actions) if app == app_id)])
     return StreamPosition(stream_id, last)
 
 

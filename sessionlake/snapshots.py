@@ -12,13 +12,14 @@ Taking a snapshot never stops a running stream:
 * the checkpoint is copied until the copy is a stable point-in-time image (the same files
   before and after the copy); such an image is the same as a crash state, which Spark's
   checkpoint recovers from by design;
-* every table write of batch ``b`` carries Delta's transaction key (app id, ``b``), so the
-  version of a table "after batch ``c``" is the one just before its first commit keyed with
-  a batch after ``c`` (commits of compaction or retention in between change no rows).
+* every table write of batch ``b`` is tagged with the stream's app id and ``b`` (its
+  commit's ``userMetadata``), so the version of a table "after batch ``c``" is the one just
+  before its first commit tagged with a batch after ``c`` (commits of compaction or
+  retention in between change no rows).
 
-A restore bumps the stream's epoch: Delta ``RESTORE`` does not roll back the transaction
-keys in a table's log, so the batches replayed after the restore must write under a new app
-id, or Delta would skip them as already committed.
+A restore bumps the stream's epoch: Delta ``RESTORE`` does not remove the commits after the
+version it returns to from the log, so the batches run again after the restore write under
+a new app id, and their tags cannot be mistaken for those of the batches undone.
 
 Snapshots are kept in ``<lake>/_snapshots/<id>/``: ``snapshot.json`` (the catalog entry)
 and ``checkpoint/`` (the copy).
@@ -49,7 +50,7 @@ from sessionlake.checkpoint import (
     SNAPSHOTS_DIR,
 )
 from sessionlake.config import Settings
-from sessionlake.deltalog import clear_delta_cache, read_log, set_aside_log_from
+from sessionlake.deltalog import batch_keys, clear_delta_cache, read_log, set_aside_log_from
 from sessionlake.erasure import reapply_erasures
 from sessionlake.stream import StreamAlreadyRunning, checkpoint_lock
 from sessionlake.tables import STREAM_TABLES, table_exists, table_path, table_version
@@ -180,24 +181,20 @@ def _drop_orphan_checksums(spark: SparkSession, folder: str) -> None:
                 storage.delete(spark, f"{folder}/{path}")
 
 
-def _commit_txn_versions(spark: SparkSession, log_dir: str, version: int, app_id: str) -> list[int]:
-    """The transaction versions that commit ``version`` recorded for ``app_id``."""
+def _commit_batch_ids(spark: SparkSession, log_dir: str, version: int, app_id: str) -> list[int]:
+    """The batches of ``app_id`` that made commit ``version`` (its tag, or legacy txn key)."""
     text = storage.read_text(spark, f"{log_dir}/{version:020d}.json")
     if text is None:
         raise FileNotFoundError(f"{log_dir}/{version:020d}.json")
-    found = []
-    for line in text.splitlines():
-        try:
-            txn = json.loads(line).get("txn") if line.strip() else None
-        except json.JSONDecodeError:
-            raise SnapshotError(
-                f"the Delta log entry {log_dir}/{version:020d}.json is half-written: no "
-                "snapshot can hold this table's newest version; `sessionlake doctor` says "
-                "how to recover"
-            ) from None
-        if txn and txn.get("appId") == app_id:
-            found.append(int(txn["version"]))
-    return found
+    try:
+        actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError:
+        raise SnapshotError(
+            f"the Delta log entry {log_dir}/{version:020d}.json is half-written: no "
+            "snapshot can hold this table's newest version; `sessionlake doctor` says "
+            "how to recover"
+        ) from None
+    return [batch for app, batch in batch_keys(actions) if app == app_id]
 
 
 def version_after_batch(
@@ -205,16 +202,16 @@ def version_after_batch(
 ) -> int:
     """The version of ``table`` holding exactly the batches up to ``batch_id`` of ``app_id``.
 
-    Walks the table's commits from the newest back: a commit keyed with a later batch of the
-    stream belongs after the snapshot; the first commit keyed with this batch or an earlier
-    one (or the table's creation) bounds the walk.
+    Walks the table's commits from the newest back: a commit tagged with a later batch of
+    the stream belongs after the snapshot; the first commit tagged with this batch or an
+    earlier one (or the table's creation) bounds the walk.
     """
     log_dir = f"{table_path(lake, table)}/_delta_log"
     newest = table_version(spark, lake, table)
     chosen = newest
     for version in range(newest, -1, -1):
         try:
-            keys = _commit_txn_versions(spark, log_dir, version, app_id)
+            keys = _commit_batch_ids(spark, log_dir, version, app_id)
         except FileNotFoundError:  # log cleaned up this far back: nothing older can matter
             break
         if any(k > batch_id for k in keys):

@@ -15,12 +15,13 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake.conflicts import retry_on_conflict
+from sessionlake.deltalog import BatchKey
 from sessionlake.tables import (
     OPEN_SESSIONS,
-    delta_txn,
+    batch_commit_metrics,
     last_operation_metrics,
     table_path,
-    txn_commit_metrics,
+    tagged_session,
 )
 
 OPEN_SESSION_COLUMNS: tuple[str, ...] = (
@@ -48,16 +49,23 @@ def apply_changelog_merge(
     lake: str,
     source: DataFrame,
     buckets: list[int],
-    txn: tuple[str, int] | None,
+    batch: BatchKey | None,
+    replay_after: int | None = None,
 ) -> MergeResult:
     """Apply ``source`` (from :func:`sessionlake.changelog.merge_source`) in one MERGE.
 
     :param buckets: the user buckets present in ``source``; only those partitions are read.
-    :param txn: the batch's idempotency key; a MERGE already committed under it is skipped.
+    :param batch: the micro-batch the MERGE belongs to; its commit is tagged with it.
+    :param replay_after: on a replay of ``batch``, the version of ``open_sessions`` before
+        its first attempt: a MERGE of the batch committed after it is not done again.
     :return: the MERGE's metrics (zeros when there was nothing to apply).
     """
     if not buckets:
         return MergeResult()
+    if batch is not None and replay_after is not None:
+        done = batch_commit_metrics(spark, lake, OPEN_SESSIONS, batch, after=replay_after)
+        if done is not None:
+            return merge_result(done)
     path = table_path(lake, OPEN_SESSIONS)
     condition = (
         F.col("t.user_bucket").isin(sorted(buckets))
@@ -71,8 +79,8 @@ def apply_changelog_merge(
         # (say, to an OPTIMIZE that rewrote the files it read) is redone on the rewritten
         # files. That is correct because the MERGE is keyed by (user_bucket, session_id)
         # and a compaction changes where rows live, not which rows there are; and it cannot
-        # apply twice, because a MERGE that did commit under ``txn`` is skipped by Delta.
-        with delta_txn(spark, txn) as session:
+        # apply twice, because Delta commits nothing of an attempt that lost its race.
+        with tagged_session(spark, batch) as session:
             (
                 DeltaTable.forPath(session, path).alias("t")
                 .merge(source.alias("s"), condition)
@@ -83,8 +91,14 @@ def apply_changelog_merge(
             )
 
     retry_on_conflict(merge, f"MERGE into {OPEN_SESSIONS}")
-    metrics = (txn_commit_metrics(spark, lake, OPEN_SESSIONS, txn) if txn else None) \
+    metrics = (batch_commit_metrics(spark, lake, OPEN_SESSIONS, batch, after=replay_after)
+               if batch else None) \
         or last_operation_metrics(spark, lake, OPEN_SESSIONS, operation="MERGE")
+    return merge_result(metrics)
+
+
+def merge_result(metrics: dict[str, int]) -> MergeResult:
+    """A MERGE's result from its commit's operation metrics."""
     return MergeResult(
         rows_inserted=metrics.get("numTargetRowsInserted", 0),
         rows_updated=metrics.get("numTargetRowsUpdated", 0),

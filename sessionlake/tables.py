@@ -3,9 +3,10 @@ small set of read and write primitives every stage uses.
 
 The SQL files are the single source of each table's schema: :func:`ensure_tables` applies
 them, so what a SQL user reads in ``sql/tables/sessions.sql`` is what the engine writes.
-Writes go through :func:`append` and :func:`merge_txn`, which carry a Delta transaction id
-(``txnAppId``/``txnVersion``) so that a micro-batch replayed after a crash is skipped by
-Delta instead of being written twice.
+A micro-batch's writes go through :func:`append` and :func:`tagged_session`, which tag
+each commit with the batch (:func:`sessionlake.deltalog.batch_tag`): a batch replayed after
+a crash finds with :func:`batch_commit_metrics` what its first attempt already committed,
+and skips it instead of writing it twice.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from sessionlake import storage
-from sessionlake.deltalog import commit_file, read_log
+from sessionlake.deltalog import BatchKey, batch_keys, batch_tag, commit_file, read_log
 from sessionlake.spark import PROJECT_ROOT
 
 EVENTS = "events"
@@ -168,20 +169,22 @@ def table_version(spark: SparkSession, lake: str, table: str) -> int:
     return max(versions)
 
 
-def append(frame: DataFrame, lake: str, table: str, txn: tuple[str, int] | None = None) -> None:
-    """Append ``frame`` to ``table``; with ``txn`` = (app id, version) at most once.
+def append(frame: DataFrame, lake: str, table: str, batch: BatchKey | None = None) -> None:
+    """Append ``frame`` to ``table``; with ``batch``, the commit carries its tag.
 
-    :param txn: Delta's idempotent-write key: a write whose app id has already committed
-        this version or a later one is skipped.
+    The tag is not Delta's idempotent-write key (``txnAppId``/``txnVersion``): checking that
+    key makes Delta reconstruct the table's state on every write, about a quarter of a small
+    micro-batch's cost, while only a replayed batch can find its write already done. The
+    batch looks for its tag itself on a replay (:func:`batch_commit_metrics`).
     """
     writer = frame.write.format("delta").mode("append")
-    if txn is not None:
-        writer = writer.option("txnAppId", txn[0]).option("txnVersion", txn[1])
+    if batch is not None:
+        writer = writer.option("userMetadata", batch_tag(batch))
     writer.save(table_path(lake, table))
 
 
-TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
-TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+#: Where Delta takes the ``userMetadata`` of commands without writer options (MERGE).
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 def isolated_session(spark: SparkSession) -> SparkSession:
@@ -195,29 +198,29 @@ def isolated_session(spark: SparkSession) -> SparkSession:
 
 
 @contextmanager
-def delta_txn(spark: SparkSession, txn: tuple[str, int] | None) -> Iterator[SparkSession]:
-    """The session on which a MERGE/UPDATE/DELETE is idempotent for ``txn``.
+def tagged_session(spark: SparkSession, batch: BatchKey | None) -> Iterator[SparkSession]:
+    """The session on which a MERGE/UPDATE/DELETE commits with ``batch``'s tag.
 
-    Delta reads the key of these commands from SQL configuration only (they have no
-    writer options). Setting it on the shared session would hand it, for as long as the
-    command runs, to every other command of every thread on that session: an UPDATE,
+    Delta reads the ``userMetadata`` of these commands from SQL configuration only (they
+    have no writer options). Setting it on the shared session would hand it, for as long as
+    the command runs, to every other command of every thread on that session: an UPDATE,
     DELETE or option-less append of another thread (say, maintenance beside the stream)
-    would commit under the stream's key, and the stream's own command for that batch would
-    then be skipped as already done, losing its rows. So the key is set on a private clone
-    (:func:`isolated_session`), and the command must be built from the yielded session
-    (``DeltaTable.forPath(session, ...)``). Without ``txn`` the block gets ``spark`` itself.
+    would commit under the stream's tag, and a replay of that batch would take the other
+    command's commit for its own and skip its write, losing its rows. So the tag is set on a
+    private clone (:func:`isolated_session`), and the command must be built from the yielded
+    session (``DeltaTable.forPath(session, ...)``). Without ``batch`` the block gets
+    ``spark`` itself.
 
     Example::
 
-        with delta_txn(spark, ("app", 7)) as session:
+        with tagged_session(spark, ("app", 7)) as session:
             DeltaTable.forPath(session, path).merge(...).execute()
     """
-    if txn is None:
+    if batch is None:
         yield spark
         return
     session = isolated_session(spark)
-    session.conf.set(TXN_APP_ID_CONF, txn[0])
-    session.conf.set(TXN_VERSION_CONF, str(txn[1]))
+    session.conf.set(USER_METADATA_CONF, batch_tag(batch))
     yield session
 
 
@@ -271,22 +274,24 @@ def commit_metrics_since(
     return found
 
 
-def txn_commit_metrics(
-    spark: SparkSession, lake: str, table: str, txn: tuple[str, int], newest: int = 20
+def batch_commit_metrics(
+    spark: SparkSession, lake: str, table: str, batch: BatchKey, after: int | None = None,
+    newest: int = 50,
 ) -> dict[str, int] | None:
-    """The operation metrics of the commit of ``table`` made under ``txn``, if it is recent.
+    """The operation metrics of the commit of ``table`` made by ``batch``, if there is one.
 
-    Read from the commit files themselves: the commit that carries the transaction key
-    (``txn`` action) is the very write of the batch, whatever other writers (an OPTIMIZE
-    beside the stream) committed around it, and no Spark job or history query is needed.
+    Read from the commit files themselves (no Spark job, no history query): the commit
+    tagged with the batch is the batch's very write, whatever other writers (an OPTIMIZE
+    beside the stream) committed around it.
 
-    :param newest: how many of the newest commits to look through.
-    :return: the metrics, or ``None`` when no such commit is among them.
+    :param after: look only at commits after this version (the table's version before the
+        batch, from its ledger entry); when unknown, at the ``newest`` commits.
+    :return: the metrics, or ``None`` when no commit of the batch is there.
     """
     latest = table_version(spark, lake, table)
-    for version in range(latest, max(-1, latest - newest), -1):
+    oldest = max(-1, latest - newest) if after is None else after
+    for version in range(latest, oldest, -1):
         actions = _commit_actions(spark, lake, table, version)
-        if any(a.get("txn", {}).get("appId") == txn[0]
-               and a["txn"].get("version") == txn[1] for a in actions):
+        if batch in batch_keys(actions):
             return _int_metrics(actions)
     return None

@@ -27,16 +27,18 @@ from sessionlake.compaction import (
     partition_predicate,
 )
 from sessionlake.config import Settings, settings_from
+from sessionlake.deltalog import batch_tag
 from sessionlake.retention import RetentionReport, RetentionRequest, enforce_retention
 from sessionlake.tables import (
     PUBLIC_TABLES,
-    TXN_APP_ID_CONF,
+    USER_METADATA_CONF,
     append,
-    delta_txn,
+    batch_commit_metrics,
     ensure_tables,
     read_table,
     table_path,
     table_version,
+    tagged_session,
 )
 from tests.helpers import all_sessions, event, run_batches
 
@@ -257,26 +259,28 @@ def test_summary_lines(report: CompactionReport, line: str) -> None:
     assert report.summary() == line
 
 
-def test_the_txn_key_of_a_merge_is_not_seen_by_other_writers(
+def test_the_batch_tag_of_a_merge_is_not_seen_by_other_writers(
     spark: SparkSession, lake: str
 ) -> None:
-    """Delta reads a MERGE's idempotency key from SQL configuration. Were it set on the
-    shared session, a write of another thread (here: an append without key) would commit
-    under the stream's key, and the stream's own write of that batch would be skipped."""
+    """Delta reads a MERGE's ``userMetadata`` from SQL configuration. Were the batch's tag
+    set on the shared session, a write of another thread (here: an untagged append) would
+    commit under it, and a replay of the batch would take that commit for its own write."""
     ensure_tables(spark, lake)
     row = spark.createDataFrame([("x", "bad", 1)], "raw string, reason string, n int").select(
         "raw", F.lit(False).alias("raw_truncated"), F.lit("f").alias("source_file"),
         F.lit(1).cast("long").alias("source_line"), F.lit(None).cast("string").alias("user_id"),
         "reason", F.lit(5).cast("long").alias("batch_id"),
         F.current_timestamp().alias("quarantined_at"))
+    batch = ("stream-app", 5)
 
-    with delta_txn(spark, ("stream-app", 5)) as session:
-        assert session.conf.get(TXN_APP_ID_CONF) == "stream-app"
-        assert spark.conf.get(TXN_APP_ID_CONF, None) is None
+    with tagged_session(spark, batch) as session:
+        assert session.conf.get(USER_METADATA_CONF) == batch_tag(batch)
+        assert spark.conf.get(USER_METADATA_CONF, None) is None
         append(row, lake, "quarantine")  # another writer on the shared session, meanwhile
-    append(row, lake, "quarantine", txn=("stream-app", 5))  # the stream's own write
-
-    assert read_table(spark, lake, "quarantine").count() == 2
+    assert batch_commit_metrics(spark, lake, "quarantine", batch) is None
+    append(row, lake, "quarantine", batch)  # the stream's own write
+    found = batch_commit_metrics(spark, lake, "quarantine", batch)
+    assert found is not None and found["numOutputRows"] == 1
 
 
 def test_writes_that_lose_a_race_to_an_optimize_are_redone_once(
@@ -305,18 +309,19 @@ def test_writes_that_lose_a_race_to_an_optimize_are_redone_once(
                                f"[DELTA_CONCURRENT_DELETE_READ] an OPTIMIZE of {table} won")
 
     def racing_append(frame: DataFrame, lake: str, table: str,
-                      txn: tuple[str, int] | None = None) -> None:
+                      batch: tuple[str, int] | None = None) -> None:
         lose_the_first_race(table)
-        append(frame, lake, table, txn)
+        append(frame, lake, table, batch)
 
     @contextmanager
-    def racing_txn(session: SparkSession, txn: tuple[str, int] | None) -> Iterator[SparkSession]:
+    def racing_session(session: SparkSession, batch: tuple[str, int] | None
+                       ) -> Iterator[SparkSession]:
         lose_the_first_race("open_sessions")
-        with delta_txn(session, txn) as keyed:
-            yield keyed
+        with tagged_session(session, batch) as tagged:
+            yield tagged
 
     monkeypatch.setattr("sessionlake.batch.append", racing_append)
-    monkeypatch.setattr("sessionlake.state.delta_txn", racing_txn)
+    monkeypatch.setattr("sessionlake.state.tagged_session", racing_session)
     caplog.set_level(logging.WARNING, logger="sessionlake.conflicts")
     run_batches(spark, settings(raced), [next_batch], first_batch_id=4)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import date, timedelta
 from pathlib import Path
@@ -156,7 +157,7 @@ def test_the_submitted_driver_imports_the_project_of_the_dags(
     assert orch.JOB_SCRIPT.parent.parent == orch.PROJECT_ROOT
 
 
-def test_stream_position_reads_the_batch_metrics_transactions(tmp_path: Path) -> None:
+def test_stream_position_reads_the_batch_tags_of_batch_metrics(tmp_path: Path) -> None:
     checkpoint, lake = tmp_path / "cp", tmp_path / "lake"
     checkpoint.mkdir()
     assert orch.stream_position(str(lake), str(checkpoint)) == orch.StreamPosition(None, -1)
@@ -175,3 +176,8 @@ def test_stream_position_reads_the_batch_metrics_transactions(tmp_path: Path) ->
     (log / "00000000000000000003.json").write_text(
         '{"txn": {"appId": "sessionlake-s1-e1", "version": 2}}\n')
     assert orch.stream_position(str(lake), str(checkpoint)) == orch.StreamPosition("s1", 2)
+    # Commits are tagged in their userMetadata (the txn actions above are older lakes').
+    tag = json.dumps({"batch_id": 3, "sessionlake": "sessionlake-s1-e1"})
+    (log / "00000000000000000004.json").write_text(
+        json.dumps({"commitInfo": {"operation": "WRITE", "userMetadata": tag}}) + "\n")
+    assert orch.stream_position(str(lake), str(checkpoint)) == orch.StreamPosition("s1", 3)
