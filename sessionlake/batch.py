@@ -119,18 +119,16 @@ def write_stream_identity(spark: SparkSession, checkpoint: str, identity: Stream
 class BatchInputs:
     """What a batch reads besides its files: fixed in the ledger before any write.
 
-    ``replay`` says that an earlier attempt of the batch recorded them, and so may have
-    committed some of its writes: each write then first looks for its commit among those
-    after ``table_versions`` (every stream table's version before the first attempt).
+    ``table_versions`` holds every stream table's version before the first attempt: the
+    versions the batch reads by time travel. ``replay`` says that an earlier attempt
+    recorded them, and so may have committed some of its writes: each write then first
+    looks for its commit among those after its table's version.
     """
 
-    events_version: int
-    open_sessions_version: int
-    sessions_version: int
+    table_versions: dict[str, int]
     max_event_time_before: datetime | None
     processing_time: datetime
     replay: bool = False
-    table_versions: dict[str, int] = field(default_factory=dict)
 
     def written_after(self, table: str) -> int | None:
         """Where a replay looks for this batch's commit of ``table``; ``None``: not a replay."""
@@ -204,13 +202,10 @@ def record_inputs(
         }
         _write_ledger(spark, settings, identity, batch_id, entry)
     inputs = BatchInputs(
-        events_version=int(entry["events_version"]),
-        open_sessions_version=int(entry["open_sessions_version"]),
-        sessions_version=int(entry["sessions_version"]),
+        table_versions=_versions_before(spark, settings, entry),
         max_event_time_before=_parse_time(entry["max_event_time_before"]),
         processing_time=_parse_time(entry["processing_time"]) or clock(),
         replay=replay,
-        table_versions=_versions_before(spark, settings, entry),
     )
     return inputs, bool(entry.get("done"))
 
@@ -350,7 +345,7 @@ def _process_locked(
         phase("parse")
 
         # Duplicates: within the batch, and against the accepted events of the same days.
-        seen = read_table(spark, lake, EVENTS, inputs.events_version).where(
+        seen = read_table(spark, lake, EVENTS, inputs.table_versions[EVENTS]).where(
             F.col("event_date").isin(sorted(stats["dates"]))
         ).select("user_id", "event_id")
         deduped = mark_duplicates(valid, seen)
@@ -358,7 +353,7 @@ def _process_locked(
         # Lateness rule 1: an event within the gap of a closed session of its user.
         unique = deduped.where(~F.col("is_duplicate")).drop("is_duplicate")
         closed = _closed_sessions_near(
-            spark, settings, inputs.sessions_version,
+            spark, settings, inputs.table_versions[SESSIONS],
             _as_utc(stats["first_behind_watermark"]), _as_utc(stats["last_behind_watermark"]),
         )
         checked = keep(
@@ -368,7 +363,7 @@ def _process_locked(
         )
 
         # Sessionization with the open state of the batch's users, then lateness rule 2.
-        state = read_table(spark, lake, OPEN_SESSIONS, inputs.open_sessions_version).where(
+        state = read_table(spark, lake, OPEN_SESSIONS, inputs.table_versions[OPEN_SESSIONS]).where(
             F.col("user_bucket").isin(buckets)
         ).join(valid.select("user_id").distinct(), "user_id", "left_semi")
         phase("duplicates_and_closed")
@@ -394,7 +389,9 @@ def _process_locked(
         )
         watermark_after = watermark_of(max_event_time, settings.grace)
         classified = keep(classify_sessions(sessions, watermark_after, gap))
-        untouched = read_table(spark, lake, OPEN_SESSIONS, inputs.open_sessions_version).join(
+        untouched = read_table(
+            spark, lake, OPEN_SESSIONS, inputs.table_versions[OPEN_SESSIONS]
+        ).join(
             valid.select("user_id").distinct(), "user_id", "left_anti"
         )
         expiring = keep(expiring_open_sessions(untouched, watermark_after, gap))

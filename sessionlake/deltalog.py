@@ -48,6 +48,14 @@ def commit_file(version: int) -> str:
     return f"{LOG_DIR}/{version:020d}.json"
 
 
+def commit_actions(text: str) -> list[dict[str, Any]]:
+    """The actions of a commit file's text, one JSON object per line.
+
+    :raises json.JSONDecodeError: on a half-written line.
+    """
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 #: A micro-batch's identity: the stream's app id (``sessionlake-<stream id>-e<epoch>``) and
 #: the batch id.
 BatchKey = tuple[str, int]

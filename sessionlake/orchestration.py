@@ -35,7 +35,7 @@ from typing import Any, TypedDict
 
 from sessionlake.checkpoint import IDENTITY_FILE, PID_FILE, lock_held
 from sessionlake.config import ConfigError, format_duration, parse_duration, settings_from
-from sessionlake.deltalog import batch_keys
+from sessionlake.deltalog import batch_keys, commit_actions
 from sessionlake.spark import DEFAULT_CONF, LOG_CONFIG, PROJECT_ROOT, delta_jars
 
 #: The spark-submit entry point every Spark task runs.
@@ -476,9 +476,8 @@ def stream_position(lake: str, checkpoint: str) -> StreamPosition:
     if stream_id is not None and log.is_dir():
         app_id = f"sessionlake-{stream_id}-e{int(fields.get('epoch', 0))}"
         for commit in log.glob("*.json"):
-            actions = [json.loads(line) for line in commit.read_text().splitlines()
-                       if line.strip()]
-            last = max([last, *(batch for app, batch in batch_keys(actions) if app == app_id)])
+            batches = batch_keys(commit_actions(commit.read_text()))
+            last = max([last, *(batch for app, batch in batches if app == app_id)])
     return StreamPosition(stream_id, last)
 
 

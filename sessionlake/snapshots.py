@@ -50,7 +50,13 @@ from sessionlake.checkpoint import (
     SNAPSHOTS_DIR,
 )
 from sessionlake.config import Settings
-from sessionlake.deltalog import batch_keys, clear_delta_cache, read_log, set_aside_log_from
+from sessionlake.deltalog import (
+    batch_keys,
+    clear_delta_cache,
+    commit_actions,
+    read_log,
+    set_aside_log_from,
+)
 from sessionlake.erasure import reapply_erasures
 from sessionlake.stream import StreamAlreadyRunning, checkpoint_lock
 from sessionlake.tables import STREAM_TABLES, table_exists, table_path, table_version
@@ -187,7 +193,7 @@ def _commit_batch_ids(spark: SparkSession, log_dir: str, version: int, app_id: s
     if text is None:
         raise FileNotFoundError(f"{log_dir}/{version:020d}.json")
     try:
-        actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+        actions = commit_actions(text)
     except json.JSONDecodeError:
         raise SnapshotError(
             f"the Delta log entry {log_dir}/{version:020d}.json is half-written: no "

@@ -11,7 +11,6 @@ and skips it instead of writing it twice.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +22,14 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from sessionlake import storage
-from sessionlake.deltalog import BatchKey, batch_keys, batch_tag, commit_file, read_log
+from sessionlake.deltalog import (
+    BatchKey,
+    batch_keys,
+    batch_tag,
+    commit_actions,
+    commit_file,
+    read_log,
+)
 from sessionlake.spark import PROJECT_ROOT
 
 EVENTS = "events"
@@ -245,7 +251,7 @@ def last_operation_metrics(
 def _commit_actions(spark: SparkSession | None, lake: str, table: str, version: int
                     ) -> list[dict[str, Any]]:
     text = storage.read_text(spark, f"{table_path(lake, table)}/{commit_file(version)}")
-    return [json.loads(line) for line in (text or "").splitlines() if line.strip()]
+    return commit_actions(text or "")
 
 
 def _counts(metrics: dict[str, Any]) -> dict[str, int]:
