@@ -48,6 +48,7 @@ from sessionlake.sessionize import (
     user_bucket,
 )
 from sessionlake.sources import adapter_for
+from sessionlake.spark import fit_codegen_to_batch
 from sessionlake.state import MergeResult, apply_changelog_merge
 from sessionlake.tables import (
     BATCH_METRICS,
@@ -342,6 +343,9 @@ def _process_locked(
                          F.col("event_time"))).alias("last_behind_watermark"),
         ))
         buckets = sorted(int(b) for b in stats["buckets"])
+        # The batch's own frames belong to the stream's session, a clone of ``spark``.
+        for session in {id(s): s for s in (spark, lines.sparkSession)}.values():
+            fit_codegen_to_batch(session, int(stats["input"]))
         phase("parse")
 
         # Duplicates: within the batch, and against the accepted events of the same days.

@@ -11,8 +11,19 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pyspark import SparkConf
+from pyspark.sql import SparkSession
 
-from sessionlake.spark import PACKAGE_DIR, is_local_master, package_files, package_zip, ship_package
+from sessionlake.spark import (
+    CODEGEN_KEYS,
+    PACKAGE_DIR,
+    codegen_for_batch,
+    fit_codegen_to_batch,
+    is_local_master,
+    package_files,
+    package_zip,
+    ship_package,
+)
 
 
 @pytest.mark.parametrize(
@@ -96,3 +107,37 @@ def test_a_cluster_master_ships_the_zip_once_per_application(
     assert shipped is not None and shipped.parent == tmp_path
     assert ship_package(spark) == shipped  # build_spark again on the same session
     assert spark.sparkContext.added == [str(shipped)]
+
+
+@pytest.mark.parametrize(
+    ("records", "compiled"),
+    [(0, False), (1, False), (99_999, False), (100_000, True), (10_000_000, True)],
+)
+def test_only_big_batches_compile_code(records: int, compiled: bool) -> None:
+    assert codegen_for_batch(records) == {
+        "spark.sql.codegen.wholeStage": "true" if compiled else "false",
+        "spark.sql.codegen.factoryMode": "FALLBACK" if compiled else "NO_CODEGEN",
+    }
+
+
+def test_code_generation_the_operator_set_is_kept(spark: SparkSession) -> None:
+    """The suite's spark-defaults.conf sets both keys: a big batch must not undo them."""
+    before = {key: spark.conf.get(key) for key in CODEGEN_KEYS}
+    assert spark.sparkContext.getConf().contains(CODEGEN_KEYS[0])
+    fit_codegen_to_batch(spark, 10_000_000)
+    assert {key: spark.conf.get(key) for key in CODEGEN_KEYS} == before
+
+
+@pytest.mark.parametrize("records", [10, 1_000_000])
+def test_code_generation_follows_the_batch_when_nobody_set_it(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, records: int
+) -> None:
+    before = {key: spark.conf.get(key) for key in CODEGEN_KEYS}
+    monkeypatch.setattr(spark.sparkContext, "getConf", lambda: SparkConf(loadDefaults=False))
+    try:
+        fit_codegen_to_batch(spark, records)
+        assert {key: spark.conf.get(key) for key in CODEGEN_KEYS} == codegen_for_batch(records)
+        assert spark.range(5).selectExpr("sum(id * 2) AS s").first()["s"] == 20
+    finally:
+        for key, value in before.items():
+            spark.conf.set(key, value)
