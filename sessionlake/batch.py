@@ -343,9 +343,9 @@ def _process_locked(
                          F.col("event_time"))).alias("last_behind_watermark"),
         ))
         buckets = sorted(int(b) for b in stats["buckets"])
-        # The batch's own frames belong to the stream's session, a clone of ``spark``.
-        for session in {id(s): s for s in (spark, lines.sparkSession)}.values():
-            fit_codegen_to_batch(session, int(stats["input"]))
+        fit_codegen_to_batch(spark, int(stats["input"]))
+        if lines.sparkSession is not spark:  # the stream's clone, owner of the batch's frames
+            fit_codegen_to_batch(lines.sparkSession, int(stats["input"]))
         phase("parse")
 
         # Duplicates: within the batch, and against the accepted events of the same days.
