@@ -80,17 +80,24 @@ def batch_keys(actions: Iterable[dict[str, Any]]) -> list[BatchKey]:
     for action in actions:
         if "txn" in action:
             found.append((str(action["txn"]["appId"]), int(action["txn"]["version"])))
-        metadata = action.get("commitInfo", {}).get("userMetadata")
-        if not metadata or not metadata.startswith("{"):
-            continue
-        try:
-            tag = json.loads(metadata)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(tag, dict) and isinstance(tag.get("batch_id"), int) \
-                and isinstance(tag.get("sessionlake"), str):
-            found.append((tag["sessionlake"], tag["batch_id"]))
+        tagged = tag_batch(action.get("commitInfo", {}).get("userMetadata"))
+        if tagged is not None:
+            found.append(tagged)
     return found
+
+
+def tag_batch(metadata: str | None) -> BatchKey | None:
+    """The micro-batch a commit's ``userMetadata`` names, if it is a :func:`batch_tag`."""
+    if not metadata or not metadata.startswith("{"):
+        return None
+    try:
+        tag = json.loads(metadata)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(tag, dict) and isinstance(tag.get("batch_id"), int) \
+            and isinstance(tag.get("sessionlake"), str):
+        return tag["sessionlake"], tag["batch_id"]
+    return None
 
 
 @dataclass(frozen=True)

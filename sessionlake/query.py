@@ -19,16 +19,23 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from delta.tables import DeltaTable
-from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake.tables import PUBLIC_TABLES, sql_dir, table_exists, table_path
+from sessionlake.deltalog import BatchKey, tag_batch
+from sessionlake.tables import (
+    BATCH_METRICS,
+    PUBLIC_TABLES,
+    SESSIONS,
+    sql_dir,
+    table_exists,
+    table_path,
+)
 
 OUTPUT_FORMATS: tuple[str, ...] = ("table", "csv", "json")
 PARAM_TYPES: tuple[str, ...] = ("string", "int", "date", "timestamp")
@@ -162,34 +169,115 @@ def parse_as_of(text: str) -> AsOf:
         ) from None
 
 
-def as_of_timestamp(spark: SparkSession, lake: str, as_of: AsOf) -> str:
-    """The commit time to read every table at: a version of ``sessions`` becomes its time.
+#: Operations that rewrite files without changing a row: a walk back over a batch that was
+#: not finished yet may step over them.
+_NO_DATA_CHANGE: frozenset[str] = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END"})
 
-    Reading every table at one time (not each at one version number) gives the lake as it
-    was at that moment, since version numbers differ from table to table.
+
+@dataclass(frozen=True)
+class Commit:
+    """One commit of a table, as its history tells it.
+
+    :param micros: the commit time, microseconds since the epoch (UTC).
+    :param batch: the micro-batch that made it (its ``userMetadata`` tag), if one did.
     """
+
+    version: int
+    micros: int
+    operation: str
+    batch: BatchKey | None = None
+
+
+def table_commits(spark: SparkSession, lake: str, table: str) -> list[Commit]:
+    """Every commit of ``table`` still in its history, newest first."""
+    rows = DeltaTable.forPath(spark, table_path(lake, table)).history().select(
+        "version", F.unix_micros("timestamp").alias("micros"), "operation", "userMetadata"
+    ).collect()
+    commits = [Commit(int(r["version"]), int(r["micros"]), str(r["operation"]),
+                      tag_batch(r["userMetadata"])) for r in rows]
+    return sorted(commits, key=lambda c: c.version, reverse=True)
+
+
+def finished_batches(metrics_commits: Sequence[Commit], moment: int) -> dict[str, int]:
+    """The newest batch of each stream whose ``batch_metrics`` row was committed by ``moment``.
+
+    That row is a batch's last write: a batch without it was not finished at that moment.
+    """
+    done: dict[str, int] = {}
+    for commit in metrics_commits:
+        if commit.micros <= moment and commit.batch is not None:
+            app, batch = commit.batch
+            done[app] = max(batch, done.get(app, -1))
+    return done
+
+
+def version_at(
+    commits: Sequence[Commit], moment: int, finished: Mapping[str, int]
+) -> int | None:
+    """The newest version of a table at ``moment`` that holds no write of an unfinished batch.
+
+    A micro-batch commits its tables side by side, so at any moment a table may already
+    hold a batch that another table does not hold yet. Stepping back over such commits
+    (and over compactions after them) gives every table the same finished batches.
+
+    :param commits: the table's commits, newest first.
+    :return: ``None`` when the table did not exist yet.
+    """
+    chosen: int | None = None
+    for commit in commits:
+        if commit.micros > moment:
+            continue
+        if chosen is None:
+            chosen = commit.version
+        if commit.batch is not None and commit.batch[1] > finished.get(commit.batch[0], -1):
+            chosen = commit.version - 1
+        elif commit.operation not in _NO_DATA_CHANGE:
+            break
+    return None if chosen is None or chosen < 0 else chosen
+
+
+def _micros(stamp: datetime) -> int:
+    """``stamp`` (UTC when naive) in microseconds since the epoch."""
+    aware = stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC)
+    return (aware - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+
+def as_of_versions(spark: SparkSession, lake: str, as_of: AsOf) -> dict[str, int | None]:
+    """The version of every table to read for ``as_of``: the lake between two batches.
+
+    A time is the lake as it was then, without the batch that was being written (if any).
+    A version of ``sessions`` written by a micro-batch is the lake just after that batch;
+    any other version of ``sessions`` (its creation, a compaction, an erasure, a restore) is
+    the lake at its commit time. Version numbers differ from table to table, so the other
+    tables are found by the batch and its time, never by the number.
+
+    :raises QueryError: when ``sessions`` has no such version.
+    """
+    histories = {table: table_commits(spark, lake, table)
+                 for table in PUBLIC_TABLES if table_exists(spark, lake, table)}
+    metrics = histories.get(BATCH_METRICS, [])
     if as_of.timestamp is not None:
-        stamp = as_of.timestamp
-        if stamp.tzinfo is not None:  # the Spark session's time zone is UTC
-            stamp = stamp.astimezone(UTC).replace(tzinfo=None)
-        return stamp.isoformat(sep=" ")
-    history = DeltaTable.forPath(spark, table_path(lake, "sessions")).history()
-    found = history.where(F.col("version").isin(as_of.version)).select("timestamp").collect()
-    if not found:
-        raise QueryError(f"--as-of {as_of.version}: sessions has no version {as_of.version}")
-    return str(found[0]["timestamp"])
+        moment = _micros(as_of.timestamp)
+    else:
+        found = next((c for c in histories.get(SESSIONS, []) if c.version == as_of.version),
+                     None)
+        if found is None:
+            raise QueryError(f"--as-of {as_of.version}: sessions has no version {as_of.version}")
+        batch_done = [c.micros for c in metrics if found.batch and c.batch == found.batch]
+        moment = max([found.micros, *batch_done])
+    finished = finished_batches(metrics, moment)
+    versions = {table: version_at(history, moment, finished)
+                for table, history in histories.items()}
+    if as_of.version is not None:
+        versions[SESSIONS] = as_of.version
+    return versions
 
 
-def _reader(spark: SparkSession, path: str, timestamp: str | None) -> DataFrame | None:
+def _reader(spark: SparkSession, path: str, version: int | None) -> DataFrame:
     reader = spark.read.format("delta")
-    if timestamp is not None:
-        reader = reader.option("timestampAsOf", timestamp)
-    try:
-        return reader.load(path)
-    except AnalysisException:
-        if timestamp is None:
-            raise
-        return None  # the table did not exist yet at that time
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return reader.load(path)
 
 
 def register_tables(spark: SparkSession, lake: str, as_of: AsOf | None = None) -> list[str]:
@@ -198,14 +286,16 @@ def register_tables(spark: SparkSession, lake: str, as_of: AsOf | None = None) -
     :return: the names registered.
     :raises LakeNotFound: when the lake has none of the tables.
     """
-    timestamp = as_of_timestamp(spark, lake, as_of) if as_of else None
+    if as_of is None:
+        versions: dict[str, int | None] = {
+            table: None for table in PUBLIC_TABLES if table_exists(spark, lake, table)
+        }
+    else:
+        versions = {t: v for t, v in as_of_versions(spark, lake, as_of).items() if v is not None}
     names = []
-    for table in PUBLIC_TABLES:
-        if table_exists(spark, lake, table):
-            frame = _reader(spark, table_path(lake, table), timestamp)
-            if frame is not None:
-                frame.createOrReplaceTempView(table)
-                names.append(table)
+    for table, version in versions.items():
+        _reader(spark, table_path(lake, table), version).createOrReplaceTempView(table)
+        names.append(table)
     if not names:
         raise LakeNotFound(
             f"no sessionlake tables in {lake}: check --lake, or create them with "

@@ -25,16 +25,19 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
+from sessionlake import faults
 from sessionlake.cli import main
 from sessionlake.config import settings_from
 from sessionlake.query import (
     AsOf,
+    Commit,
     QueryError,
     bind_params,
     named_queries,
     parse_as_of,
     run_named_query,
     run_sql,
+    version_at,
 )
 from sessionlake.tables import table_path
 from tests.helpers import event, run_batches
@@ -169,6 +172,77 @@ def test_as_of_a_version_of_sessions_sees_the_lake_as_it_was(
     assert events == len(BATCH_A)
     now = run_sql(spark, lake, "SELECT count(*) AS n FROM events").collect()[0]["n"]
     assert now == len(BATCH_A) + len(BATCH_B)
+
+
+class _CutOff(Exception):
+    pass
+
+
+def test_as_of_a_time_during_a_batch_sees_the_lake_before_it(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch commits its tables side by side: a time while it is written (here, cut off
+    before its batch_metrics row) reads none of it, and the replay's end reads all of it."""
+    settings = settings_from({"lake": str(tmp_path / "lake")})
+    run_batches(spark, settings, [BATCH_A])
+
+    def cut_off(name: str) -> None:
+        if name == "after_sessions":
+            raise _CutOff(name)
+
+    monkeypatch.setattr(faults, "point", cut_off)
+    with pytest.raises(_CutOff):
+        run_batches(spark, settings, [BATCH_B], first_batch_id=1)
+    later = AsOf(timestamp=datetime(2100, 1, 1))
+
+    def count(table: str, as_of: AsOf | None) -> int:
+        frame = run_sql(spark, settings.lake, f"SELECT count(*) AS n FROM {table}", as_of)
+        return int(frame.collect()[0]["n"])
+
+    assert count("events", None) == len(BATCH_A) + len(BATCH_B)  # the half-written lake
+    assert count("events", later) == len(BATCH_A)
+    assert count("batch_metrics", later) == 1
+    monkeypatch.undo()
+    run_batches(spark, settings, [BATCH_B], first_batch_id=1)  # the replay
+    assert count("events", later) == len(BATCH_A) + len(BATCH_B)
+    assert count("batch_metrics", later) == 2
+
+
+def _commit(version: int, micros: int, operation: str = "WRITE",
+            batch: int | None = None) -> Commit:
+    return Commit(version, micros, operation, None if batch is None else ("app", batch))
+
+
+@pytest.mark.parametrize(
+    ("commits", "moment", "expected"),
+    [
+        ([_commit(1, 10, batch=0), _commit(0, 0, "CREATE TABLE")], 5, 0),
+        ([_commit(1, 10, batch=0), _commit(0, 0, "CREATE TABLE")], 10, 1),
+        ([_commit(0, 0, "CREATE TABLE")], -1, None),
+        # batch 1 is not finished at the moment: its commit is stepped over
+        ([_commit(2, 20, batch=1), _commit(1, 10, batch=0), _commit(0, 0)], 30, 1),
+        # and so is a compaction after it, which holds its rows too
+        ([_commit(3, 25, "OPTIMIZE"), _commit(2, 20, batch=1), _commit(1, 10, batch=0),
+          _commit(0, 0)], 30, 1),
+        # a compaction before it is kept
+        ([_commit(3, 25, batch=1), _commit(2, 20, "OPTIMIZE"), _commit(1, 10, batch=0),
+          _commit(0, 0)], 30, 2),
+        # a restore after a batch that was never finished bounds the walk
+        ([_commit(3, 25, "RESTORE"), _commit(2, 20, batch=1), _commit(1, 10, batch=0),
+          _commit(0, 0)], 30, 3),
+        # an erasure between batches is kept
+        ([_commit(2, 20, "DELETE"), _commit(1, 10, batch=0), _commit(0, 0)], 30, 2),
+        # a table whose only writes are unfinished
+        ([_commit(1, 10, batch=1), _commit(0, 0, "CREATE TABLE")], 30, 0),
+    ],
+    ids=["before-a-batch", "at-a-batch", "before-creation", "unfinished-batch",
+         "compaction-after-unfinished", "compaction-before-unfinished", "restore-bounds",
+         "erasure-kept", "only-unfinished"],
+)
+def test_version_at_steps_over_unfinished_batches(
+    commits: list[Commit], moment: int, expected: int | None
+) -> None:
+    assert version_at(commits, moment, {"app": 0}) == expected
 
 
 def test_views_without_params_are_queryable_by_name(
