@@ -40,8 +40,8 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.streaming.stopGracefullyOnShutdown": "true",
     # PySpark's DataFrame debugging sends the Python call site of every DataFrame and
     # Column call to the JVM, a handful of py4j round trips each. Five warm batches of four
-    # events made 37,600 round trips with it, 15,700 without; ten took 91 s with it and
-    # 75 s without (Python CPU 14 s and 7 s). Errors keep their Python traceback; only
+    # events made 37,600 round trips with it, 15,700 without; ten took 86-96 s with it and
+    # 71-77 s without (Python CPU 14-15 s and 7 s). Errors keep their Python traceback; only
     # Spark's own error context loses the Python line.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
