@@ -48,7 +48,7 @@ from sessionlake.sessionize import (
     user_bucket,
 )
 from sessionlake.sources import adapter_for
-from sessionlake.spark import fit_codegen_to_batch
+from sessionlake.spark import fit_codegen_to_batch, fit_codegen_to_parse
 from sessionlake.state import MergeResult, apply_changelog_merge
 from sessionlake.tables import (
     BATCH_METRICS,
@@ -322,6 +322,7 @@ def _process_locked(
 
     try:
         faults.point("ingest")
+        fit_codegen_to_parse(lines.sparkSession)
         guarded = keep(apply_guards(
             adapter_for(settings.input_format).parse(cap_record_size(lines)),
             now, settings.max_future_skew,

@@ -36,7 +36,7 @@ from typing import Any, TypedDict
 from sessionlake.checkpoint import IDENTITY_FILE, PID_FILE, lock_held
 from sessionlake.config import ConfigError, format_duration, parse_duration, settings_from
 from sessionlake.deltalog import batch_keys, commit_actions
-from sessionlake.spark import DEFAULT_CONF, LOG_CONFIG, PROJECT_ROOT, delta_jars
+from sessionlake.spark import DEFAULT_CONF, PROJECT_ROOT, delta_jars, java_options
 
 #: The spark-submit entry point every Spark task runs.
 JOB_SCRIPT = PROJECT_ROOT / "jobs" / "sessionlake_job.py"
@@ -377,7 +377,7 @@ def spark_submit_conf() -> dict[str, str]:
         **DEFAULT_CONF,
         "spark.jars": ",".join(delta_jars()),
         "spark.driver.memory": os.environ.get("SESSIONLAKE_DRIVER_MEMORY", "4g"),
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}",
+        **java_options(),
         "spark.pyspark.python": python_executable(),
     }
 

@@ -46,6 +46,8 @@ def apply_guards(
     * An event without an id gets one from where the record sits (see
       :func:`derived_event_id`): a replayed file is recognised as a duplicate, while two
       identical lines stay two events.
+    * ``raw`` is kept for quarantined records only: the batch holds these rows in memory,
+      and a valid record's text, parsed into its columns, would double their size.
     """
     horizon = F.lit(processing_time + max_future_skew).cast("timestamp")
     too_long = F.length("raw") > MAX_RECORD_CHARS
@@ -65,9 +67,10 @@ def apply_guards(
         F.coalesce("event_id", derived_event_id()).alias("event_id"),
         "user_id", "event_time", "event_type", "page", "properties",
         "source_file", "source_line",
-        F.substring("raw", 1, MAX_RECORD_CHARS).alias("raw"),
-        too_long.alias("raw_truncated"),
-        reason.alias("reason"),
+        "raw", too_long.alias("raw_truncated"), reason.alias("reason"),
+    ).withColumn(
+        "raw",
+        F.when(F.col("reason").isNotNull(), F.substring("raw", 1, MAX_RECORD_CHARS)),
     )
 
 

@@ -16,10 +16,15 @@ from pyspark.sql import SparkSession
 
 from sessionlake.spark import (
     CODEGEN_KEYS,
+    CODEGEN_MIN_RECORDS,
+    LOG_CONFIG,
     PACKAGE_DIR,
+    THROUGHPUT_GC,
     codegen_for_batch,
     fit_codegen_to_batch,
+    fit_codegen_to_parse,
     is_local_master,
+    java_options,
     package_files,
     package_zip,
     ship_package,
@@ -141,3 +146,26 @@ def test_code_generation_follows_the_batch_when_nobody_set_it(
     finally:
         for key, value in before.items():
             spark.conf.set(key, value)
+
+
+def test_the_parse_is_compiled_even_for_a_small_batch(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = {key: spark.conf.get(key) for key in CODEGEN_KEYS}
+    monkeypatch.setattr(spark.sparkContext, "getConf", lambda: SparkConf(loadDefaults=False))
+    try:
+        fit_codegen_to_batch(spark, 4)
+        fit_codegen_to_parse(spark)
+        assert {key: spark.conf.get(key) for key in CODEGEN_KEYS} == codegen_for_batch(
+            CODEGEN_MIN_RECORDS)
+    finally:
+        for key, value in before.items():
+            spark.conf.set(key, value)
+
+
+def test_the_driver_jvm_runs_the_log_config_and_the_collector(spark: SparkSession) -> None:
+    runtime = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    arguments = list(runtime.getInputArguments())
+    assert THROUGHPUT_GC in arguments
+    assert f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}" in arguments
+    assert java_options()["spark.executor.extraJavaOptions"] == THROUGHPUT_GC
