@@ -47,10 +47,10 @@ DEFAULT_CONF: dict[str, str] = {
 }
 
 
-#: The JVM's garbage collector. On two cores the default (G1) spends one on concurrent
-#: marking and barriers; the parallel collector only pauses. ``sessionlake run`` of
-#: 100,000 events in one batch, whole process: 73.3-73.6 s with G1, 70.2-70.9 s with it;
-#: of 1,000,000: 134.6 s against 124.8 s (one run each).
+#: The JVM's garbage collector: the parallel one, which beat the default (G1) on this
+#: 2-core machine. ``sessionlake run`` of 100,000 events in one batch, whole process:
+#: 73.3-73.6 s with G1, 70.2-70.9 s with it; of 1,000,000: 134.6 s against 124.8 s (one
+#: run each). Measured on local masters only.
 THROUGHPUT_GC = "-XX:+UseParallelGC"
 
 
@@ -214,10 +214,11 @@ def fit_codegen_to_parse(spark: SparkSession) -> None:
 
     The batch's size is known only once its lines are parsed, and the parse is the batch's
     heaviest work per record. It is one query of the same shape in every batch, whose
-    generated classes Spark caches, so a process compiles it once. Measured on 2 cores,
-    warm: 100,000 jsonl events parsed in about 2.6 s compiled against 11 s interpreted,
-    while a batch of four events parses as fast either way after the first (about a second
-    more for that one). Operator-given settings still win (see :func:`fit_codegen_to_batch`).
+    generated classes Spark caches, so a process compiles it once. Measured on 2 cores, in
+    a stream's batch, warm: 100,000 jsonl events parsed in 3.0-3.3 s compiled against
+    8.3-8.8 s interpreted, while a batch of four events parses as fast either way after
+    the first (about a second more for that one). Operator-given settings still win (see
+    :func:`fit_codegen_to_batch`).
     """
     fit_codegen_to_batch(spark, CODEGEN_MIN_RECORDS)
 
