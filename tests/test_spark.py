@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -133,34 +134,34 @@ def test_code_generation_the_operator_set_is_kept(spark: SparkSession) -> None:
     assert {key: spark.conf.get(key) for key in CODEGEN_KEYS} == before
 
 
+@pytest.fixture
+def codegen_unset(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[SparkSession]:
+    """The suite's session as if no operator had set code generation; restored after."""
+    before = {key: spark.conf.get(key) for key in CODEGEN_KEYS}
+    monkeypatch.setattr(spark.sparkContext, "getConf", lambda: SparkConf(loadDefaults=False))
+    yield spark
+    for key, value in before.items():
+        spark.conf.set(key, value)
+
+
 @pytest.mark.parametrize("records", [10, 1_000_000])
 def test_code_generation_follows_the_batch_when_nobody_set_it(
-    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, records: int
+    codegen_unset: SparkSession, records: int
 ) -> None:
-    before = {key: spark.conf.get(key) for key in CODEGEN_KEYS}
-    monkeypatch.setattr(spark.sparkContext, "getConf", lambda: SparkConf(loadDefaults=False))
-    try:
-        fit_codegen_to_batch(spark, records)
-        assert {key: spark.conf.get(key) for key in CODEGEN_KEYS} == codegen_for_batch(records)
-        assert spark.range(5).selectExpr("sum(id * 2) AS s").first()["s"] == 20
-    finally:
-        for key, value in before.items():
-            spark.conf.set(key, value)
+    spark = codegen_unset
+    fit_codegen_to_batch(spark, records)
+    assert {key: spark.conf.get(key) for key in CODEGEN_KEYS} == codegen_for_batch(records)
+    assert spark.range(5).selectExpr("sum(id * 2) AS s").first()["s"] == 20
 
 
-def test_the_parse_is_compiled_even_for_a_small_batch(
-    spark: SparkSession, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    before = {key: spark.conf.get(key) for key in CODEGEN_KEYS}
-    monkeypatch.setattr(spark.sparkContext, "getConf", lambda: SparkConf(loadDefaults=False))
-    try:
-        fit_codegen_to_batch(spark, 4)
-        fit_codegen_to_parse(spark)
-        assert {key: spark.conf.get(key) for key in CODEGEN_KEYS} == codegen_for_batch(
-            CODEGEN_MIN_RECORDS)
-    finally:
-        for key, value in before.items():
-            spark.conf.set(key, value)
+def test_the_parse_is_compiled_even_for_a_small_batch(codegen_unset: SparkSession) -> None:
+    spark = codegen_unset
+    fit_codegen_to_batch(spark, 4)
+    fit_codegen_to_parse(spark)
+    assert {key: spark.conf.get(key) for key in CODEGEN_KEYS} == codegen_for_batch(
+        CODEGEN_MIN_RECORDS)
 
 
 def test_the_driver_jvm_runs_the_log_config_and_the_collector(spark: SparkSession) -> None:
