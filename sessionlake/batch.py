@@ -252,13 +252,34 @@ def mark_done(
     identity: StreamIdentity,
     batch_id: int,
     max_event_time_after: datetime | None,
+    open_sessions_after: int | None = None,
 ) -> None:
-    """Note in the ledger that every table write of the batch has committed, and the
-    largest accepted event time so far (the next batch's watermark starts there)."""
+    """Note in the ledger that every table write of the batch has committed, the largest
+    accepted event time so far (the next batch's watermark starts there) and how many
+    sessions are open (see :func:`open_sessions_estimate`)."""
     entry = _read_ledger(spark, settings, identity, batch_id) or {}
     after = None if max_event_time_after is None else max_event_time_after.isoformat()
     _write_ledger(spark, settings, identity, batch_id,
-                  {**entry, "done": True, "max_event_time_after": after})
+                  {**entry, "done": True, "max_event_time_after": after,
+                   "open_sessions_after": open_sessions_after})
+
+
+def open_sessions_estimate(
+    spark: SparkSession, settings: Settings, identity: StreamIdentity, batch_id: int
+) -> int:
+    """About how many sessions are open before batch ``batch_id``, read without a query.
+
+    The count the previous batch of the same stream and epoch left in its ledger entry;
+    0 when there is none (the first batch of a stream or of a restore epoch). Used only to
+    size the batch's code generation: a few events of users spread over every bucket read
+    the whole state, and at 10^6 open sessions such a batch ran 20% faster compiled.
+    Maintenance between batches can make it stale; that changes how fast the batch runs,
+    never what it writes.
+    """
+    previous = _read_ledger(spark, settings, identity, batch_id - 1) if batch_id > 0 else None
+    if previous is None or previous.get("open_sessions_after") is None:
+        return 0
+    return int(previous["open_sessions_after"])
 
 
 def _one(frame: DataFrame) -> Row:
@@ -344,9 +365,12 @@ def _process_locked(
                          F.col("event_time"))).alias("last_behind_watermark"),
         ))
         buckets = sorted(int(b) for b in stats["buckets"])
-        fit_codegen_to_batch(spark, int(stats["input"]))
+        # The batch works through its records and the open sessions of its users' buckets.
+        work = int(stats["input"]) + open_sessions_estimate(
+            spark, settings, identity, batch_id) * len(buckets) // settings.user_buckets
+        fit_codegen_to_batch(spark, work)
         if lines.sparkSession is not spark:  # the stream's clone, owner of the batch's frames
-            fit_codegen_to_batch(lines.sparkSession, int(stats["input"]))
+            fit_codegen_to_batch(lines.sparkSession, work)
         phase("parse")
 
         # Duplicates: within the batch, and against the accepted events of the same days.
@@ -462,7 +486,7 @@ def _process_locked(
         _append_once(spark.createDataFrame([Row(**row)], schema), lake, BATCH_METRICS, key,
                      inputs.written_after(BATCH_METRICS))
         faults.point("after_metrics")
-        mark_done(spark, settings, identity, batch_id, max_event_time)
+        mark_done(spark, settings, identity, batch_id, max_event_time, open_now)
         phase("metrics")
         log.debug("batch %s phases (ms): %s", batch_id, phases)
         return BatchReport(row=row, phases_ms=phases)

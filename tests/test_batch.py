@@ -162,6 +162,23 @@ def test_the_watermark_is_carried_in_the_ledger_and_read_from_batch_metrics_with
     assert max_event_time_before(spark, cfg, identity, 2) == noted
     assert max_event_time_before(spark, cfg, StreamIdentity("ledger", 1), 2) == noted
 
+
+def test_the_open_session_count_is_carried_in_the_ledger_for_the_next_batch(
+    spark: SparkSession, lake: str
+) -> None:
+    """The next batch sizes its code generation by it; the first batch of a stream or of a
+    restore epoch has no note and counts none."""
+    from sessionlake.batch import open_sessions_estimate
+
+    cfg = settings(lake)
+    identity = StreamIdentity("ledger", 0)
+    reports = run_batches(spark, cfg, [[event("x", "12:00"), event("y", "12:01")],
+                                       [event("z", "12:02")]], identity=identity)
+    assert [r.row["open_sessions"] for r in reports] == [2, 3]
+    assert [open_sessions_estimate(spark, cfg, identity, b) for b in (0, 1, 2)] == [0, 2, 3]
+    assert open_sessions_estimate(spark, cfg, StreamIdentity("ledger", 1), 2) == 0
+
+
 def test_conservation(spark: SparkSession, lake: str) -> None:
     cfg = settings(lake)
     batches = [
