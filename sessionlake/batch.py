@@ -163,6 +163,13 @@ def _read_ledger(
     return None if text is None else dict(json.loads(text))
 
 
+def _previous_ledger(
+    spark: SparkSession, settings: Settings, identity: StreamIdentity, batch_id: int
+) -> dict[str, Any] | None:
+    """The ledger entry of the batch before ``batch_id`` in the same stream and epoch."""
+    return _read_ledger(spark, settings, identity, batch_id - 1) if batch_id > 0 else None
+
+
 def _write_ledger(
     spark: SparkSession, settings: Settings, identity: StreamIdentity, batch_id: int,
     entry: dict[str, Any],
@@ -238,7 +245,7 @@ def max_event_time_before(
     files grow with every batch. Only the first batch after a restore (a new epoch), or
     after a ledger without that note, takes the maximum over ``batch_metrics``.
     """
-    previous = _read_ledger(spark, settings, identity, batch_id - 1) if batch_id > 0 else None
+    previous = _previous_ledger(spark, settings, identity, batch_id)
     if previous is not None and previous.get("done") and "max_event_time_after" in previous:
         return _parse_time(previous["max_event_time_after"])
     return _as_utc(_one(read_table(spark, settings.lake, BATCH_METRICS).agg(
@@ -252,7 +259,7 @@ def mark_done(
     identity: StreamIdentity,
     batch_id: int,
     max_event_time_after: datetime | None,
-    open_sessions_after: int | None = None,
+    open_sessions_after: int,
 ) -> None:
     """Note in the ledger that every table write of the batch has committed, the largest
     accepted event time so far (the next batch's watermark starts there) and how many
@@ -276,7 +283,7 @@ def open_sessions_estimate(
     Maintenance between batches can make it stale; that changes how fast the batch runs,
     never what it writes.
     """
-    previous = _read_ledger(spark, settings, identity, batch_id - 1) if batch_id > 0 else None
+    previous = _previous_ledger(spark, settings, identity, batch_id)
     noted = None if previous is None else previous.get("open_sessions_after")
     # Only a hint: an entry edited by hand into something else must not fail the batch.
     return noted if isinstance(noted, int) and noted > 0 else 0
