@@ -38,13 +38,11 @@ from sessionlake.config import Settings
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltalog import BatchKey
 from sessionlake.sessionize import (
+    SESSIONIZED_EVENT_COLUMNS,
     aggregate_sessions,
     as_closed_sessions,
-    assign_sessions,
-    events_as_fragments,
-    mark_events_joining_closed_sessions,
-    mark_late_new_sessions,
-    open_sessions_as_fragments,
+    closed_session_hits,
+    sessionize_batch,
     user_bucket,
 )
 from sessionlake.sources import adapter_for
@@ -68,7 +66,6 @@ from sessionlake.validation import (
     EVENT_COLUMNS,
     apply_guards,
     cap_record_size,
-    mark_duplicates,
     quarantined,
     valid_events,
 )
@@ -380,42 +377,34 @@ def _process_locked(
             fit_codegen_to_batch(lines.sparkSession, work)
         phase("parse")
 
-        # Duplicates: within the batch, and against the accepted events of the same days.
-        seen = read_table(spark, lake, EVENTS, inputs.table_versions[EVENTS]).where(
-            F.col("event_date").isin(sorted(stats["dates"]))
-        ).select("user_id", "event_id")
-        deduped = mark_duplicates(valid, seen)
-
-        # Lateness rule 1: an event within the gap of a closed session of its user.
-        unique = deduped.where(~F.col("is_duplicate")).drop("is_duplicate")
+        # Sessionization reads a narrow projection of the events; what it rejects is
+        # subtracted from the parsed rows by their key (source_file, source_line) at the end.
+        events = valid.select(*SESSIONIZED_EVENT_COLUMNS)
         closed = _closed_sessions_near(
             spark, settings, inputs.table_versions[SESSIONS],
             _as_utc(stats["first_behind_watermark"]), _as_utc(stats["last_behind_watermark"]),
         )
-        checked = keep(
-            mark_events_joining_closed_sessions(unique, closed, watermark, gap)
-            if closed is not None
-            else unique.withColumn("late_reason", F.lit(None).cast("string"))
-        )
-
-        # Sessionization with the open state of the batch's users, then lateness rule 2.
+        near_closed = None if closed is None or watermark is None else keep(
+            closed_session_hits(events, closed, watermark, gap))
         state = read_table(spark, lake, OPEN_SESSIONS, inputs.table_versions[OPEN_SESSIONS]).where(
             F.col("user_bucket").isin(buckets)
-        ).join(valid.select("user_id").distinct(), "user_id", "left_semi")
+        ).join(events.select("user_id").distinct(), "user_id", "left_semi")
         phase("duplicates_and_closed")
-        pending = checked.where(F.col("late_reason").isNull()).drop("late_reason")
-        fragments = events_as_fragments(pending).unionByName(
-            open_sessions_as_fragments(state)
-        )
-        assigned = keep(mark_late_new_sessions(
-            assign_sessions(fragments, gap, settings.max_session_duration), watermark, gap
+        assigned = keep(sessionize_batch(
+            events, state, _seen_before(spark, settings, inputs, events, stats["dates"]),
+            near_closed, watermark, gap, settings.max_session_duration,
         ))
-        sessions = aggregate_sessions(assigned.where(F.col("late_reason").isNull()))
+        sessions = aggregate_sessions(
+            assigned.where(~F.col("is_duplicate") & F.col("late_reason").isNull())
+        )
 
+        accepting = ~F.col("is_duplicate") & F.col("late_reason").isNull()
         outcome = _one(assigned.where(~F.col("is_state")).agg(
-            F.count(F.when(F.col("late_reason").isNull(), 1)).alias("accepted"),
-            F.count(F.when(F.col("late_reason").isNotNull(), 1)).alias("late"),
-            F.max(F.when(F.col("late_reason").isNull(), F.col("event_time"))).alias("max_t"),
+            F.count(F.lit(1)).alias("valid"),
+            F.count(F.when(~F.col("is_duplicate"), 1)).alias("unique"),
+            F.count(F.when(accepting, 1)).alias("accepted"),
+            F.count("late_reason").alias("late"),
+            F.max(F.when(accepting, F.col("event_time"))).alias("max_t"),
         ))
         phase("sessionize")
         max_event_time = max(
@@ -428,25 +417,26 @@ def _process_locked(
         untouched = read_table(
             spark, lake, OPEN_SESSIONS, inputs.table_versions[OPEN_SESSIONS]
         ).join(
-            valid.select("user_id").distinct(), "user_id", "left_anti"
+            events.select("user_id").distinct(), "user_id", "left_anti"
         )
         expiring = keep(expiring_open_sessions(untouched, watermark_after, gap))
 
         # Not materialized: a union of projections of materialized frames, which Delta's
         # MERGE materializes itself.
         source = merge_source(classified, expiring, settings.user_buckets, batch_id, now)
-        counts = _batch_counts(checked, outcome, classified, expiring, buckets)
+        counts = _batch_counts(outcome, classified, expiring, buckets)
         phase("classify")
-        late_rows = checked.where(F.col("late_reason").isNotNull()).select(
-            *EVENT_COLUMNS, "late_reason"
-        ).unionByName(
-            assigned.where(~F.col("is_state") & F.col("late_reason").isNotNull()).select(
-                *EVENT_COLUMNS, "late_reason"
-            )
-        ).withColumnRenamed("late_reason", "reason").withColumn(
-            "watermark", F.lit(watermark).cast("timestamp")
+        late_keys = assigned.where(F.col("late_reason").isNotNull()).select(
+            *RECORD_KEY, "late_reason")
+        late_rows = _records_of(valid, late_keys, counts["late"], "inner").select(
+            *EVENT_COLUMNS, F.col("late_reason").alias("reason"),
+            F.lit(watermark).cast("timestamp").alias("watermark"),
         )
-        accepted = assigned.where(~F.col("is_state") & F.col("late_reason").isNull())
+        accepted = valid if counts["accepted"] == counts["valid"] else _records_of(
+            valid,
+            assigned.where(~F.col("is_state") & ~accepting).select(*RECORD_KEY),
+            counts["valid"] - counts["accepted"], "left_anti",
+        )
         closing = as_closed_sessions(
             classified.where("closes"), gap, batch_id, now
         ).unionByName(as_closed_sessions(expiring, gap, batch_id, now))
@@ -459,7 +449,7 @@ def _process_locked(
              _stamp(quarantined(guarded), batch_id, "quarantined_at", now)),
             (counts["late"], LATE_EVENTS, _stamp(late_rows, batch_id, "recorded_at", now)),
             (counts["accepted"], EVENTS,
-             _stamp(accepted.select(*EVENT_COLUMNS), batch_id, "ingested_at", now)
+             _stamp(accepted, batch_id, "ingested_at", now)
              .withColumn("event_date", F.to_date("event_time"))),
             (counts["closed"], SESSIONS, closing),
             (counts["changes"], SESSION_CHANGELOG,
@@ -541,6 +531,28 @@ def _append_once(
     retry_on_conflict(lambda: append(frame, lake, table, batch), f"append to {table}")
 
 
+def _seen_before(
+    spark: SparkSession,
+    settings: Settings,
+    inputs: BatchInputs,
+    events: DataFrame,
+    dates: list[Any],
+) -> DataFrame | None:
+    """The ids of ``events`` already accepted by an earlier batch (``user_id``,
+    ``event_id``), looked for among the accepted events of the same days.
+
+    Those days' events are scanned against the batch's ids shipped whole to every task,
+    so the earlier events are not shuffled; ``None`` when those days hold none.
+    """
+    earlier = read_table(spark, settings.lake, EVENTS, inputs.table_versions[EVENTS]).where(
+        F.col("event_date").isin(sorted(dates))
+    ).select("user_id", "event_id")
+    if not dates or not earlier.inputFiles():
+        return None
+    return earlier.join(F.broadcast(events.select("user_id", "event_id")),
+                        ["user_id", "event_id"], "left_semi")
+
+
 def _closed_sessions_near(
     spark: SparkSession,
     settings: Settings,
@@ -563,6 +575,25 @@ def _closed_sessions_near(
     )
 
 
+#: A record's key within a batch: where it sits in the input (a file's line, a Kafka offset).
+RECORD_KEY: tuple[str, ...] = ("source_file", "source_line")
+
+#: Keys a join ships whole to every task rather than shuffling the batch's records for it.
+BROADCAST_KEYS_MAX = 1_000_000
+
+
+def _records_of(valid: DataFrame, keys: DataFrame, count: int, how: str) -> DataFrame:
+    """The batch's parsed records joined (``how``) to ``count`` record keys of them.
+
+    Sessionization works on a narrow projection of the events; the rows it rejected (late
+    or duplicate) are found again among the parsed records by their key. They are usually
+    few, so the keys are broadcast and the records are not shuffled.
+    """
+    joined = F.broadcast(keys) if count <= BROADCAST_KEYS_MAX else keys
+    extra = [c for c in keys.columns if c not in RECORD_KEY] if how == "inner" else []
+    return valid.join(joined, list(RECORD_KEY), how).select(*valid.columns, *extra)
+
+
 def _stamp(frame: DataFrame, batch_id: int, column: str, at: datetime) -> DataFrame:
     return frame.withColumn("batch_id", F.lit(batch_id).cast("long")).withColumn(
         column, F.lit(at).cast("timestamp")
@@ -570,28 +601,22 @@ def _stamp(frame: DataFrame, batch_id: int, column: str, at: datetime) -> DataFr
 
 
 def _batch_counts(
-    checked: DataFrame,
     outcome: Row,
     classified: DataFrame,
     expiring: DataFrame,
     batch_buckets: list[int],
 ) -> dict[str, Any]:
     """Counts of the batch's outcomes, from the frames already held in memory (one job)."""
-    counts = _one(checked.agg(
-        F.count(F.lit(1)).alias("unique"),
-        F.count("late_reason").alias("late"),
-    ).crossJoin(classified.agg(
+    counts = _one(classified.agg(
         F.count(F.when(F.col("change") == "open", 1)).alias("opened"),
         F.count(F.when(F.col("change") != "unchanged", 1)).alias("changed"),
         F.count(F.when(F.col("closes"), 1)).alias("closes"),
-    )).crossJoin(expiring.agg(
+    ).crossJoin(expiring.agg(
         F.count(F.lit(1)).alias("expired"), F.collect_set("user_bucket").alias("buckets")
     )))
     closed = int(counts["closes"]) + int(counts["expired"])
     return {
-        "unique": int(counts["unique"]),
-        "accepted": int(outcome["accepted"]),
-        "late": int(counts["late"]) + int(outcome["late"]),
+        **{name: int(outcome[name]) for name in ("valid", "unique", "accepted", "late")},
         "opened": int(counts["opened"]),
         "closed": closed,
         "changes": int(counts["changed"]) + closed,

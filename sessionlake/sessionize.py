@@ -11,7 +11,7 @@ are fragments, an event that lands between two open sessions bridges them into o
 
 Lateness (SPEC, judged against the watermark W before the batch):
 
-1. :func:`mark_events_joining_closed_sessions` — an event within ``gap`` of one of the
+1. :func:`closed_session_hits` — an event within ``gap`` of one of the
    user's closed sessions would reopen a final session: late.
 2. :func:`mark_late_new_sessions` — a session made only of this batch's events that would
    already be closed (``end + gap <= W``): its events are late.
@@ -26,11 +26,17 @@ from pyspark.sql import functions as F
 
 _MICROS = 1_000_000
 
+#: What sessionization reads of an event: its user, id, time and page, and where its record
+#: sits (``source_file``, ``source_line``: the record's key within a batch). The rest of
+#: the event stays where it was parsed and is not carried through the shuffles.
+SESSIONIZED_EVENT_COLUMNS: tuple[str, ...] = (
+    "user_id", "event_id", "event_time", "page", "source_file", "source_line",
+)
+
 FRAGMENT_COLUMNS: tuple[str, ...] = (
     "user_id", "start_us", "end_us", "run_start_us", "event_count", "page_views",
-    "entry", "exit", "pages", "state_session_id", "is_state",
-    "event_id", "event_time", "event_type", "page", "properties", "source_file",
-    "source_line",
+    "state_session_id", "is_state", "event_id", "event_time", "page", "source_file",
+    "source_line", "entry_event_id", "entry_page", "exit_event_id", "exit_page", "pages",
 )
 
 
@@ -58,13 +64,12 @@ def user_bucket(user_id: Column | str, buckets: int) -> Column:
     return F.pmod(F.xxhash64(user_id), F.lit(buckets)).cast("int")
 
 
-def _moment(at: Column | str, event_id: Column | str, page: Column | str) -> Column:
-    # Ordered by time, then id: the entry and exit pages stay the same however the
-    # events were split into batches, even when two events share a timestamp.
-    return F.struct(F.col(at).alias("t") if isinstance(at, str) else at.alias("t"),
-                    F.col(event_id).alias("event_id") if isinstance(event_id, str)
-                    else event_id.alias("event_id"),
-                    F.col(page).alias("page") if isinstance(page, str) else page.alias("page"))
+#: What an open session carries of its first and last event and its pages; an event
+#: fragment has these null (its own id and page stand for them).
+_STATE_ENDS: tuple[tuple[str, str], ...] = (
+    ("entry_event_id", "string"), ("entry_page", "string"), ("exit_event_id", "string"),
+    ("exit_page", "string"), ("pages", "array<string>"),
+)
 
 
 def events_as_fragments(events: DataFrame) -> DataFrame:
@@ -75,14 +80,10 @@ def events_as_fragments(events: DataFrame) -> DataFrame:
         t.alias("start_us"), t.alias("end_us"), t.alias("run_start_us"),
         F.lit(1).cast("long").alias("event_count"),
         F.col("page").isNotNull().cast("long").alias("page_views"),
-        _moment("event_time", "event_id", "page").alias("entry"),
-        _moment("event_time", "event_id", "page").alias("exit"),
-        F.when(F.col("page").isNotNull(), F.array("page"))
-        .otherwise(F.array().cast("array<string>")).alias("pages"),
         F.lit(None).cast("string").alias("state_session_id"),
         F.lit(False).alias("is_state"),
-        "event_id", "event_time", "event_type", "page", "properties",
-        "source_file", "source_line",
+        "event_id", "event_time", "page", "source_file", "source_line",
+        *[F.lit(None).cast(kind).alias(name) for name, kind in _STATE_ENDS],
     )
 
 
@@ -94,34 +95,45 @@ def open_sessions_as_fragments(open_sessions: DataFrame) -> DataFrame:
         F.unix_micros("session_end").alias("end_us"),
         F.unix_micros("run_start").alias("run_start_us"),
         "event_count", "page_views",
-        _moment("session_start", "entry_event_id", "entry_page").alias("entry"),
-        _moment("session_end", "exit_event_id", "exit_page").alias("exit"),
-        F.coalesce("pages", F.array().cast("array<string>")).alias("pages"),
         F.col("session_id").alias("state_session_id"),
         F.lit(True).alias("is_state"),
         *[F.lit(None).cast(t).alias(c) for c, t in (
-            ("event_id", "string"), ("event_time", "timestamp"), ("event_type", "string"),
-            ("page", "string"), ("properties", "map<string,string>"),
+            ("event_id", "string"), ("event_time", "timestamp"), ("page", "string"),
             ("source_file", "string"), ("source_line", "long"),
         )],
+        *[name for name, _ in _STATE_ENDS],
     )
 
 
-def assign_sessions(fragments: DataFrame, gap: timedelta, max_duration: timedelta) -> DataFrame:
+def assign_sessions(
+    fragments: DataFrame,
+    gap: timedelta,
+    max_duration: timedelta,
+    active: Column | None = None,
+) -> DataFrame:
     """Give every fragment its session key (``user_id``, ``run_no``, ``chunk``).
 
     Also adds, per session, ``session_end_us`` and ``session_has_state`` (whether an open
     session from earlier batches is part of it), which the lateness rule needs.
+
+    :param active: which fragments take part (default: all). The others ride along in the
+        same partitions, so that a micro-batch decides duplicates and sessions in one
+        pass over its users' rows; their session columns mean nothing.
     """
     gap_us, max_us = micros(gap), micros(max_duration)
+    taking_part = F.lit(True) if active is None else active
+
+    def of_active(column: str) -> Column:
+        return F.when(taking_part, F.col(column))
+
     by_start = Window.partitionBy("user_id").orderBy(
         "start_us", "end_us", F.coalesce("state_session_id", "event_id")
     )
-    ended_before = F.max("end_us").over(
+    ended_before = F.max(of_active("end_us")).over(
         by_start.rowsBetween(Window.unboundedPreceding, -1)
     )
     starts_run = (ended_before.isNull() | (F.col("start_us") - ended_before >= gap_us))
-    run_no = F.sum(F.col("starts_run").cast("int")).over(
+    run_no = F.sum((taking_part & F.col("starts_run")).cast("int")).over(
         by_start.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
     run = Window.partitionBy("user_id", "run_no")
@@ -129,27 +141,26 @@ def assign_sessions(fragments: DataFrame, gap: timedelta, max_duration: timedelt
     return (
         fragments.withColumn("starts_run", starts_run)
         .withColumn("run_no", run_no)
-        .withColumn("run_start_us", F.min("run_start_us").over(run))
+        .withColumn("run_start_us", F.min(of_active("run_start_us")).over(run))
         .withColumn(
             "chunk",
             F.floor((F.col("start_us") - F.col("run_start_us")) / F.lit(max_us)).cast("long"),
         )
-        .withColumn("session_end_us", F.max("end_us").over(session))
-        .withColumn("session_has_state", F.max("is_state").over(session))
+        .withColumn("session_end_us", F.max(of_active("end_us")).over(session))
+        .withColumn("session_has_state", F.max(of_active("is_state")).over(session))
         .drop("starts_run")
     )
 
 
-def mark_events_joining_closed_sessions(
-    events: DataFrame, closed_sessions: DataFrame, watermark: datetime | None, gap: timedelta
+def closed_session_hits(
+    events: DataFrame, closed_sessions: DataFrame, watermark: datetime, gap: timedelta
 ) -> DataFrame:
-    """Add ``late_reason`` to events that fall within ``gap`` of a closed session.
+    """Lateness rule 1: the events that fall within ``gap`` of one of their user's closed
+    sessions, by record (``source_file``, ``source_line``), with ``late_reason``.
 
     Only events before the watermark can qualify (a closed session ended at least ``gap``
     before it), so only those are compared with ``closed_sessions`` (``sessions`` rows).
     """
-    if watermark is None:
-        return events.withColumn("late_reason", F.lit(None).cast("string"))
     gap_us = micros(gap)
     t = F.unix_micros(F.col("e.event_time"))
     candidates = events.where(F.col("event_time") < F.lit(watermark)).alias("e")
@@ -158,23 +169,82 @@ def mark_events_joining_closed_sessions(
         F.unix_micros("session_start").alias("start_us"),
         F.unix_micros("session_end").alias("end_us"),
     ).alias("s")
-    hits = (
+    return (
         candidates.join(
             closed,
             (F.col("e.user_id") == F.col("s.user_id"))
             & (F.col("s.start_us") - gap_us < t)
             & (t < F.col("s.end_us") + gap_us),
         )
-        .groupBy(F.col("e.user_id").alias("user_id"), F.col("e.event_id").alias("event_id"))
-        .agg(F.min("s.session_id").alias("closed_session_id"))
+        .groupBy(F.col("e.source_file").alias("source_file"),
+                 F.col("e.source_line").alias("source_line"))
+        .agg(F.concat(F.lit("within the gap of closed session "), F.min("s.session_id"))
+             .alias("late_reason"))
     )
-    return events.join(hits, ["user_id", "event_id"], "left").select(
-        *[c for c in events.columns],
-        F.when(
-            F.col("closed_session_id").isNotNull(),
-            F.concat(F.lit("within the gap of closed session "), F.col("closed_session_id")),
-        ).alias("late_reason"),
+
+
+def sessionize_batch(
+    events: DataFrame,
+    open_sessions: DataFrame,
+    seen: DataFrame | None,
+    near_closed: DataFrame | None,
+    watermark: datetime | None,
+    gap: timedelta,
+    max_duration: timedelta,
+) -> DataFrame:
+    """One micro-batch's events with their users' open sessions, in one pass by user.
+
+    The rows are shuffled by user once; duplicates, then sessions, then lateness rule 2
+    are decided in the partitions that shuffle made.
+
+    :param events: the batch's valid events (:data:`SESSIONIZED_EVENT_COLUMNS`).
+    :param open_sessions: the ``open_sessions`` rows of the batch's users.
+    :param seen: ``user_id``, ``event_id`` of accepted events of earlier batches that the
+        batch's events repeat (``None``: none).
+    :param near_closed: rule 1's hits (:func:`closed_session_hits`), or ``None``.
+    :return: one row per event and per open session (``is_state``): the fragment columns,
+        ``is_duplicate``, ``late_reason`` (rule 1 or 2; set for events that are not
+        duplicates) and the session key of :func:`assign_sessions`. The sessions are the
+        groups of fragments that are neither duplicate nor late.
+    """
+    rows = events_as_fragments(events).withColumn("kind", F.lit(_EVENT))
+    if near_closed is not None:
+        rows = rows.join(F.broadcast(near_closed.withColumnRenamed("late_reason", "late_1")),
+                         ["source_file", "source_line"], "left")
+    else:
+        rows = rows.withColumn("late_1", F.lit(None).cast("string"))
+    rows = rows.unionByName(
+        open_sessions_as_fragments(open_sessions).withColumn("kind", F.lit(_STATE)),
+        allowMissingColumns=True,
     )
+    if seen is not None:
+        rows = rows.unionByName(
+            seen.select("user_id", "event_id", F.lit(_SEEN).alias("kind")),
+            allowMissingColumns=True,
+        )
+    # Within the batch the first occurrence of an id by (file, line) is kept; an id seen in
+    # an earlier batch sorts before every occurrence, so none is kept.
+    first = Window.partitionBy("user_id", "event_id").orderBy("kind", "source_file",
+                                                              "source_line")
+    deduped = (
+        rows.repartition("user_id")
+        .withColumn("is_duplicate",
+                    (F.col("kind") == _EVENT) & (F.row_number().over(first) > 1))
+        .where(F.col("kind") != _SEEN)
+    )
+    pending = F.col("is_state") | (~F.col("is_duplicate") & F.col("late_1").isNull())
+    assigned = mark_late_new_sessions(
+        assign_sessions(deduped, gap, max_duration, active=pending), watermark, gap
+    )
+    return assigned.withColumn(
+        "late_reason",
+        F.when(~F.col("is_state") & ~F.col("is_duplicate"),
+               F.coalesce("late_1", "late_reason")),
+    ).drop("kind", "late_1")
+
+
+#: Row kinds of :func:`sessionize_batch`, in the order duplicates are decided.
+_SEEN, _EVENT, _STATE = 0, 1, 2
 
 
 def mark_late_new_sessions(
@@ -210,15 +280,29 @@ def aggregate_sessions(assigned: DataFrame) -> DataFrame:
     ``exit_page``, ``exit_event_id``, ``pages``, ``previous_session_ids`` (the open
     sessions it absorbed, sorted), ``added_events`` (events of this batch).
     """
+    state = F.col("is_state")
+    no_pages = F.array().cast("array<string>")
+    # Ordered by time, then id: the entry and exit pages stay the same however the events
+    # were split into batches, even when two events share a timestamp.
+    entry = F.struct(F.col("start_us").alias("t"),
+                     F.when(state, F.col("entry_event_id")).otherwise(F.col("event_id"))
+                     .alias("event_id"),
+                     F.when(state, F.col("entry_page")).otherwise(F.col("page")).alias("page"))
+    exit_ = F.struct(F.col("end_us").alias("t"),
+                     F.when(state, F.col("exit_event_id")).otherwise(F.col("event_id"))
+                     .alias("event_id"),
+                     F.when(state, F.col("exit_page")).otherwise(F.col("page")).alias("page"))
+    pages = F.when(state, F.coalesce("pages", no_pages)).when(
+        F.col("page").isNotNull(), F.array("page")).otherwise(no_pages)
     grouped = assigned.groupBy("user_id", "run_no", "chunk").agg(
         F.min("start_us").alias("start_us"),
         F.max("end_us").alias("end_us"),
         F.min("run_start_us").alias("run_start_us"),
         F.sum("event_count").alias("event_count"),
         F.sum("page_views").alias("page_views"),
-        F.min("entry").alias("entry"),
-        F.max("exit").alias("exit"),
-        F.array_sort(F.array_distinct(F.flatten(F.collect_list("pages")))).alias("pages"),
+        F.min(entry).alias("entry"),
+        F.max(exit_).alias("exit"),
+        F.array_sort(F.array_distinct(F.flatten(F.collect_list(pages)))).alias("pages"),
         F.array_sort(F.collect_list("state_session_id")).alias("previous_session_ids"),
         F.sum(F.when(~F.col("is_state"), F.col("event_count")).otherwise(0))
         .alias("added_events"),

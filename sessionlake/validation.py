@@ -1,15 +1,15 @@
-"""Validation shared by every format, and the duplicate check.
+"""Validation shared by every format.
 
-A candidate event either becomes a valid event or a quarantine row with a reason; a valid
-event is either new or a duplicate of one already seen (same user, same ``event_id``),
-which is counted and dropped. Nothing else leaves the pipeline here.
+A candidate event either becomes a valid event or a quarantine row with a reason; nothing
+else leaves the pipeline here. Whether a valid event repeats one already seen (same user,
+same ``event_id``) is decided with its session (:func:`sessionlake.sessionize.sessionize_batch`).
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from sessionlake.config import format_duration
@@ -100,23 +100,3 @@ def quarantined(guarded: DataFrame) -> DataFrame:
 def valid_events(guarded: DataFrame) -> DataFrame:
     """The records that passed every rule, as events."""
     return guarded.where(F.col("reason").isNull()).select(*EVENT_COLUMNS)
-
-
-def mark_duplicates(events: DataFrame, seen: DataFrame) -> DataFrame:
-    """Flag repeated event ids with ``is_duplicate``.
-
-    Within the batch the first occurrence by (file, line) is kept; an id already in
-    ``seen`` (``user_id``, ``event_id`` of accepted events of earlier batches) is a
-    duplicate wherever it appears. The choice is deterministic, so a replay flags the same
-    rows.
-    """
-    first = Window.partitionBy("user_id", "event_id").orderBy("source_file", "source_line")
-    earlier = seen.select("user_id", "event_id", F.lit(True).alias("seen_before")).distinct()
-    return (
-        events.withColumn("occurrence", F.row_number().over(first))
-        .join(earlier, ["user_id", "event_id"], "left")
-        .select(
-            *EVENT_COLUMNS,
-            ((F.col("occurrence") > 1) | F.col("seen_before").isNotNull()).alias("is_duplicate"),
-        )
-    )
