@@ -39,8 +39,8 @@ from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltalog import BatchKey
 from sessionlake.sessionize import (
     SESSIONIZED_EVENT_COLUMNS,
-    aggregate_sessions,
     as_closed_sessions,
+    batch_sessions,
     closed_session_hits,
     sessionize_batch,
     user_bucket,
@@ -394,9 +394,7 @@ def _process_locked(
             events, state, _seen_before(spark, settings, inputs, events, stats["dates"]),
             near_closed, watermark, gap, settings.max_session_duration,
         ))
-        sessions = aggregate_sessions(
-            assigned.where(~F.col("is_duplicate") & F.col("late_reason").isNull())
-        )
+        sessions = batch_sessions(assigned)
 
         accepting = ~F.col("is_duplicate") & F.col("late_reason").isNull()
         outcome = _one(assigned.where(~F.col("is_state")).agg(
@@ -511,6 +509,13 @@ def release(frame: DataFrame) -> None:
     frame._jdf.logicalPlan().rdd().unpersist(False)
 
 
+#: Delta writer options of the batch's appends, per table. ``events`` is written without
+#: Delta's optimized write (the table's default, for other writers): a batch's events come
+#: in as few partitions as its input had, so the shuffle would not save files, and it wrote
+#: a million-event batch's events in one task.
+APPEND_OPTIONS: dict[str, dict[str, str]] = {EVENTS: {"optimizeWrite": "false"}}
+
+
 def _append_once(
     frame: DataFrame, lake: str, table: str, batch: BatchKey, replay_after: int | None
 ) -> None:
@@ -528,7 +533,8 @@ def _append_once(
         frame.sparkSession, lake, table, batch, after=replay_after
     ) is not None:
         return
-    retry_on_conflict(lambda: append(frame, lake, table, batch), f"append to {table}")
+    retry_on_conflict(lambda: append(frame, lake, table, batch, APPEND_OPTIONS.get(table)),
+                      f"append to {table}")
 
 
 def _seen_before(

@@ -19,6 +19,7 @@ Lateness (SPEC, judged against the watermark W before the batch):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from pyspark.sql import Column, DataFrame, Window
@@ -106,50 +107,62 @@ def open_sessions_as_fragments(open_sessions: DataFrame) -> DataFrame:
 
 
 def assign_sessions(
-    fragments: DataFrame,
-    gap: timedelta,
-    max_duration: timedelta,
-    active: Column | None = None,
+    fragments: DataFrame, gap: timedelta, max_duration: timedelta
 ) -> DataFrame:
     """Give every fragment its session key (``user_id``, ``run_no``, ``chunk``).
 
     Also adds, per session, ``session_end_us`` and ``session_has_state`` (whether an open
     session from earlier batches is part of it), which the lateness rule needs.
+    """
+    session = Window.partitionBy("user_id", "run_no", "chunk")
+    return (
+        _assign_runs(fragments, gap, max_duration, None)
+        .withColumn("session_end_us", F.max("end_us").over(session))
+        .withColumn("session_has_state", F.max("is_state").over(session))
+    )
 
-    :param active: which fragments take part (default: all). The others ride along in the
+
+def _assign_runs(
+    fragments: DataFrame, gap: timedelta, max_duration: timedelta, active: Column | None
+) -> DataFrame:
+    """Add ``run_no``, the run's ``run_start_us`` and ``chunk`` to every fragment.
+
+    :param active: which fragments take part (``None``: all). The others ride along in the
         same partitions, so that a micro-batch decides duplicates and sessions in one
-        pass over its users' rows; their session columns mean nothing.
+        pass over its users' rows; their run columns mean nothing.
     """
     gap_us, max_us = micros(gap), micros(max_duration)
-    taking_part = F.lit(True) if active is None else active
-
-    def of_active(column: str) -> Column:
-        return F.when(taking_part, F.col(column))
-
+    of_active = _only(active)
     by_start = Window.partitionBy("user_id").orderBy(
         "start_us", "end_us", F.coalesce("state_session_id", "event_id")
     )
-    ended_before = F.max(of_active("end_us")).over(
+    ended_before = F.max(of_active(F.col("end_us"))).over(
         by_start.rowsBetween(Window.unboundedPreceding, -1)
     )
     starts_run = (ended_before.isNull() | (F.col("start_us") - ended_before >= gap_us))
+    taking_part = F.lit(True) if active is None else active
     run_no = F.sum((taking_part & F.col("starts_run")).cast("int")).over(
         by_start.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
     run = Window.partitionBy("user_id", "run_no")
-    session = Window.partitionBy("user_id", "run_no", "chunk")
     return (
         fragments.withColumn("starts_run", starts_run)
         .withColumn("run_no", run_no)
-        .withColumn("run_start_us", F.min(of_active("run_start_us")).over(run))
+        .withColumn("run_start_us", F.min(of_active(F.col("run_start_us"))).over(run))
         .withColumn(
             "chunk",
             F.floor((F.col("start_us") - F.col("run_start_us")) / F.lit(max_us)).cast("long"),
         )
-        .withColumn("session_end_us", F.max(of_active("end_us")).over(session))
-        .withColumn("session_has_state", F.max(of_active("is_state")).over(session))
         .drop("starts_run")
     )
+
+
+def _only(active: Column | None) -> Callable[[Column], Column]:
+    """``column`` where ``active`` holds, else null (the identity when it always holds)."""
+    if active is None:
+        return lambda column: column
+    condition = active
+    return lambda column: F.when(condition, column)
 
 
 def closed_session_hits(
@@ -204,8 +217,9 @@ def sessionize_batch(
     :param near_closed: rule 1's hits (:func:`closed_session_hits`), or ``None``.
     :return: one row per event and per open session (``is_state``): the fragment columns,
         ``is_duplicate``, ``late_reason`` (rule 1 or 2; set for events that are not
-        duplicates) and the session key of :func:`assign_sessions`. The sessions are the
-        groups of fragments that are neither duplicate nor late.
+        duplicates), the session key and columns of :func:`assign_sessions`, and on one
+        row of each session (``is_head``) its aggregates: :func:`batch_sessions` reads
+        the sessions from there.
     """
     rows = events_as_fragments(events).withColumn("kind", F.lit(_EVENT))
     if near_closed is not None:
@@ -233,18 +247,36 @@ def sessionize_batch(
         .where(F.col("kind") != _SEEN)
     )
     pending = F.col("is_state") | (~F.col("is_duplicate") & F.col("late_1").isNull())
-    assigned = mark_late_new_sessions(
-        assign_sessions(deduped, gap, max_duration, active=pending), watermark, gap
+    of_pending = _only(pending)
+    # The session's aggregates come from the same sorted pass, on its first row (the head).
+    session = Window.partitionBy("user_id", "run_no", "chunk").orderBy(
+        F.when(pending, 0).otherwise(1), "start_us", "end_us",
+        F.coalesce("state_session_id", "event_id"),
     )
-    return assigned.withColumn(
-        "late_reason",
+    whole = session.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    runs = _assign_runs(deduped, gap, max_duration, pending)
+    assigned = mark_late_new_sessions(runs.select(
+        *runs.columns,
+        F.max(of_pending(F.col("end_us"))).over(whole).alias("session_end_us"),
+        F.max(of_pending(F.col("is_state"))).over(whole).alias("session_has_state"),
+        (pending & (F.row_number().over(session) == 1)).alias("is_head"),
+        *[finish(aggregate.over(whole)).alias(_SESSION_PREFIX + name)
+          for name, (aggregate, finish) in _session_parts(pending).items()],
+    ), watermark, gap)
+    return assigned.select(
+        *[c for c in assigned.columns
+          if c not in ("kind", "late_1", "late_reason") and not c.startswith(_SESSION_PREFIX)],
         F.when(~F.col("is_state") & ~F.col("is_duplicate"),
-               F.coalesce("late_1", "late_reason")),
-    ).drop("kind", "late_1")
+               F.coalesce("late_1", "late_reason")).alias("late_reason"),
+        *[F.when(F.col("is_head"), F.col(c)).alias(c)
+          for c in assigned.columns if c.startswith(_SESSION_PREFIX)],
+    )
 
 
 #: Row kinds of :func:`sessionize_batch`, in the order duplicates are decided.
 _SEEN, _EVENT, _STATE = 0, 1, 2
+#: Where :func:`sessionize_batch` puts a session's aggregates (on its head row).
+_SESSION_PREFIX = "session_part_"
 
 
 def mark_late_new_sessions(
@@ -272,14 +304,13 @@ def mark_late_new_sessions(
     )
 
 
-def aggregate_sessions(assigned: DataFrame) -> DataFrame:
-    """One row per session from its fragments, with the analytics columns.
-
-    Columns: ``session_id``, ``user_id``, ``session_start``, ``session_end``,
-    ``run_start``, ``event_count``, ``page_views``, ``entry_page``, ``entry_event_id``,
-    ``exit_page``, ``exit_event_id``, ``pages``, ``previous_session_ids`` (the open
-    sessions it absorbed, sorted), ``added_events`` (events of this batch).
-    """
+def _session_parts(
+    active: Column | None,
+) -> dict[str, tuple[Column, Callable[[Column], Column]]]:
+    """The aggregates that make a session of its fragments (those where ``active`` holds,
+    or all), by name, each with what finishes its value (an aggregate in a window is
+    finished after ``over``); :func:`_as_sessions` turns them into the session's columns."""
+    of = _only(active)
     state = F.col("is_state")
     no_pages = F.array().cast("array<string>")
     # Ordered by time, then id: the entry and exit pages stay the same however the events
@@ -294,32 +325,71 @@ def aggregate_sessions(assigned: DataFrame) -> DataFrame:
                      F.when(state, F.col("exit_page")).otherwise(F.col("page")).alias("page"))
     pages = F.when(state, F.coalesce("pages", no_pages)).when(
         F.col("page").isNotNull(), F.array("page")).otherwise(no_pages)
-    grouped = assigned.groupBy("user_id", "run_no", "chunk").agg(
-        F.min("start_us").alias("start_us"),
-        F.max("end_us").alias("end_us"),
-        F.min("run_start_us").alias("run_start_us"),
-        F.sum("event_count").alias("event_count"),
-        F.sum("page_views").alias("page_views"),
-        F.min(entry).alias("entry"),
-        F.max(exit_).alias("exit"),
-        F.array_sort(F.array_distinct(F.flatten(F.collect_list(pages)))).alias("pages"),
-        F.array_sort(F.collect_list("state_session_id")).alias("previous_session_ids"),
-        F.sum(F.when(~F.col("is_state"), F.col("event_count")).otherwise(0))
-        .alias("added_events"),
-    )
-    start = F.timestamp_micros("start_us")
-    return grouped.select(
+    def distinct_sorted(lists: Column) -> Column:
+        return F.array_sort(F.array_distinct(F.flatten(lists)))
+
+    return {
+        "start_us": (F.min(of(F.col("start_us"))), _same),
+        "end_us": (F.max(of(F.col("end_us"))), _same),
+        "run_start_us": (F.min(of(F.col("run_start_us"))), _same),
+        "event_count": (F.sum(of(F.col("event_count"))), _same),
+        "page_views": (F.sum(of(F.col("page_views"))), _same),
+        "entry": (F.min(of(entry)), _same),
+        "exit": (F.max(of(exit_)), _same),
+        "pages": (F.collect_list(of(pages)), distinct_sorted),
+        "previous_session_ids": (F.collect_list(of(F.col("state_session_id"))), F.array_sort),
+        "added_events": (F.sum(of(F.when(~state, F.col("event_count")).otherwise(0))), _same),
+    }
+
+
+def _same(column: Column) -> Column:
+    return column
+
+
+def _as_sessions(parts: DataFrame, prefix: str = "") -> DataFrame:
+    """Sessions (see :func:`aggregate_sessions`) from ``user_id`` and the aggregates of
+    :func:`_session_parts`, named with ``prefix``."""
+    def part(name: str) -> Column:
+        return F.col(prefix + name)
+
+    start = F.timestamp_micros(part("start_us"))
+    return parts.select(
         session_id("user_id", start).alias("session_id"),
         "user_id",
         start.alias("session_start"),
-        F.timestamp_micros("end_us").alias("session_end"),
-        F.timestamp_micros("run_start_us").alias("run_start"),
-        "event_count", "page_views",
-        F.col("entry.page").alias("entry_page"),
-        F.col("entry.event_id").alias("entry_event_id"),
-        F.col("exit.page").alias("exit_page"),
-        F.col("exit.event_id").alias("exit_event_id"),
-        "pages", "previous_session_ids", "added_events",
+        F.timestamp_micros(part("end_us")).alias("session_end"),
+        F.timestamp_micros(part("run_start_us")).alias("run_start"),
+        part("event_count").alias("event_count"),
+        part("page_views").alias("page_views"),
+        part("entry")["page"].alias("entry_page"),
+        part("entry")["event_id"].alias("entry_event_id"),
+        part("exit")["page"].alias("exit_page"),
+        part("exit")["event_id"].alias("exit_event_id"),
+        part("pages").alias("pages"),
+        part("previous_session_ids").alias("previous_session_ids"),
+        part("added_events").alias("added_events"),
+    )
+
+
+def aggregate_sessions(assigned: DataFrame) -> DataFrame:
+    """One row per session from its fragments, with the analytics columns.
+
+    Columns: ``session_id``, ``user_id``, ``session_start``, ``session_end``,
+    ``run_start``, ``event_count``, ``page_views``, ``entry_page``, ``entry_event_id``,
+    ``exit_page``, ``exit_event_id``, ``pages``, ``previous_session_ids`` (the open
+    sessions it absorbed, sorted), ``added_events`` (events of this batch).
+    """
+    grouped = assigned.groupBy("user_id", "run_no", "chunk").agg(
+        *[finish(aggregate).alias(name)
+          for name, (aggregate, finish) in _session_parts(None).items()]
+    )
+    return _as_sessions(grouped)
+
+
+def batch_sessions(assigned: DataFrame) -> DataFrame:
+    """The sessions of :func:`sessionize_batch`'s rows (see :func:`aggregate_sessions`)."""
+    return _as_sessions(
+        assigned.where(F.col("is_head") & F.col("late_reason").isNull()), _SESSION_PREFIX
     )
 
 

@@ -12,7 +12,7 @@ and skips it instead of writing it twice.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -175,15 +175,23 @@ def table_version(spark: SparkSession, lake: str, table: str) -> int:
     return max(versions)
 
 
-def append(frame: DataFrame, lake: str, table: str, batch: BatchKey | None = None) -> None:
+def append(
+    frame: DataFrame,
+    lake: str,
+    table: str,
+    batch: BatchKey | None = None,
+    options: Mapping[str, str] | None = None,
+) -> None:
     """Append ``frame`` to ``table``; with ``batch``, the commit carries its tag.
+
+    :param options: Delta writer options for this write (``optimizeWrite``, say).
 
     The tag is not Delta's idempotent-write key (``txnAppId``/``txnVersion``): checking that
     key makes Delta reconstruct the table's state on every write, about a quarter of a small
     micro-batch's cost, while only a replayed batch can find its write already done. The
     batch looks for its tag itself on a replay (:func:`batch_commit_metrics`).
     """
-    writer = frame.write.format("delta").mode("append")
+    writer = frame.write.format("delta").mode("append").options(**(options or {}))
     if batch is not None:
         writer = writer.option("userMetadata", batch_tag(batch))
     writer.save(table_path(lake, table))

@@ -31,7 +31,11 @@ def cap_record_size(lines: DataFrame) -> DataFrame:
     newline); parsing it whole would only cost memory. The extra character lets
     :func:`apply_guards` tell that the record was longer than the limit.
     """
-    return lines.withColumn("line", F.substring("line", 1, MAX_RECORD_CHARS + 1))
+    line = F.col("line")
+    # A line's bytes bound its characters, so only a long line is measured and cut.
+    return lines.withColumn("line", F.when(F.octet_length(line) > MAX_RECORD_CHARS,
+                                           F.substring(line, 1, MAX_RECORD_CHARS + 1))
+                            .otherwise(line))
 
 
 def apply_guards(

@@ -13,6 +13,7 @@ from sessionlake.sources import (
     JsonLinesAdapter,
     adapter_for,
     kafka_lines,
+    split_lines,
 )
 from sessionlake.validation import MAX_RECORD_CHARS, apply_guards, cap_record_size
 from tests.conftest import DATA
@@ -171,3 +172,24 @@ def test_kafka_records_become_lines_named_by_topic_partition_and_offset(
         ("kafka://clicks/1", 6): ("clicks/1/6", "invalid JSON"),  # a null value is a record
     }
 
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("a\nb", [(1, "a"), (2, "b")]),
+        ("a\r\nb\r\n", [(1, "a"), (2, "b")]),          # Windows line endings
+        ("a\r\r\n", [(1, "a")]),                          # every trailing carriage return
+        ("\n  \n{}\n", [(3, "{}")]),                      # blank lines are not records
+        ("\t\n", [(1, "\t")]),                            # a tab is (and fails to parse)
+        (" {\"k\": 1}\r", [(1, " {\"k\": 1}")]),          # kept as read, but for the CR
+    ],
+)
+def test_split_lines_numbers_records_from_one(
+    spark: SparkSession, content: str, expected: list[tuple[int, str]]
+) -> None:
+    files = spark.createDataFrame([(content, "file:/landing/day/f.jsonl")],
+                                  "content string, file_path string")
+    split = split_lines(files, "/landing")
+    assert [(r.source_line, r.line) for r in split.orderBy("source_line").collect()] == expected
+    assert {r.source_file for r in split.collect()} <= {"day/f.jsonl"}
