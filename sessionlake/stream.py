@@ -34,7 +34,7 @@ from sessionlake.config import ENV, ConfigError, Settings
 from sessionlake.kafkaadmin import KafkaUnavailable, topic_partitions
 from sessionlake.monitor import BatchMonitor
 from sessionlake.sources import kafka_lines, split_lines
-from sessionlake.spark import fit_codegen_to_batch
+from sessionlake.spark import fit_to_stream
 from sessionlake.storage import local_path
 from sessionlake.tables import ensure_tables
 
@@ -209,9 +209,10 @@ def run_stream(
     :param clock: the batch clock (tests pass a fixed one).
     :param on_batch: called with every batch's report, after its commit.
 
-    Unless the session's Spark configuration sets them, ``spark``'s code generation
-    settings are chosen per batch (:func:`sessionlake.spark.fit_codegen_to_batch`) and keep
-    the last batch's choice after the run.
+    Unless the session's Spark configuration sets them, ``spark``'s adaptive execution is
+    turned off (:func:`sessionlake.spark.fit_to_stream`) and its code generation settings
+    are chosen per batch (:func:`sessionlake.spark.fit_codegen_to_batch`); both stay so
+    after the run.
     """
     source = check_source(settings)
     if settings.reads_kafka:
@@ -221,7 +222,7 @@ def run_stream(
         check_no_restore_pending(spark, settings.checkpoint)
         # The stream's own queries (tables, ledger, Delta's log replays) are small:
         # interpreted until a batch big enough to repay compiled code comes.
-        fit_codegen_to_batch(spark, 0)
+        fit_to_stream(spark)
         buckets = ensure_tables(spark, settings.lake, settings.user_buckets)
         if buckets != settings.user_buckets:
             log.warning("the lake's open_sessions has %s user buckets: using that, not %s",
