@@ -31,6 +31,13 @@ OPEN_SESSION_COLUMNS: tuple[str, ...] = (
 )
 
 
+#: Whether Delta's MERGE copies its source before reading it twice (to find the files it
+#: touches, then to write). The batch's source is a union of projections of frames already
+#: computed and held in memory, so it reads the same rows both times without a copy: a
+#: MERGE of 13,000 changes into 25,000 open sessions took 1.7-1.9 s instead of 2.4-2.8 s.
+MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
+
+
 @dataclass(frozen=True)
 class MergeResult:
     """What the MERGE did to ``open_sessions``, from Delta's operation metrics."""
@@ -81,6 +88,8 @@ def apply_changelog_merge(
         # and a compaction changes where rows live, not which rows there are; and it cannot
         # apply twice, because Delta commits nothing of an attempt that lost its race.
         with tagged_session(spark, batch) as session:
+            if session is not spark:  # a private clone: its settings are its own
+                session.conf.set(MATERIALIZE_SOURCE, "none")
             (
                 DeltaTable.forPath(session, path).alias("t")
                 .merge(source.alias("s"), condition)
