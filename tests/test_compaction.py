@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -309,9 +309,10 @@ def test_writes_that_lose_a_race_to_an_optimize_are_redone_once(
                                f"[DELTA_CONCURRENT_DELETE_READ] an OPTIMIZE of {table} won")
 
     def racing_append(frame: DataFrame, lake: str, table: str,
-                      batch: tuple[str, int] | None = None) -> None:
+                      batch: tuple[str, int] | None = None,
+                      options: Mapping[str, str] | None = None) -> None:
         lose_the_first_race(table)
-        append(frame, lake, table, batch)
+        append(frame, lake, table, batch, options)
 
     @contextmanager
     def racing_session(session: SparkSession, batch: tuple[str, int] | None
