@@ -20,10 +20,10 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake import faults, storage
@@ -286,6 +286,41 @@ def open_sessions_estimate(
     return noted if isinstance(noted, int) and noted > 0 else 0
 
 
+def _observed(frame: DataFrame, **figures: Column) -> tuple[DataFrame, Observation]:
+    """``frame`` with ``figures`` (aggregates by name) observed while it is computed.
+
+    The observation's ``get`` holds them once an action over the returned frame finished
+    (the batch materializes each frame it observes at once), so the figures cost no query
+    of their own. Timestamps are observed as microseconds (see :func:`_moment`): the
+    observed row reaches Python without a time zone.
+    """
+    seen = Observation(f"sessionlake-{uuid.uuid4().hex}")
+    return frame.observe(seen, *[value.alias(name) for name, value in figures.items()]), seen
+
+
+def _parse_figures(watermark: datetime | None, user_buckets: int) -> dict[str, Column]:
+    """What the batch needs to know of its parsed records before it reads any table."""
+    valid = F.col("reason").isNull()
+    behind = valid & (F.col("event_time") < F.lit(watermark).cast("timestamp"))
+    return {
+        "input": F.count(F.lit(1)),
+        "quarantined": F.count("reason"),
+        "days": F.collect_set(F.when(valid, F.unix_date(F.to_date("event_time")))),
+        "buckets": F.collect_set(F.when(valid, user_bucket("user_id", user_buckets))),
+        "first_behind_watermark": F.min(F.when(behind, F.unix_micros("event_time"))),
+        "last_behind_watermark": F.max(F.when(behind, F.unix_micros("event_time"))),
+    }
+
+
+_EPOCH_DAY = date(1970, 1, 1)
+
+
+def _moment(micros: int | None) -> datetime | None:
+    """An observed timestamp (microseconds since the epoch) as a UTC datetime."""
+    return None if micros is None else datetime(1970, 1, 1, tzinfo=UTC) + timedelta(
+        microseconds=int(micros))
+
+
 def _one(frame: DataFrame) -> Row:
     """The single row of an aggregate without grouping."""
     row = frame.head()
@@ -348,27 +383,16 @@ def _process_locked(
     try:
         faults.point("ingest")
         fit_codegen_to_parse(lines.sparkSession)
-        guarded = keep(apply_guards(
-            adapter_for(settings.input_format).parse(cap_record_size(lines)),
+        # The batch's figures are observed while its frames are computed, not queried again.
+        parsed, parse_seen = _observed(apply_guards(
+            adapter_for(settings.input_format).parse(cap_record_size(spread(lines))),
             now, settings.max_future_skew,
-        ))
+        ), **_parse_figures(watermark, settings.user_buckets))
+        guarded = keep(parsed)
+        stats = parse_seen.get
         valid = valid_events(guarded)
-        stats = _one(guarded.agg(
-            F.count(F.lit(1)).alias("input"),
-            F.count("reason").alias("quarantined"),
-            F.collect_set(F.when(F.col("reason").isNull(), F.to_date("event_time")))
-            .alias("dates"),
-            F.collect_set(F.when(F.col("reason").isNull(),
-                                 user_bucket("user_id", settings.user_buckets)))
-            .alias("buckets"),
-            F.min(F.when(F.col("reason").isNull()
-                         & (F.col("event_time") < F.lit(watermark).cast("timestamp")),
-                         F.col("event_time"))).alias("first_behind_watermark"),
-            F.max(F.when(F.col("reason").isNull()
-                         & (F.col("event_time") < F.lit(watermark).cast("timestamp")),
-                         F.col("event_time"))).alias("last_behind_watermark"),
-        ))
         buckets = sorted(int(b) for b in stats["buckets"])
+        dates = sorted(_EPOCH_DAY + timedelta(days=int(d)) for d in stats["days"])
         # The batch works through its records and the open sessions of its users' buckets.
         work = int(stats["input"]) + open_sessions_estimate(
             spark, settings, identity, batch_id) * len(buckets) // settings.user_buckets
@@ -382,47 +406,61 @@ def _process_locked(
         events = valid.select(*SESSIONIZED_EVENT_COLUMNS)
         closed = _closed_sessions_near(
             spark, settings, inputs.table_versions[SESSIONS],
-            _as_utc(stats["first_behind_watermark"]), _as_utc(stats["last_behind_watermark"]),
+            _moment(stats["first_behind_watermark"]), _moment(stats["last_behind_watermark"]),
         )
         near_closed = None if closed is None or watermark is None else keep(
             closed_session_hits(events, closed, watermark, gap))
-        state = read_table(spark, lake, OPEN_SESSIONS, inputs.table_versions[OPEN_SESSIONS]).where(
-            F.col("user_bucket").isin(buckets)
-        ).join(events.select("user_id").distinct(), "user_id", "left_semi")
-        phase("duplicates_and_closed")
-        assigned = keep(sessionize_batch(
-            events, state, _seen_before(spark, settings, inputs, events, stats["dates"]),
-            near_closed, watermark, gap, settings.max_session_duration,
-        ))
-        sessions = batch_sessions(assigned)
-
+        # The batch's users are shipped whole to every task: the state is not shuffled to
+        # find theirs (nor read at all while the table holds no session).
+        users = F.broadcast(events.select("user_id").distinct())
+        state_version = inputs.table_versions[OPEN_SESSIONS]
+        state = None if state_version <= 0 else read_table(
+            spark, lake, OPEN_SESSIONS, state_version
+        ).where(F.col("user_bucket").isin(buckets)).join(users, "user_id", "left_semi")
+        phase("lateness_and_state")
         accepting = ~F.col("is_duplicate") & F.col("late_reason").isNull()
-        outcome = _one(assigned.where(~F.col("is_state")).agg(
-            F.count(F.lit(1)).alias("valid"),
-            F.count(F.when(~F.col("is_duplicate"), 1)).alias("unique"),
-            F.count(F.when(accepting, 1)).alias("accepted"),
-            F.count("late_reason").alias("late"),
-            F.max(F.when(accepting, F.col("event_time"))).alias("max_t"),
-        ))
+        event = ~F.col("is_state")
+        sessionized, sessionize_seen = _observed(
+            sessionize_batch(events, state, _seen_before(spark, settings, inputs, events, dates),
+                             near_closed, watermark, gap, settings.max_session_duration),
+            valid=F.count(F.when(event, 1)),
+            unique=F.count(F.when(event & ~F.col("is_duplicate"), 1)),
+            accepted=F.count(F.when(event & accepting, 1)),
+            late=F.count(F.when(event, F.col("late_reason"))),
+            max_t=F.max(F.when(event & accepting, F.unix_micros("event_time"))),
+        )
+        assigned = keep(sessionized)
+        outcome = sessionize_seen.get
+        sessions = batch_sessions(assigned)
         phase("sessionize")
         max_event_time = max(
-            (t for t in (inputs.max_event_time_before, _as_utc(outcome["max_t"]))
+            (t for t in (inputs.max_event_time_before, _moment(outcome["max_t"]))
              if t is not None),
             default=None,
         )
         watermark_after = watermark_of(max_event_time, settings.grace)
-        classified = keep(classify_sessions(sessions, watermark_after, gap))
-        untouched = read_table(
-            spark, lake, OPEN_SESSIONS, inputs.table_versions[OPEN_SESSIONS]
-        ).join(
-            events.select("user_id").distinct(), "user_id", "left_anti"
+        classifying, classify_seen = _observed(
+            classify_sessions(sessions, watermark_after, gap),
+            opened=F.count(F.when(F.col("change") == "open", 1)),
+            changed=F.count(F.when(F.col("change") != "unchanged", 1)),
+            closes=F.count(F.when(F.col("closes"), 1)),
         )
-        expiring = keep(expiring_open_sessions(untouched, watermark_after, gap))
+        classified = keep(classifying)
+        classified_counts = classify_seen.get
+        open_before = read_table(spark, lake, OPEN_SESSIONS, state_version)
+        untouched = open_before.limit(0) if state is None else open_before.join(
+            users, "user_id", "left_anti")
+        expiring_now, expiring_seen = _observed(
+            expiring_open_sessions(untouched, watermark_after, gap),
+            expired=F.count(F.lit(1)), buckets=F.collect_set("user_bucket"),
+        )
+        expiring = keep(expiring_now)
+        expiring_counts = expiring_seen.get
 
-        # Not materialized: a union of projections of materialized frames, which Delta's
-        # MERGE materializes itself.
+        # Not materialized: a union of projections of materialized frames, which the MERGE
+        # reads twice without a copy (state.MATERIALIZE_SOURCE).
         source = merge_source(classified, expiring, settings.user_buckets, batch_id, now)
-        counts = _batch_counts(outcome, classified, expiring, buckets)
+        counts = _batch_counts(outcome, classified_counts, expiring_counts, buckets)
         phase("classify")
         late_keys = assigned.where(F.col("late_reason").isNotNull()).select(
             *RECORD_KEY, "late_reason")
@@ -490,6 +528,21 @@ def _process_locked(
             release(frame)
 
 
+def spread(lines: DataFrame) -> DataFrame:
+    """``lines`` over as many partitions as the cluster runs tasks at once, when they come
+    in fewer (a batch of one file reads it whole in one task).
+
+    The batch's records stay in their partitions from the parse to the append of its
+    events, so a one-file batch would parse and write its events on one core. The lines
+    are shuffled by their key (file, line), which places each on the same partition
+    whenever the batch is replayed.
+    """
+    slots = lines.sparkSession.sparkContext.defaultParallelism
+    if lines.rdd.getNumPartitions() >= slots:
+        return lines
+    return lines.repartition(slots, *RECORD_KEY)
+
+
 def materialize(frame: DataFrame) -> DataFrame:
     """``frame`` computed now, once, as a DataFrame whose plan is only its rows.
 
@@ -542,19 +595,20 @@ def _seen_before(
     settings: Settings,
     inputs: BatchInputs,
     events: DataFrame,
-    dates: list[Any],
+    dates: list[date],
 ) -> DataFrame | None:
     """The ids of ``events`` already accepted by an earlier batch (``user_id``,
     ``event_id``), looked for among the accepted events of the same days.
 
     Those days' events are scanned against the batch's ids shipped whole to every task,
-    so the earlier events are not shuffled; ``None`` when those days hold none.
+    so the earlier events are not shuffled; ``None`` while the table holds no event.
     """
-    earlier = read_table(spark, settings.lake, EVENTS, inputs.table_versions[EVENTS]).where(
-        F.col("event_date").isin(sorted(dates))
-    ).select("user_id", "event_id")
-    if not dates or not earlier.inputFiles():
+    version = inputs.table_versions[EVENTS]
+    if not dates or version <= 0:  # version 0 is the table's creation: nothing accepted yet
         return None
+    earlier = read_table(spark, settings.lake, EVENTS, version).where(
+        F.col("event_date").isin(dates)
+    ).select("user_id", "event_id")
     return earlier.join(F.broadcast(events.select("user_id", "event_id")),
                         ["user_id", "event_id"], "left_semi")
 
@@ -607,26 +661,20 @@ def _stamp(frame: DataFrame, batch_id: int, column: str, at: datetime) -> DataFr
 
 
 def _batch_counts(
-    outcome: Row,
-    classified: DataFrame,
-    expiring: DataFrame,
+    outcome: dict[str, Any],
+    classified: dict[str, Any],
+    expiring: dict[str, Any],
     batch_buckets: list[int],
 ) -> dict[str, Any]:
-    """Counts of the batch's outcomes, from the frames already held in memory (one job)."""
-    counts = _one(classified.agg(
-        F.count(F.when(F.col("change") == "open", 1)).alias("opened"),
-        F.count(F.when(F.col("change") != "unchanged", 1)).alias("changed"),
-        F.count(F.when(F.col("closes"), 1)).alias("closes"),
-    ).crossJoin(expiring.agg(
-        F.count(F.lit(1)).alias("expired"), F.collect_set("user_bucket").alias("buckets")
-    )))
-    closed = int(counts["closes"]) + int(counts["expired"])
+    """Counts of the batch's outcomes, from the figures observed on its frames."""
+    closed = int(classified["closes"]) + int(expiring["expired"])
     return {
         **{name: int(outcome[name]) for name in ("valid", "unique", "accepted", "late")},
-        "opened": int(counts["opened"]),
+        "opened": int(classified["opened"]),
         "closed": closed,
-        "changes": int(counts["changed"]) + closed,
-        "merge_buckets": sorted({*batch_buckets, *(int(b) for b in counts["buckets"])}),
+        "changes": int(classified["changed"]) + closed,
+        "merge_buckets": sorted({*batch_buckets,
+                                 *(int(b) for b in expiring["buckets"])}),
     }
 
 
@@ -634,7 +682,7 @@ def _metrics_row(
     identity: StreamIdentity,
     batch_id: int,
     inputs: BatchInputs,
-    stats: Row,
+    stats: dict[str, Any],
     counts: dict[str, Any],
     merged: MergeResult,
     open_now: int,

@@ -198,7 +198,7 @@ def closed_session_hits(
 
 def sessionize_batch(
     events: DataFrame,
-    open_sessions: DataFrame,
+    open_sessions: DataFrame | None,
     seen: DataFrame | None,
     near_closed: DataFrame | None,
     watermark: datetime | None,
@@ -211,7 +211,7 @@ def sessionize_batch(
     are decided in the partitions that shuffle made.
 
     :param events: the batch's valid events (:data:`SESSIONIZED_EVENT_COLUMNS`).
-    :param open_sessions: the ``open_sessions`` rows of the batch's users.
+    :param open_sessions: the ``open_sessions`` rows of the batch's users (``None``: none).
     :param seen: ``user_id``, ``event_id`` of accepted events of earlier batches that the
         batch's events repeat (``None``: none).
     :param near_closed: rule 1's hits (:func:`closed_session_hits`), or ``None``.
@@ -227,10 +227,11 @@ def sessionize_batch(
                          ["source_file", "source_line"], "left")
     else:
         rows = rows.withColumn("late_1", F.lit(None).cast("string"))
-    rows = rows.unionByName(
-        open_sessions_as_fragments(open_sessions).withColumn("kind", F.lit(_STATE)),
-        allowMissingColumns=True,
-    )
+    if open_sessions is not None:
+        rows = rows.unionByName(
+            open_sessions_as_fragments(open_sessions).withColumn("kind", F.lit(_STATE)),
+            allowMissingColumns=True,
+        )
     if seen is not None:
         rows = rows.unionByName(
             seen.select("user_id", "event_id", F.lit(_SEEN).alias("kind")),
