@@ -59,6 +59,7 @@ from sessionlake.tables import (
     STREAM_TABLES,
     append,
     batch_commit_metrics,
+    committed_by,
     read_table,
     table_version,
 )
@@ -250,22 +251,68 @@ def max_event_time_before(
     ))[0])
 
 
+@dataclass(frozen=True)
+class OpenCount:
+    """How many rows ``open_sessions`` holds, and at which of its versions."""
+
+    sessions: int
+    version: int
+
+
 def mark_done(
     spark: SparkSession,
     settings: Settings,
     identity: StreamIdentity,
     batch_id: int,
     max_event_time_after: datetime | None,
-    open_sessions_after: int,
+    open_after: OpenCount,
 ) -> None:
     """Note in the ledger that every table write of the batch has committed, the largest
     accepted event time so far (the next batch's watermark starts there) and how many
-    sessions are open (see :func:`open_sessions_estimate`)."""
+    sessions are open at which version (see :func:`open_sessions_estimate` and
+    :func:`count_open_sessions`)."""
     entry = _read_ledger(spark, settings, identity, batch_id) or {}
     after = None if max_event_time_after is None else max_event_time_after.isoformat()
     _write_ledger(spark, settings, identity, batch_id,
                   {**entry, "done": True, "max_event_time_after": after,
-                   "open_sessions_after": open_sessions_after})
+                   "open_sessions_after": open_after.sessions,
+                   "open_sessions_version_after": open_after.version})
+
+
+def open_sessions_known(
+    spark: SparkSession, settings: Settings, identity: StreamIdentity, batch_id: int,
+    version: int,
+) -> int | None:
+    """How many sessions are open at ``open_sessions``' ``version``, when the previous
+    batch of the stream counted them at that very version and that version is its own
+    MERGE (so nothing was written to the table since, and it is the same table); ``None``
+    otherwise."""
+    previous = _previous_ledger(spark, settings, identity, batch_id)
+    if previous is None or previous.get("open_sessions_version_after") != version:
+        return None
+    noted = previous.get("open_sessions_after")
+    if not isinstance(noted, int) or not committed_by(
+            spark, settings.lake, OPEN_SESSIONS, version, (identity.app_id, batch_id - 1)):
+        return None
+    return noted
+
+
+def count_open_sessions(
+    spark: SparkSession, lake: str, known: int | None, version_before: int,
+    merged: MergeResult,
+) -> OpenCount:
+    """The open sessions after the batch's MERGE.
+
+    From the count before it and the MERGE's own metrics when nothing else wrote to the
+    table in between, else by counting the table: counting read the table's newest state
+    at the end of every batch (0.3-0.4 s of a 100,000-event batch).
+    """
+    if known is not None and merged.version is None:
+        return OpenCount(known, version_before)
+    if known is not None and merged.version == version_before + 1:
+        return OpenCount(known + merged.rows_inserted - merged.rows_deleted, merged.version)
+    version = table_version(spark, lake, OPEN_SESSIONS)
+    return OpenCount(read_table(spark, lake, OPEN_SESSIONS, version).count(), version)
 
 
 def open_sessions_estimate(
@@ -492,12 +539,16 @@ def _process_locked(
              changelog_rows(classified, expiring, batch_id, now)),
         ]
 
-        def update_state() -> tuple[MergeResult, int]:
+        open_count_before = open_sessions_known(spark, settings, identity, batch_id,
+                                                state_version)
+
+        def update_state() -> tuple[MergeResult, OpenCount]:
             faults.point("before_merge")
             merged = apply_changelog_merge(spark, lake, source, counts["merge_buckets"], key,
                                            inputs.written_after(OPEN_SESSIONS))
             faults.point("after_merge")
-            return merged, read_table(spark, lake, OPEN_SESSIONS).count()
+            return merged, count_open_sessions(spark, lake, open_count_before, state_version,
+                                               merged)
 
         with ThreadPoolExecutor(max_workers=len(appends) + 1) as pool:
             state_update = pool.submit(update_state)
@@ -508,18 +559,18 @@ def _process_locked(
                 write.result()
             faults.point("after_sessions")
             phase("appends")
-            merged, open_now = state_update.result()
+            merged, open_after = state_update.result()
             phase("merge_wait")
 
         row = _metrics_row(
-            identity, batch_id, inputs, stats, counts, merged, open_now,
+            identity, batch_id, inputs, stats, counts, merged, open_after.sessions,
             max_event_time, watermark, watermark_after, started,
         )
         schema = read_table(spark, lake, BATCH_METRICS).schema
         _append_once(spark.createDataFrame([Row(**row)], schema), lake, BATCH_METRICS, key,
                      inputs.written_after(BATCH_METRICS))
         faults.point("after_metrics")
-        mark_done(spark, settings, identity, batch_id, max_event_time, open_now)
+        mark_done(spark, settings, identity, batch_id, max_event_time, open_after)
         phase("metrics")
         log.debug("batch %s phases (ms): %s", batch_id, phases)
         return BatchReport(row=row, phases_ms=phases)

@@ -18,7 +18,7 @@ from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltalog import BatchKey
 from sessionlake.tables import (
     OPEN_SESSIONS,
-    batch_commit_metrics,
+    batch_commit,
     last_operation_metrics,
     table_path,
     tagged_session,
@@ -49,6 +49,8 @@ class MergeResult:
     files_added: int = 0
     files_removed: int = 0
     duration_ms: int = 0
+    #: The version the MERGE committed (``None``: there was nothing to apply).
+    version: int | None = None
 
 
 def apply_changelog_merge(
@@ -70,9 +72,9 @@ def apply_changelog_merge(
     if not buckets:
         return MergeResult()
     if batch is not None and replay_after is not None:
-        done = batch_commit_metrics(spark, lake, OPEN_SESSIONS, batch, after=replay_after)
+        done = batch_commit(spark, lake, OPEN_SESSIONS, batch, after=replay_after)
         if done is not None:
-            return merge_result(done)
+            return merge_result(done[1], done[0])
     path = table_path(lake, OPEN_SESSIONS)
     condition = (
         F.col("t.user_bucket").isin(sorted(buckets))
@@ -100,15 +102,17 @@ def apply_changelog_merge(
             )
 
     retry_on_conflict(merge, f"MERGE into {OPEN_SESSIONS}")
-    metrics = (batch_commit_metrics(spark, lake, OPEN_SESSIONS, batch, after=replay_after)
-               if batch else None) \
-        or last_operation_metrics(spark, lake, OPEN_SESSIONS, operation="MERGE")
-    return merge_result(metrics)
+    committed = batch_commit(spark, lake, OPEN_SESSIONS, batch, after=replay_after) \
+        if batch else None
+    if committed is not None:
+        return merge_result(committed[1], committed[0])
+    return merge_result(last_operation_metrics(spark, lake, OPEN_SESSIONS, operation="MERGE"))
 
 
-def merge_result(metrics: dict[str, int]) -> MergeResult:
-    """A MERGE's result from its commit's operation metrics."""
+def merge_result(metrics: dict[str, int], version: int | None = None) -> MergeResult:
+    """A MERGE's result from its commit's operation metrics (and version, if known)."""
     return MergeResult(
+        version=version,
         rows_inserted=metrics.get("numTargetRowsInserted", 0),
         rows_updated=metrics.get("numTargetRowsUpdated", 0),
         rows_deleted=metrics.get("numTargetRowsDeleted", 0),

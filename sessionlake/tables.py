@@ -256,6 +256,13 @@ def last_operation_metrics(
     return _counts((row["operationMetrics"] if row is not None else None) or {})
 
 
+def committed_by(
+    spark: SparkSession | None, lake: str, table: str, version: int, batch: BatchKey
+) -> bool:
+    """Whether ``table``'s commit ``version`` is ``batch``'s (read from the commit file)."""
+    return batch in batch_keys(_commit_actions(spark, lake, table, version))
+
+
 def _commit_actions(spark: SparkSession | None, lake: str, table: str, version: int
                     ) -> list[dict[str, Any]]:
     text = storage.read_text(spark, f"{table_path(lake, table)}/{commit_file(version)}")
@@ -302,10 +309,20 @@ def batch_commit_metrics(
         batch, from its ledger entry); when unknown, at the ``newest`` commits.
     :return: the metrics, or ``None`` when no commit of the batch is there.
     """
+    found = batch_commit(spark, lake, table, batch, after, newest)
+    return None if found is None else found[1]
+
+
+def batch_commit(
+    spark: SparkSession, lake: str, table: str, batch: BatchKey, after: int | None = None,
+    newest: int = 50,
+) -> tuple[int, dict[str, int]] | None:
+    """The version and operation metrics of ``batch``'s commit of ``table``, if there is
+    one (see :func:`batch_commit_metrics`)."""
     latest = table_version(spark, lake, table)
     oldest = max(-1, latest - newest) if after is None else after
     for version in range(latest, oldest, -1):
         actions = _commit_actions(spark, lake, table, version)
         if batch in batch_keys(actions):
-            return _int_metrics(actions)
+            return version, _int_metrics(actions)
     return None

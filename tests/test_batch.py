@@ -7,12 +7,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake.batch import StreamIdentity
 from sessionlake.config import Settings, settings_from
-from sessionlake.tables import PUBLIC_TABLES, read_table, table_version
+from sessionlake.tables import PUBLIC_TABLES, read_table, table_path, table_version
 from tests.helpers import NOW, all_sessions, event, hm, rows, run_batches
 
 
@@ -177,6 +178,30 @@ def test_the_open_session_count_is_carried_in_the_ledger_for_the_next_batch(
     assert [r.row["open_sessions"] for r in reports] == [2, 3]
     assert [open_sessions_estimate(spark, cfg, identity, b) for b in (0, 1, 2)] == [0, 2, 3]
     assert open_sessions_estimate(spark, cfg, StreamIdentity("ledger", 1), 2) == 0
+
+
+@pytest.mark.parametrize("outside_write", [False, True])
+def test_the_open_session_count_follows_the_table(
+    spark: SparkSession, lake: str, outside_write: bool
+) -> None:
+    """Each batch's ``open_sessions`` figure is the table's row count after it, whether it
+    comes from the previous count and the MERGE's metrics or, after another writer changed
+    the table between two batches, from counting it."""
+    cfg = settings(lake)
+    identity = StreamIdentity("counts", 0)
+    batches = [
+        [event("a", "10:00"), event("b", "10:05"), event("c", "10:10")],   # 3 open
+        [event("a", "10:20"), event("d", "10:25")],                        # extend a, open d
+        [event("e", "11:30")],                                             # W 11:25 closes a-d
+        [event("f", "11:31"), event("e", "11:40")],
+    ]
+    reports = run_batches(spark, cfg, batches[:2], identity=identity)
+    if outside_write:  # say, an erasure of user b between two batches
+        DeltaTable.forPath(spark, table_path(lake, "open_sessions")).delete("user_id = 'b'")
+    reports += run_batches(spark, cfg, batches[2:], identity=identity, first_batch_id=2)
+    figures = [r.row["open_sessions"] for r in reports]
+    assert figures[:3] == [3, 4, 1]
+    assert figures[-1] == read_table(spark, lake, "open_sessions").count() == 2
 
 
 def test_conservation(spark: SparkSession, lake: str) -> None:
