@@ -13,6 +13,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from types import FrameType
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -97,6 +99,50 @@ def check_source(settings: Settings) -> str:
             "create it, or point --source at the landing folder"
         )
     return settings.source
+
+
+#: Entries of Spark's file source log in a checkpoint: ``N`` or ``N.compact``.
+_SOURCE_LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
+
+
+def recorded_source_file(spark: SparkSession, checkpoint: str) -> str | None:
+    """The path of a file the stream's checkpoint says Spark's file source read, if any.
+
+    Spark keeps each file it read by its absolute path in ``<checkpoint>/spark/sources/0``
+    (a version line, then one JSON object per file). The newest log entry is read.
+    """
+    folder = f"{checkpoint.rstrip('/')}/spark/sources/0"
+    entries = [(int(m.group(1)), name) for name in storage.list_names(spark, folder)
+               if (m := _SOURCE_LOG_ENTRY.match(name))]
+    for _, name in sorted(entries, reverse=True):
+        for line in (storage.read_text(spark, f"{folder}/{name}") or "").splitlines()[1:]:
+            if line.strip():
+                return unquote(urlsplit(json.loads(line)["path"]).path)
+    return None
+
+
+def check_source_not_moved(spark: SparkSession, settings: Settings) -> None:
+    """Refuse a landing folder other than the one the stream's checkpoint read from.
+
+    Spark would fail the next batch with a bare "Wrong basePath" (it checks each recorded
+    path against the source), after the run had started. A source given as a glob is left
+    to Spark.
+
+    :raises ConfigError: naming the folder the checkpoint knows and how to keep using it.
+    """
+    root = storage.path_part(spark, settings.source or "").rstrip("/")
+    if any(c in root for c in "*?[{"):
+        return
+    recorded = recorded_source_file(spark, settings.checkpoint)
+    if recorded is None or recorded.startswith(f"{root}/"):
+        return
+    before = os.path.dirname(recorded)
+    raise ConfigError(
+        f"the stream's checkpoint {settings.checkpoint} read its files from {before}, "
+        f"not from --source {settings.source}: Spark's checkpoint keeps each file's "
+        f"absolute path, so the landing folder cannot move under a stream. Run with "
+        f"--source {before} (a symbolic link there to the moved folder will do)"
+    )
 
 
 def _check_kafka_settings(settings: Settings) -> str:
@@ -220,6 +266,8 @@ def run_stream(
     summary = RunSummary()
     with checkpoint_lock(settings.checkpoint):
         check_no_restore_pending(spark, settings.checkpoint)
+        if not settings.reads_kafka:
+            check_source_not_moved(spark, settings)
         # The stream's own queries (tables, ledger, Delta's log replays) are small:
         # interpreted until a batch big enough to repay compiled code comes.
         fit_to_stream(spark)

@@ -108,6 +108,29 @@ def test_restart_on_the_same_checkpoint_at_another_parallelism(
     )
 
 
+def test_a_moved_landing_folder_is_refused_and_its_old_path_still_serves(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Spark's checkpoint keeps absolute paths: a moved landing folder is refused, naming
+    the folder the checkpoint knows, before a batch starts; a link there resumes the stream."""
+    first, second = split_log(tmp_path / "all", 2)
+    landing, moved, lake = tmp_path / "landing", tmp_path / "moved", tmp_path / "lake"
+    landing.mkdir()
+    first.rename(landing / first.name)
+    assert len(run(spark, landing, lake)) == 1
+    landing.rename(moved)
+    second.rename(moved / second.name)
+    with pytest.raises(ConfigError, match=f"read its files from {landing}, not from "
+                                          f"--source {moved}"):
+        run(spark, moved, lake)
+    assert read_table(spark, str(lake), "batch_metrics").count() == 1
+    landing.symlink_to(moved)
+    assert [m["batch_id"] for m in run(spark, landing, lake)] == [1]
+    expected = reference_sessions(spark, [moved / first.name, moved / second.name])
+    assertDataFrameEqual(all_sessions(spark, str(lake)).drop("distinct_pages"),
+                         expected.select("session_id", *SESSION_KEY), checkRowOrder=False)
+
+
 def test_a_run_with_nothing_new_changes_nothing(spark: SparkSession, tmp_path: Path) -> None:
     split_log(tmp_path / "landing", 1)
     run(spark, tmp_path / "landing", tmp_path / "lake")
