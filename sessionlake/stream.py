@@ -105,16 +105,18 @@ def check_source(settings: Settings) -> str:
 _SOURCE_LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
 
 
-def recorded_source_file(spark: SparkSession, checkpoint: str) -> str | None:
+def recorded_source_file(spark: SparkSession | None, checkpoint: str) -> str | None:
     """The path of a file the stream's checkpoint says Spark's file source read, if any.
 
     Spark keeps each file it read by its absolute path in ``<checkpoint>/spark/sources/0``
-    (a version line, then one JSON object per file). The newest log entry is read.
+    (a version line, then one JSON object per file). The newest batch's own entry is read
+    first: a compacted entry (``N.compact``) lists every file the stream ever read.
     """
     folder = f"{checkpoint.rstrip('/')}/spark/sources/0"
-    entries = [(int(m.group(1)), name) for name in storage.list_names(spark, folder)
+    entries = [(bool(m.group(2)), -int(m.group(1)), name)
+               for name in storage.list_names(spark, folder)
                if (m := _SOURCE_LOG_ENTRY.match(name))]
-    for _, name in sorted(entries, reverse=True):
+    for _, _, name in sorted(entries):
         for line in (storage.read_text(spark, f"{folder}/{name}") or "").splitlines()[1:]:
             if line.strip():
                 return unquote(urlsplit(json.loads(line)["path"]).path)

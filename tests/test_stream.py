@@ -16,7 +16,7 @@ from sessionlake.checkpoint import lock_held
 from sessionlake.config import ConfigError, settings_from
 from sessionlake.sessionize import sessionize_events
 from sessionlake.sources import ApacheAccessLogAdapter
-from sessionlake.stream import StreamAlreadyRunning, run_stream
+from sessionlake.stream import StreamAlreadyRunning, recorded_source_file, run_stream
 from sessionlake.tables import read_table
 from sessionlake.validation import apply_guards, valid_events
 from tests.conftest import DATA
@@ -129,6 +129,25 @@ def test_a_moved_landing_folder_is_refused_and_its_old_path_still_serves(
     expected = reference_sessions(spark, [moved / first.name, moved / second.name])
     assertDataFrameEqual(all_sessions(spark, str(lake)).drop("distinct_pages"),
                          expected.select("session_id", *SESSION_KEY), checkRowOrder=False)
+
+
+@pytest.mark.parametrize(("entries", "expected"), [
+    ({}, None),
+    ({"0": ["/a/x0"]}, "/a/x0"),
+    ({"9.compact": ["/a/x0", "/a/x9"], "10": ["/a/x10"], ".10.crc": []}, "/a/x10"),
+    ({"19.compact": ["/a/x0", "/a/x19"], "18": ["/a/x18"]}, "/a/x18"),
+    ({"19.compact": ["/a/x0", "/a/x%20y"]}, "/a/x0"),
+    ({"19.compact": ["/a/x%20y"]}, "/a/x y"),
+])
+def test_the_recorded_source_file_is_the_newest_batchs_own(
+    tmp_path: Path, entries: dict[str, list[str]], expected: str | None
+) -> None:
+    folder = tmp_path / "spark" / "sources" / "0"
+    folder.mkdir(parents=True)
+    for name, paths in entries.items():
+        (folder / name).write_text("v1\n" + "".join(
+            f'{{"path":"file://{p}","timestamp":0,"batchId":0}}\n' for p in paths))
+    assert recorded_source_file(None, str(tmp_path)) == expected
 
 
 def test_a_run_with_nothing_new_changes_nothing(spark: SparkSession, tmp_path: Path) -> None:
