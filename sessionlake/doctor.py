@@ -20,6 +20,7 @@ files) and the checkpoint's files, so a local lake is checked without starting S
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ from sessionlake.checkpoint import IDENTITY_FILE, PID_FILE, RESTORING_MARKER, lo
 from sessionlake.config import Settings
 from sessionlake.deltalog import TableLog, inspect_table
 from sessionlake.snapshots import Snapshot, list_snapshots, snapshots_root
+from sessionlake.stream import MOVED_SOURCE_WHY, SOURCE_LOG, source_moved_from
 from sessionlake.tables import BATCH_METRICS, OPEN_SESSIONS, STREAM_TABLES, table_path
 
 CHECKPOINT = "checkpoint"
@@ -292,6 +294,28 @@ def check_checkpoint(
                                       f"ledger readable; {'; '.join(notes)}")]
 
 
+def check_source_folder(spark: SparkSession | None, settings: Settings) -> list[Finding]:
+    """A problem when ``--source`` names another landing folder than the checkpoint read.
+
+    Nothing to check without ``--source``, for Kafka, or for a remote folder without Spark.
+    """
+    if not settings.source or settings.reads_kafka:
+        return []
+    local = storage.local_path(settings.source)
+    if local is not None:
+        root = os.path.abspath(local)
+    elif spark is not None:
+        root = storage.path_part(spark, settings.source)
+    else:
+        return []
+    before = source_moved_from(spark, settings.checkpoint, root)
+    if before is None:
+        return []
+    return [Finding(CHECKPOINT, f"its files were read from {before}, not from --source "
+                                f"{settings.source}: {MOVED_SOURCE_WHY}",
+                    f"{settings.checkpoint.rstrip('/')}/{SOURCE_LOG}", lost=before)]
+
+
 def _batches_ran(log: TableLog) -> bool:
     """Whether ``batch_metrics`` holds rows (when its log is damaged: whether it was written)."""
     if log.log_damaged_from is None and log.exists:
@@ -349,6 +373,10 @@ def advise(
         if finding.subject == SNAPSHOTS:
             recovery = ("move the snapshot folder whose snapshot.json does not parse out of "
                         f"{finding.detail}; the other snapshots stay usable")
+        elif finding.detail.endswith(SOURCE_LOG):
+            run = _run_command(settings.with_overrides(source=finding.lost))
+            recovery = (f"recover: `{run}` (a symbolic link at {finding.lost} to the moved "
+                        "folder lets Spark find its files)")
         elif finding.detail == RESTORING_MARKER:
             again = _command(settings, "restore", "--snapshot", finding.lost)
             recovery = f"recover: run `{again}` again"
@@ -390,7 +418,8 @@ def check_lake(spark: SparkSession | None, settings: Settings) -> HealthReport:
         logs[table], table_findings = check_table(spark, lake, table)
         findings += table_findings
     findings = check_checkpoint(spark, settings.checkpoint,
-                                _batches_ran(logs[BATCH_METRICS])) + findings
+                                _batches_ran(logs[BATCH_METRICS])) \
+        + check_source_folder(spark, settings) + findings
     try:
         # A snapshot older than a table's creation cannot restore it (restore refuses).
         created = max((log.created_ms or 0 for log in logs.values()), default=0) / 1000

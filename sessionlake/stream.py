@@ -101,7 +101,9 @@ def check_source(settings: Settings) -> str:
     return settings.source
 
 
-#: Entries of Spark's file source log in a checkpoint: ``N`` or ``N.compact``.
+#: Spark's file source log in a checkpoint: the files each batch read.
+SOURCE_LOG = "spark/sources/0"
+#: Entries of that log: ``N`` or ``N.compact``.
 _SOURCE_LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
 
 
@@ -112,7 +114,7 @@ def recorded_source_file(spark: SparkSession | None, checkpoint: str) -> str | N
     (a version line, then one JSON object per file). The newest batch's own entry is read
     first: a compacted entry (``N.compact``) lists every file the stream ever read.
     """
-    folder = f"{checkpoint.rstrip('/')}/spark/sources/0"
+    folder = f"{checkpoint.rstrip('/')}/{SOURCE_LOG}"
     entries = [(bool(m.group(2)), -int(m.group(1)), name)
                for name in storage.list_names(spark, folder)
                if (m := _SOURCE_LOG_ENTRY.match(name))]
@@ -123,28 +125,42 @@ def recorded_source_file(spark: SparkSession | None, checkpoint: str) -> str | N
     return None
 
 
+def source_moved_from(
+    spark: SparkSession | None, checkpoint: str, source_root: str
+) -> str | None:
+    """The folder the checkpoint's file source read from, when it is not ``source_root``.
+
+    ``None`` too when nothing was read yet, or when the source is a glob (left to Spark).
+    """
+    if any(c in source_root for c in "*?[{"):
+        return None
+    recorded = recorded_source_file(spark, checkpoint)
+    if recorded is None or recorded.startswith(f"{source_root.rstrip('/')}/"):
+        return None
+    return os.path.dirname(recorded)
+
+
 def check_source_not_moved(spark: SparkSession, settings: Settings) -> None:
     """Refuse a landing folder other than the one the stream's checkpoint read from.
 
     Spark would fail the next batch with a bare "Wrong basePath" (it checks each recorded
-    path against the source), after the run had started. A source given as a glob is left
-    to Spark.
+    path against the source), after the run had started.
 
     :raises ConfigError: naming the folder the checkpoint knows and how to keep using it.
     """
-    root = storage.path_part(spark, settings.source or "").rstrip("/")
-    if any(c in root for c in "*?[{"):
-        return
-    recorded = recorded_source_file(spark, settings.checkpoint)
-    if recorded is None or recorded.startswith(f"{root}/"):
-        return
-    before = os.path.dirname(recorded)
-    raise ConfigError(
-        f"the stream's checkpoint {settings.checkpoint} read its files from {before}, "
-        f"not from --source {settings.source}: Spark's checkpoint keeps each file's "
-        f"absolute path, so the landing folder cannot move under a stream. Run with "
-        f"--source {before} (a symbolic link there to the moved folder will do)"
-    )
+    root = storage.path_part(spark, settings.source or "")
+    before = source_moved_from(spark, settings.checkpoint, root)
+    if before is not None:
+        raise ConfigError(
+            f"the stream's checkpoint {settings.checkpoint} read its files from {before}, "
+            f"not from --source {settings.source}: {MOVED_SOURCE_WHY}. Run with "
+            f"--source {before} (a symbolic link there to the moved folder will do)"
+        )
+
+
+#: Why a landing folder cannot move under a stream.
+MOVED_SOURCE_WHY = ("Spark's checkpoint keeps each file's absolute path, so the landing "
+                    "folder cannot move under a stream")
 
 
 def _check_kafka_settings(settings: Settings) -> str:

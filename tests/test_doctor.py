@@ -86,9 +86,10 @@ def built(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Buil
 
 @pytest.fixture
 def copy(built: BuiltLake, tmp_path: Path) -> Settings:
-    """A copy of the module's lake, landing folder and checkpoint, to damage."""
+    """A copy of the module's lake, landing folder and checkpoint, to damage. Its source
+    is the module's landing folder, which the copied checkpoint names by path."""
     shutil.copytree(built.root, tmp_path, dirs_exist_ok=True)
-    return built.settings(tmp_path)
+    return built.settings(tmp_path).with_overrides(source=str(built.root / "landing"))
 
 
 def test_the_module_lake_holds_the_cases(built: BuiltLake) -> None:
@@ -203,6 +204,22 @@ def test_damage_is_named_with_its_recovery(
                if recovery == "restore" else f"sessionlake rebuild-state --lake {copy.lake}")
     assert f"recover: `{command}`" in finding.line()
     assert report.lines()[-1].startswith("damaged: 1 problem(s); recover with: " + command)
+
+
+def test_a_moved_landing_folder_is_named_with_the_run_that_still_works(
+    built: BuiltLake, copy: Settings, tmp_path: Path
+) -> None:
+    moved = copy.with_overrides(source=str(tmp_path / "landing"))
+    report = check_lake(None, moved)
+    [finding] = [f for f in report.findings if not f.ok]
+    assert (finding.subject, finding.detail) == (
+        "checkpoint", f"{moved.checkpoint}/spark/sources/0")
+    assert f"read from {built.root / 'landing'}, not from --source {tmp_path / 'landing'}" \
+        in (finding.problem or "")
+    command = f"sessionlake run --lake {copy.lake} --source {built.root / 'landing'}"
+    assert f"recover: `{command}` (a symbolic link" in finding.line()
+    assert report.lines()[-1] == f"damaged: 1 problem(s); recover with: {command}"
+    assert check_lake(None, copy).healthy
 
 
 def test_a_snapshot_of_a_half_written_log_is_refused_naming_the_doctor(
