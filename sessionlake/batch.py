@@ -359,13 +359,12 @@ def _parse_figures(watermark: datetime | None, user_buckets: int) -> dict[str, C
     }
 
 
-_EPOCH_DAY = date(1970, 1, 1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _moment(micros: int | None) -> datetime | None:
     """An observed timestamp (microseconds since the epoch) as a UTC datetime."""
-    return None if micros is None else datetime(1970, 1, 1, tzinfo=UTC) + timedelta(
-        microseconds=int(micros))
+    return None if micros is None else _EPOCH + timedelta(microseconds=int(micros))
 
 
 def _one(frame: DataFrame) -> Row:
@@ -439,7 +438,7 @@ def _process_locked(
         stats = parse_seen.get
         valid = valid_events(guarded)
         buckets = sorted(int(b) for b in stats["buckets"])
-        dates = sorted(_EPOCH_DAY + timedelta(days=int(d)) for d in stats["days"])
+        dates = sorted(_EPOCH.date() + timedelta(days=int(d)) for d in stats["days"])
         # The batch works through its records and the open sessions of its users' buckets.
         work = int(stats["input"]) + open_sessions_estimate(
             spark, settings, identity, batch_id) * len(buckets) // settings.user_buckets
@@ -461,9 +460,9 @@ def _process_locked(
         # find theirs (nor read at all while the table holds no session).
         users = F.broadcast(events.select("user_id").distinct())
         state_version = inputs.table_versions[OPEN_SESSIONS]
-        state = None if state_version <= 0 else read_table(
-            spark, lake, OPEN_SESSIONS, state_version
-        ).where(F.col("user_bucket").isin(buckets)).join(users, "user_id", "left_semi")
+        open_before = read_table(spark, lake, OPEN_SESSIONS, state_version)
+        state = None if state_version <= 0 else open_before.where(
+            F.col("user_bucket").isin(buckets)).join(users, "user_id", "left_semi")
         phase("lateness_and_state")
         accepting = ~F.col("is_duplicate") & F.col("late_reason").isNull()
         event = ~F.col("is_state")
@@ -494,7 +493,6 @@ def _process_locked(
         )
         classified = keep(classifying)
         classified_counts = classify_seen.get
-        open_before = read_table(spark, lake, OPEN_SESSIONS, state_version)
         untouched = open_before.limit(0) if state is None else open_before.join(
             users, "user_id", "left_anti")
         expiring_now, expiring_seen = _observed(

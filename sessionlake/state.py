@@ -74,7 +74,8 @@ def apply_changelog_merge(
     if batch is not None and replay_after is not None:
         done = batch_commit(spark, lake, OPEN_SESSIONS, batch, after=replay_after)
         if done is not None:
-            return merge_result(done[1], done[0])
+            version, metrics = done
+            return merge_result(metrics, version)
     path = table_path(lake, OPEN_SESSIONS)
     condition = (
         F.col("t.user_bucket").isin(sorted(buckets))
@@ -105,7 +106,8 @@ def apply_changelog_merge(
     committed = batch_commit(spark, lake, OPEN_SESSIONS, batch, after=replay_after) \
         if batch else None
     if committed is not None:
-        return merge_result(committed[1], committed[0])
+        version, metrics = committed
+        return merge_result(metrics, version)
     return merge_result(last_operation_metrics(spark, lake, OPEN_SESSIONS, operation="MERGE"))
 
 

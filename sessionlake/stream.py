@@ -125,6 +125,11 @@ def recorded_source_file(spark: SparkSession | None, checkpoint: str) -> str | N
     return None
 
 
+#: Why a landing folder cannot move under a stream.
+MOVED_SOURCE_WHY = ("Spark's checkpoint keeps each file's absolute path, so the landing "
+                    "folder cannot move under a stream")
+
+
 def source_moved_from(
     spark: SparkSession | None, checkpoint: str, source_root: str
 ) -> str | None:
@@ -156,11 +161,6 @@ def check_source_not_moved(spark: SparkSession, settings: Settings) -> None:
             f"not from --source {settings.source}: {MOVED_SOURCE_WHY}. Run with "
             f"--source {before} (a symbolic link there to the moved folder will do)"
         )
-
-
-#: Why a landing folder cannot move under a stream.
-MOVED_SOURCE_WHY = ("Spark's checkpoint keeps each file's absolute path, so the landing "
-                    "folder cannot move under a stream")
 
 
 def _check_kafka_settings(settings: Settings) -> str:
