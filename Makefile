@@ -9,17 +9,23 @@ DEMO   := demo
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup jars kafka-broker kafka browser demo test test-fast lint bench clean help
+.PHONY: setup jars class-archive kafka-broker kafka browser demo test test-fast lint bench clean help
 
 help:
 	@echo "make demo   - set up, sessionize the bundled Apache access log, print a report"
 	@echo "make test   - set up, lint, then run the whole test suite"
 	@echo "make lint   - ruff and mypy"
 	@echo "make bench  - benchmarks (see the Benchmark section of README.md)"
-	@echo "make setup  - only the virtual environment, the Delta and Kafka jars, the Kafka broker and Chromium"
+	@echo "make setup  - only the virtual environment, the Delta and Kafka jars, the driver's class archive, the Kafka broker and Chromium"
 	@echo "make kafka  - a development Kafka broker (KRaft) on 127.0.0.1:$(KAFKA_PORT)"
 
-setup: $(VENV)/.installed jars/.resolved kafka-broker/.resolved browser
+setup: $(VENV)/.installed jars/.resolved class-archive kafka-broker/.resolved browser
+
+# The driver JVM's class archive (sessionlake/classarchive.py): every later process maps
+# the classes a small training stream loaded instead of loading them anew. Named by the
+# JVM and the jars, so it is rebuilt (about a minute) only when either changes.
+class-archive: $(VENV)/.installed jars/.resolved
+	$(BIN)/python -m sessionlake.classarchive --if-missing
 
 # Headless Chromium and its driver (Debian's packages) for the health page's browser test;
 # skipped when they are there. Needs root (CI runs as root).

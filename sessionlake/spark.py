@@ -60,12 +60,17 @@ THROUGHPUT_GC = "-XX:+UseParallelGC"
 
 
 def java_options() -> dict[str, str]:
-    """The driver's and executors' JVM options: sessionlake's log configuration (driver)
-    and the garbage collector. Spark prepends ``spark.*.defaultJavaOptions`` (an
-    administrator's, in ``spark-defaults.conf``) to these."""
+    """The driver's and executors' JVM options: sessionlake's log configuration (driver),
+    the garbage collector, and the driver's class archive when ``make setup`` built one
+    for this JVM and these jars (:mod:`sessionlake.classarchive`). Spark prepends
+    ``spark.*.defaultJavaOptions`` (an administrator's, in ``spark-defaults.conf``) to
+    these."""
+    from sessionlake.classarchive import driver_archive_option
+
+    driver = f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} {THROUGHPUT_GC}"
+    archive = driver_archive_option()
     return {
-        "spark.driver.extraJavaOptions":
-            f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} {THROUGHPUT_GC}",
+        "spark.driver.extraJavaOptions": f"{driver} {archive}" if archive else driver,
         "spark.executor.extraJavaOptions": THROUGHPUT_GC,
     }
 
