@@ -38,6 +38,16 @@ OPEN_SESSION_COLUMNS: tuple[str, ...] = (
 MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 
 
+#: Source rows up to which the MERGE ships its source whole to every task. Spark cannot
+#: tell how small the source is: its frames are checkpoints of plans over the state, and
+#: they carry those plans' size estimates. So, unhinted, the MERGE sorted and shuffled the
+#: state of every bucket it touched to join it with a few rows. For 100 changes into
+#: 10^6 open sessions (Spark's event log, a new process), the search for touched files
+#: took 1.3 s instead of 3.1, and the writing of deletion vectors 1.6 s instead of 2.9.
+#: Above this, as in a backfill's batch, the source is too big to copy to every task.
+BROADCAST_SOURCE_ROWS_MAX = 100_000
+
+
 @dataclass(frozen=True)
 class MergeResult:
     """What the MERGE did to ``open_sessions``, from Delta's operation metrics."""
@@ -60,10 +70,13 @@ def apply_changelog_merge(
     buckets: list[int],
     batch: BatchKey | None,
     replay_after: int | None = None,
+    source_rows: int | None = None,
 ) -> MergeResult:
     """Apply ``source`` (from :func:`sessionlake.changelog.merge_source`) in one MERGE.
 
     :param buckets: the user buckets present in ``source``; only those partitions are read.
+    :param source_rows: about how many rows ``source`` holds, when known: up to
+        :data:`BROADCAST_SOURCE_ROWS_MAX` it is joined to the state without a shuffle.
     :param batch: the micro-batch the MERGE belongs to; its commit is tagged with it.
     :param replay_after: on a replay of ``batch``, the version of ``open_sessions`` before
         its first attempt: a MERGE of the batch committed after it is not done again.
@@ -83,6 +96,8 @@ def apply_changelog_merge(
         & (F.col("t.session_id") == F.col("s.session_id"))
     )
     values: dict[str, str | Column] = {c: F.col(f"s.{c}") for c in OPEN_SESSION_COLUMNS}
+    small = source_rows is not None and source_rows <= BROADCAST_SOURCE_ROWS_MAX
+    changes = (F.broadcast(source) if small else source).alias("s")
 
     def merge() -> None:
         # Each attempt plans against the table's newest version: a MERGE that lost a race
@@ -95,7 +110,7 @@ def apply_changelog_merge(
                 session.conf.set(MATERIALIZE_SOURCE, "none")
             (
                 DeltaTable.forPath(session, path).alias("t")
-                .merge(source.alias("s"), condition)
+                .merge(changes, condition)
                 .whenMatchedDelete(condition=F.col("s.op") == "delete")
                 .whenMatchedUpdate(condition=F.col("s.op") == "upsert", set=values)
                 .whenNotMatchedInsert(condition=F.col("s.op") == "upsert", values=values)

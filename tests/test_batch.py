@@ -11,6 +11,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from sessionlake import state
 from sessionlake.batch import StreamIdentity
 from sessionlake.config import Settings, settings_from
 from sessionlake.tables import PUBLIC_TABLES, read_table, table_path, table_version
@@ -81,7 +82,14 @@ def test_event_near_a_closed_session_is_late(
         assert reasons["probe"].startswith("within the gap of closed session")
 
 
-def test_late_event_bridges_two_open_sessions(spark: SparkSession, lake: str) -> None:
+@pytest.mark.parametrize("merge_source", ["shipped to every task", "shuffled"])
+def test_late_event_bridges_two_open_sessions(
+    spark: SparkSession, lake: str, merge_source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MERGE updates one open session and deletes the other, whichever way it joins
+    its source (small: broadcast, see ``state.BROADCAST_SOURCE_ROWS_MAX``) to the state."""
+    if merge_source == "shuffled":
+        monkeypatch.setattr(state, "BROADCAST_SOURCE_ROWS_MAX", 0)
     cfg = settings(lake, grace="60m")
     run_batches(spark, cfg, [
         [event("u", "10:00", "/a"), event("u", "10:50", "/c")],  # two open sessions
