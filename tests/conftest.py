@@ -40,6 +40,7 @@ LONGEST_FIRST = (
     "tests/test_kafka_source.py",
     "tests/test_snapshots.py",
     "tests/test_compaction.py",
+    "tests/test_classarchive.py",
     "tests/test_retention.py",
     "tests/test_query.py",
 )
