@@ -17,8 +17,8 @@ archive it is given starts without it, silently, and only slower. The archive ch
 fast a process starts, never what it computes.
 
 Measured on the benchmark's restart (100 events over 10,000 open sessions, whole
-process, alternating runs on 2 cores): 20.5-23.1 s to the first commit with the archive,
-25.6-28.1 s without.
+process, alternating runs on 2 cores): 22.3-23.9 s to the first commit with the archive
+``make setup`` builds, 25.8-29.9 s without.
 """
 
 from __future__ import annotations
