@@ -474,7 +474,8 @@ def _file_rows(state: TableState, data_file: DataFile, wanted: list[str]) -> pa.
 
 
 def _as_utc(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Spark's timestamps (INT96, UTC instants) as ``timestamp[us, UTC]``."""
+    """Spark's timestamps (INT64 microseconds, or INT96 in older files: UTC instants) as
+    ``timestamp[us, UTC]``."""
     if pa.types.is_timestamp(column.type):
         return pc.cast(column, pa.timestamp("us", tz="UTC"))
     return column

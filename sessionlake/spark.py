@@ -49,6 +49,12 @@ DEFAULT_CONF: dict[str, str] = {
     # compiled them all again: ten batches of 100,000 events compiled 2,329 classes (24 s
     # in the driver) of which 340 were distinct, and the JIT compiled each copy anew.
     "spark.sql.codegen.cache.maxEntries": "1000",
+    # Timestamps are stored as Parquet INT64 microseconds (UTC), not Spark's default of
+    # INT96, a deprecated 12-byte type that each value is converted to and dictionary-
+    # encodes as a byte array. 1,000,000 events in one batch (whole process, runs
+    # alternating): 54.3 and 57.0 s instead of 59.4 and 63.5. Files of either kind read
+    # alike (Spark, and sessionlake.deltareader), so older files need no rewrite.
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
 }
 
 

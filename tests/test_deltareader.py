@@ -65,3 +65,32 @@ def test_z85_decodes_the_protocol_example() -> None:
 def test_a_folder_without_a_log_is_refused(tmp_path: Path) -> None:
     with pytest.raises(deltareader.DeltaReadError, match="not a Delta table"):
         deltareader.read_state(tmp_path)
+
+
+def test_int96_and_int64_timestamps_read_alike(spark: SparkSession, tmp_path: Path) -> None:
+    # Lakes written before sessionlake stored timestamps as INT64 hold INT96 files too.
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "t"
+    at = (F.lit("2026-01-05 10:00:00").cast("timestamp")
+          + F.make_interval(secs=F.col("id"))).alias("at")
+    key = "spark.sql.parquet.outputTimestampType"
+    default = spark.conf.get(key)
+    try:
+        spark.conf.set(key, "INT96")
+        spark.range(0, 3).select("id", at).write.format("delta").save(str(path))
+    finally:
+        spark.conf.set(key, default)
+    spark.range(3, 6).select("id", at).write.format("delta").mode("append").save(str(path))
+
+    state = deltareader.read_state(path)
+    kinds: set[str] = set()
+    for data_file in state.files:
+        schema = pq.ParquetFile(state.file_path(data_file)).schema
+        kinds.add(schema.column(schema.names.index("at")).physical_type)
+    assert kinds == {"INT96", "INT64"}
+    ours = deltareader.read_rows(state, ["id", "at"]).to_pylist()
+    theirs = spark.read.format("delta").load(str(path)).collect()
+    assert sorted((r["id"], r["at"].replace(tzinfo=None)) for r in ours) == \
+        sorted((r["id"], r["at"]) for r in theirs)
+    assert len(ours) == 6
