@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -68,19 +69,14 @@ def test_a_folder_without_a_log_is_refused(tmp_path: Path) -> None:
 
 
 def test_int96_and_int64_timestamps_read_alike(spark: SparkSession, tmp_path: Path) -> None:
-    # Lakes written before sessionlake stored timestamps as INT64 hold INT96 files too.
-    import pyarrow.parquet as pq
-
+    # Lakes written before sessionlake stored timestamps as INT64 hold INT96 files too,
+    # written here by a session of its own, so the suite's session keeps its settings.
     path = tmp_path / "t"
     at = (F.lit("2026-01-05 10:00:00").cast("timestamp")
           + F.make_interval(secs=F.col("id"))).alias("at")
-    key = "spark.sql.parquet.outputTimestampType"
-    default = spark.conf.get(key)
-    try:
-        spark.conf.set(key, "INT96")
-        spark.range(0, 3).select("id", at).write.format("delta").save(str(path))
-    finally:
-        spark.conf.set(key, default)
+    older = spark.newSession()
+    older.conf.set("spark.sql.parquet.outputTimestampType", "INT96")
+    older.range(0, 3).select("id", at).write.format("delta").save(str(path))
     spark.range(3, 6).select("id", at).write.format("delta").mode("append").save(str(path))
 
     state = deltareader.read_state(path)
