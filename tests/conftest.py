@@ -26,6 +26,8 @@ from sessionlake.config import Settings, settings_from  # noqa: E402
 from sessionlake.spark import build_spark  # noqa: E402
 from tests.sparkcluster import SparkCluster, start_cluster  # noqa: E402
 
+pytest_plugins = ["tests.watchdog"]
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 
