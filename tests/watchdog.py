@@ -25,11 +25,12 @@ _stderr_fd: int | None = None
 def pytest_configure(config: pytest.Config) -> None:
     """Keep a handle on the real stderr: during a test, pytest captures file descriptor 2."""
     global _stderr_fd
-    try:
-        fileno = sys.stderr.fileno()
-    except (AttributeError, ValueError):  # pytest-xdist's worker stderr has no descriptor
-        fileno = sys.__stderr__.fileno()
-    _stderr_fd = os.dup(fileno)
+    for stream in (sys.stderr, sys.__stderr__):  # pytest-xdist's worker stderr has no fd
+        try:
+            _stderr_fd = os.dup(stream.fileno())  # type: ignore[union-attr]
+            return
+        except (AttributeError, ValueError, OSError):
+            continue
 
 
 def descendants(pid: int) -> list[int]:
