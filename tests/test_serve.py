@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -53,7 +54,11 @@ def test_a_spark_connect_client_queries_the_lake(
     )
     try:
         assert server.stdout is not None
-        banner = server.stdout.readline()  # printed once the tables are registered
+        # Printed once the tables are registered; a server that neither prints nor exits
+        # fails the test instead of holding it.
+        ready, _, _ = select.select([server.stdout], [], [], 300)
+        assert ready, (tmp_path / "serve.log").read_text()[-2000:]
+        banner = server.stdout.readline()
         assert f"sc://127.0.0.1:{port}" in banner, (tmp_path / "serve.log").read_text()[-2000:]
         deadline = time.monotonic() + 120
         while True:
