@@ -44,7 +44,7 @@ with DAG(
     def validate_params(params: dict[str, Any]) -> orch.SparkJob:
         """Check the params and build the job before any data is touched."""
         checked = orch.validate_microbatch_params(params)
-        return orch.spark_job(orch.microbatch_args(orch.locations_from_env(), checked))
+        return orch.microbatch_job(orch.locations_from_env(), checked)
 
     job = validate_params()
     SparkSubmitOperator(

@@ -8,11 +8,16 @@ Kept free of PySpark so that the Airflow DAGs and the health page can look at a 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from sessionlake.config import KAFKA_SOURCE
 
 #: The flock a run holds for its whole life; a second run on the checkpoint is refused.
 LOCK_FILE = "sessionlake.lock"
@@ -30,6 +35,13 @@ RESTORING_MARKER = "sessionlake-restoring.json"
 #: ``sessionlake.snapshots``).
 SNAPSHOTS_DIR = "_snapshots"
 MANIFEST = "snapshot.json"
+
+#: Spark's own checkpoint, inside sessionlake's.
+SPARK_CHECKPOINT = "spark"
+#: Spark's file source log in a checkpoint: the files each batch read.
+SOURCE_LOG = f"{SPARK_CHECKPOINT}/sources/0"
+#: Entries of that log: ``N`` or ``N.compact``.
+SOURCE_LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
 
 log = logging.getLogger("sessionlake.checkpoint")
 
@@ -86,3 +98,68 @@ def batch_lock(folder: Path | None, timeout: float | None = None) -> Iterator[No
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _local(location: str) -> Path | None:
+    """The local path of a path or ``file:`` URI; ``None`` for any other file system."""
+    parts = urlsplit(location)
+    if not parts.scheme:
+        return Path(location)
+    return Path(parts.path) if parts.scheme == "file" else None
+
+
+def unread_input_bytes(source: str, checkpoint: str) -> int | None:
+    """How many bytes of the landing folder ``source`` a run on ``checkpoint`` would read
+    now: the files of which the stream has committed no batch (new files, and those of a
+    batch planned but not committed, which runs again). Hidden files (``.``, ``_``) do not
+    count, as Spark skips them.
+
+    ``None`` when that cannot be told without a Spark of its own: a Kafka topic, a landing
+    folder or checkpoint not on this machine, or a glob.
+    """
+    if not source or source == KAFKA_SOURCE or any(c in source for c in "*?[{"):
+        return None
+    folder, checkpoint_folder = _local(source), _local(checkpoint)
+    if folder is None or checkpoint_folder is None:
+        return None
+    return unread_bytes(folder, checkpoint_folder / SPARK_CHECKPOINT)
+
+
+def unread_bytes(folder: Path, spark_checkpoint: Path) -> int:
+    """The bytes of the files in ``folder`` (but hidden ones) that no committed batch of
+    the Spark checkpoint ``spark_checkpoint`` read."""
+    read = files_read(spark_checkpoint)
+    folder = folder.absolute()  # as Spark qualifies it: symbolic links stay as named
+    total = 0
+    for path in folder.rglob("*"):
+        hidden = any(part.startswith((".", "_")) for part in path.relative_to(folder).parts)
+        if not hidden and path.is_file() and str(path) not in read:
+            total += path.stat().st_size
+    return total
+
+
+def files_read(spark_checkpoint: Path) -> set[str]:
+    """The local paths of the files that committed batches of a Spark checkpoint's stream
+    read, from its file source log (the newest ``N.compact`` entry lists every file up to
+    it; later entries one batch each)."""
+    commits = spark_checkpoint / "commits"
+    names = [p.name for p in commits.iterdir()] if commits.is_dir() else []
+    committed = max((int(n) for n in names if n.isdigit()), default=-1)
+    folder = spark_checkpoint / "sources" / "0"
+    entries = sorted(
+        (int(m.group(1)), bool(m.group(2)), p)
+        for p in (folder.iterdir() if folder.is_dir() else [])
+        if (m := SOURCE_LOG_ENTRY.match(p.name))
+    )
+    compacts = [number for number, compact, _ in entries if compact]
+    since = compacts[-1] if compacts else -1
+    read: set[str] = set()
+    for number, _, path in entries:
+        if number < since:
+            continue
+        for line in path.read_text().splitlines()[1:]:  # the first line is a version
+            if line.strip():
+                entry = json.loads(line)
+                if int(entry.get("batchId", 0)) <= committed:
+                    read.add(unquote(urlsplit(entry["path"]).path))
+    return read

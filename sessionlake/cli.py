@@ -20,6 +20,8 @@ from sessionlake.progress import Step, progress
 
 EXIT_USAGE = 2
 
+log = logging.getLogger("sessionlake.cli")
+
 
 class UsageError(Exception):
     """A bad argument or input: reported in one line, exit status 2."""
@@ -241,14 +243,16 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings_from({k: getattr(args, k, None) for k in keys})
 
 
-def _spark(settings: Settings, app: str, *, kafka: bool = False) -> Any:
+def _spark(settings: Settings, app: str, *, kafka: bool = False,
+           quick_start: bool = False) -> Any:
     from sessionlake.spark import JarsMissingError, build_spark, check_kafka_jars
 
     try:
         if kafka:
             check_kafka_jars()
         return build_spark(settings.master, app_name=app,
-                           shuffle_partitions=settings.shuffle_partitions)
+                           shuffle_partitions=settings.shuffle_partitions,
+                           quick_start=quick_start)
     except JarsMissingError as error:
         raise UsageError(str(error)) from None
 
@@ -264,7 +268,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     check_source(settings)
-    spark = _spark(settings, "sessionlake-run", kafka=settings.reads_kafka)
+    spark = _spark(settings, "sessionlake-run", kafka=settings.reads_kafka,
+                   quick_start=_quick_start(settings))
     # A bar for runs that end (available-now); a continuous run is followed in its log.
     bar = progress("micro-batches") if settings.trigger == "available-now" else nullcontext()
     try:
@@ -283,6 +288,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{totals['closed_sessions']} sessions closed, {open_now} open"
     )
     return 0
+
+
+def _quick_start(settings: Settings) -> bool:
+    """Whether this run's driver compiles with C1 only, by what it has to read; logged."""
+    from sessionlake.checkpoint import unread_input_bytes
+    from sessionlake.spark import QUICK_START_MAX_BYTES, quick_start_for
+
+    follows = settings.trigger != "available-now"  # runs for as long as it is left to
+    unread = None if follows else unread_input_bytes(settings.source or "", settings.checkpoint)
+    quick = quick_start_for(unread)
+    size = "unknown" if unread is None else f"{unread / 2**20:.1f} MiB"
+    log.info("input to read: %s; the driver compiles with %s (C1 only up to %d MiB)", size,
+             "C1 only" if quick else "C1 and C2", QUICK_START_MAX_BYTES // 2**20)
+    return quick
 
 
 def _batch_step(step: Step | None) -> Callable[[Any], None] | None:

@@ -33,10 +33,16 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Any, TypedDict
 
-from sessionlake.checkpoint import IDENTITY_FILE, PID_FILE, lock_held
+from sessionlake.checkpoint import IDENTITY_FILE, PID_FILE, lock_held, unread_input_bytes
 from sessionlake.config import ConfigError, format_duration, parse_duration, settings_from
 from sessionlake.deltalog import batch_keys, commit_actions
-from sessionlake.spark import DEFAULT_CONF, PROJECT_ROOT, delta_jars, java_options
+from sessionlake.spark import (
+    DEFAULT_CONF,
+    PROJECT_ROOT,
+    delta_jars,
+    java_options,
+    quick_start_for,
+)
 
 #: The spark-submit entry point every Spark task runs.
 JOB_SCRIPT = PROJECT_ROOT / "jobs" / "sessionlake_job.py"
@@ -365,11 +371,13 @@ def python_executable() -> str:
     return os.environ.get("SESSIONLAKE_PYTHON") or sys.executable
 
 
-def spark_submit_conf() -> dict[str, str]:
+def spark_submit_conf(quick_start: bool = False) -> dict[str, str]:
     """Spark conf for ``spark-submit``: sessionlake's defaults and the Delta jars.
 
     The driver JVM starts before the job's Python runs, so the jars, the driver memory
-    (``$SESSIONLAKE_DRIVER_MEMORY``, default 4g) and the Delta extension go here.
+    (``$SESSIONLAKE_DRIVER_MEMORY``, default 4g), the Delta extension and the driver's
+    compiler (C1 only with ``quick_start``: :func:`sessionlake.spark.quick_start_for`) go
+    here.
 
     :raises sessionlake.spark.JarsMissingError: when the jars have not been fetched.
     """
@@ -377,7 +385,7 @@ def spark_submit_conf() -> dict[str, str]:
         **DEFAULT_CONF,
         "spark.jars": ",".join(delta_jars()),
         "spark.driver.memory": os.environ.get("SESSIONLAKE_DRIVER_MEMORY", "4g"),
-        **java_options(),
+        **java_options(quick_start),
         "spark.pyspark.python": python_executable(),
     }
 
@@ -398,9 +406,18 @@ def spark_submit_env() -> dict[str, str]:
     }
 
 
-def spark_job(args: Sequence[str]) -> SparkJob:
+def spark_job(args: Sequence[str], quick_start: bool = False) -> SparkJob:
     """The ``SparkSubmitOperator`` inputs of one ``sessionlake`` command."""
-    return SparkJob(args=list(args), conf=spark_submit_conf(), env=spark_submit_env())
+    return SparkJob(args=list(args), conf=spark_submit_conf(quick_start),
+                    env=spark_submit_env())
+
+
+def microbatch_job(locations: Locations, params: MicrobatchParams) -> SparkJob:
+    """The micro-batch run's job; its driver compiles with C1 only when what landed since
+    the last run is small (:func:`sessionlake.spark.quick_start_for`), as most scheduled
+    runs' input is."""
+    unread = unread_input_bytes(_need_source(locations), locations.checkpoint)
+    return spark_job(microbatch_args(locations, params), quick_start=quick_start_for(unread))
 
 
 # --- restart ---------------------------------------------------------------------------

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from sessionlake.config import ConfigError
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = PACKAGE_DIR.parent
 LOG_CONFIG = PROJECT_ROOT / "conf" / "log4j2.properties"
@@ -65,18 +67,54 @@ DEFAULT_CONF: dict[str, str] = {
 THROUGHPUT_GC = "-XX:+UseParallelGC"
 
 
-def java_options() -> dict[str, str]:
+#: The driver JVM's compiler for a run with little to read: C1 only, no C2. A JVM compiles
+#: what it runs hottest twice, quickly (C1), then well (C2), and on 2 cores C2 competes with
+#: the run itself; a run that ends after a few small batches never earns that back. Whole
+#: process on this 2-core machine, runs alternating (2026-11-26), C1 only against both:
+#: a restart of 100 events over 10^4 open sessions 18.6-20.7 s to its first commit against
+#: 23.0-26.6; over 10^6, 28.5-30.3 against 33.3-34.7; 100,000 events (13 MB) in a new lake
+#: 28.3-31.3 s against 40.3-41.7; 300,000 (40 MB) 41.6-43.4 against 43.9-49.8; 1,000,000
+#: (134 MB, measured earlier) 63.5-65.5 against 50.5-52.8.
+QUICK_START_JIT = "-XX:TieredStopAtLevel=1"
+#: Input, in bytes, up to which a run's driver compiles with C1 only (see QUICK_START_JIT).
+QUICK_START_MAX_BYTES = 32 * 2**20
+#: ``auto`` (the default: by the input a run has to read), ``quick`` (always C1 only) or
+#: ``full`` (never): the driver's compiler for ``sessionlake run``.
+DRIVER_JIT_ENV = "SESSIONLAKE_DRIVER_JIT"
+
+
+def quick_start_for(input_bytes: int | None) -> bool:
+    """Whether the driver JVM of a run with ``input_bytes`` to read compiles with C1 only.
+
+    ``None`` (unknown: a Kafka topic, a remote folder, a run that keeps following) means
+    no: a run of unknown length may be long, and then C2's code pays. ``$SESSIONLAKE_DRIVER_JIT``
+    overrides the choice.
+
+    :raises ConfigError: when ``$SESSIONLAKE_DRIVER_JIT`` is not one of its values.
+    """
+    mode = os.environ.get(DRIVER_JIT_ENV, "auto").strip().lower() or "auto"
+    if mode not in ("auto", "quick", "full"):
+        raise ConfigError(
+            f"{DRIVER_JIT_ENV} must be auto, quick or full, got {os.environ[DRIVER_JIT_ENV]!r}"
+        )
+    if mode != "auto":
+        return mode == "quick"
+    return input_bytes is not None and input_bytes <= QUICK_START_MAX_BYTES
+
+
+def java_options(quick_start: bool = False) -> dict[str, str]:
     """The driver's and executors' JVM options: sessionlake's log configuration (driver),
-    the garbage collector, and the driver's class archive when ``make setup`` built one
-    for this JVM and these jars (:mod:`sessionlake.classarchive`). Spark prepends
+    the garbage collector, the driver's class archive when ``make setup`` built one for
+    this JVM and these jars (:mod:`sessionlake.classarchive`), and C1 only for the driver
+    of a short run (``quick_start``, see :data:`QUICK_START_JIT`). Spark prepends
     ``spark.*.defaultJavaOptions`` (an administrator's, in ``spark-defaults.conf``) to
     these."""
     from sessionlake.classarchive import driver_archive_option
 
-    driver = f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} {THROUGHPUT_GC}"
-    archive = driver_archive_option()
+    driver = [f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}", THROUGHPUT_GC,
+              driver_archive_option(), QUICK_START_JIT if quick_start else ""]
     return {
-        "spark.driver.extraJavaOptions": f"{driver} {archive}" if archive else driver,
+        "spark.driver.extraJavaOptions": " ".join(option for option in driver if option),
         "spark.executor.extraJavaOptions": THROUGHPUT_GC,
     }
 
@@ -141,6 +179,7 @@ def build_spark(
     app_name: str = "sessionlake",
     shuffle_partitions: int = 4,
     conf: Mapping[str, str] | None = None,
+    quick_start: bool = False,
 ) -> SparkSession:
     """Start (or reuse) a Spark session with Delta Lake enabled.
 
@@ -153,6 +192,8 @@ def build_spark(
     :param shuffle_partitions: ``spark.sql.shuffle.partitions``; safe to change between
         runs because no Spark stateful operator keeps state in the checkpoint.
     :param conf: further Spark settings, applied last.
+    :param quick_start: the driver JVM compiles with C1 only (see :func:`quick_start_for`);
+        only a session that starts the JVM can choose.
 
     Parallel file listing (VACUUM's, and partition discovery) uses as many tasks as a
     shuffle: Spark's default of 10000 tasks made each VACUUM of a small table take half a
@@ -171,7 +212,7 @@ def build_spark(
         "spark.jars": ",".join(delta_jars()),
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.driver.memory": os.environ.get("SESSIONLAKE_DRIVER_MEMORY", "4g"),
-        **java_options(),
+        **java_options(quick_start),
         **(conf or {}),
     }
     for key, value in settings.items():

@@ -13,7 +13,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import signal
 import threading
 import time
@@ -31,7 +30,15 @@ from pyspark.sql.streaming import StreamingQuery
 
 from sessionlake import faults, storage
 from sessionlake.batch import BatchReport, Clock, process_lines, stream_identity, utc_now
-from sessionlake.checkpoint import LOCK_FILE, PID_FILE, RESTORING_MARKER, lock_held
+from sessionlake.checkpoint import (
+    LOCK_FILE,
+    PID_FILE,
+    RESTORING_MARKER,
+    SOURCE_LOG,
+    SOURCE_LOG_ENTRY,
+    SPARK_CHECKPOINT,
+    lock_held,
+)
 from sessionlake.config import ENV, ConfigError, Settings
 from sessionlake.kafkaadmin import KafkaUnavailable, topic_partitions
 from sessionlake.monitor import BatchMonitor
@@ -101,11 +108,6 @@ def check_source(settings: Settings) -> str:
     return settings.source
 
 
-#: Spark's file source log in a checkpoint: the files each batch read.
-SOURCE_LOG = "spark/sources/0"
-#: Entries of that log: ``N`` or ``N.compact``.
-_SOURCE_LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
-
 
 def recorded_source_file(spark: SparkSession | None, checkpoint: str) -> str | None:
     """The path of a file the stream's checkpoint says Spark's file source read, if any.
@@ -117,7 +119,7 @@ def recorded_source_file(spark: SparkSession | None, checkpoint: str) -> str | N
     folder = f"{checkpoint.rstrip('/')}/{SOURCE_LOG}"
     entries = [(bool(m.group(2)), -int(m.group(1)), name)
                for name in storage.list_names(spark, folder)
-               if (m := _SOURCE_LOG_ENTRY.match(name))]
+               if (m := SOURCE_LOG_ENTRY.match(name))]
     for _, _, name in sorted(entries):
         for line in (storage.read_text(spark, f"{folder}/{name}") or "").splitlines()[1:]:
             if line.strip():
@@ -322,7 +324,7 @@ def run_stream(
 
         writer = (
             stream.writeStream.foreachBatch(handle)
-            .option("checkpointLocation", f"{settings.checkpoint.rstrip('/')}/spark")
+            .option("checkpointLocation", f"{settings.checkpoint.rstrip('/')}/{SPARK_CHECKPOINT}")
             .queryName(f"sessionlake-{identity.stream_id}")
         )
         if settings.trigger == "available-now":

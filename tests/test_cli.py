@@ -76,9 +76,12 @@ def test_run_then_restart_on_another_master_then_query(tmp_path: Path) -> None:
     assert "1500 records, 1500 accepted" in first.stdout
     (landing / "b.log").write_text("".join(LOG_LINES[1500:]))
     os.utime(landing / "b.log", (2_000_000_000, 2_000_000_000))
-    second = _cli("run", "--source", str(landing), "--format", "apache", "--lake", str(lake),
-                  "--master", "local[2]", "--shuffle-partitions", "3")
+    second = _cli("-v", "run", "--source", str(landing), "--format", "apache", "--lake",
+                  str(lake), "--master", "local[2]", "--shuffle-partitions", "3")
     assert second.returncode == 0, second.stderr
+    unread = (landing / "b.log").stat().st_size / 2**20  # a.log's batch was committed
+    assert (f"input to read: {unread:.1f} MiB; the driver compiles with C1 only"
+            in second.stderr)
     assert "processed 1 micro-batch(es): 1500 records, 1500 accepted" in second.stdout
 
     query = _cli("sql", "--lake", str(lake), "--output", "json",

@@ -15,11 +15,15 @@ import pytest
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
+from sessionlake.config import ConfigError
 from sessionlake.spark import (
     CODEGEN_KEYS,
     CODEGEN_MIN_RECORDS,
+    DRIVER_JIT_ENV,
     LOG_CONFIG,
     PACKAGE_DIR,
+    QUICK_START_JIT,
+    QUICK_START_MAX_BYTES,
     THROUGHPUT_GC,
     codegen_for_batch,
     fit_codegen_to_batch,
@@ -28,6 +32,7 @@ from sessionlake.spark import (
     java_options,
     package_files,
     package_zip,
+    quick_start_for,
     ship_package,
 )
 
@@ -170,3 +175,36 @@ def test_the_driver_jvm_runs_the_log_config_and_the_collector(spark: SparkSessio
     assert THROUGHPUT_GC in arguments
     assert f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}" in arguments
     assert java_options()["spark.executor.extraJavaOptions"] == THROUGHPUT_GC
+
+
+@pytest.mark.parametrize(("mode", "unread", "quick"), [
+    (None, 0, True),
+    (None, QUICK_START_MAX_BYTES, True),
+    (None, QUICK_START_MAX_BYTES + 1, False),
+    (None, None, False),  # unknown: a topic, a remote folder, a run that keeps following
+    ("auto", 10, True),
+    ("quick", None, True),
+    ("QUICK", 10 * QUICK_START_MAX_BYTES, True),
+    ("full", 0, False),
+])
+def test_a_run_with_little_to_read_compiles_with_c1_only(
+    monkeypatch: pytest.MonkeyPatch, mode: str | None, unread: int | None, quick: bool
+) -> None:
+    if mode is None:
+        monkeypatch.delenv(DRIVER_JIT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(DRIVER_JIT_ENV, mode)
+    assert quick_start_for(unread) is quick
+
+
+def test_a_wrong_jit_choice_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DRIVER_JIT_ENV, "fast")
+    with pytest.raises(ConfigError, match="SESSIONLAKE_DRIVER_JIT must be auto, quick or full"):
+        quick_start_for(0)
+
+
+def test_only_the_driver_of_a_quick_start_stops_at_c1() -> None:
+    quick, full = java_options(quick_start=True), java_options()
+    assert quick["spark.driver.extraJavaOptions"].split()[-1] == QUICK_START_JIT
+    assert QUICK_START_JIT not in full["spark.driver.extraJavaOptions"]
+    assert QUICK_START_JIT not in quick["spark.executor.extraJavaOptions"]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from sessionlake import orchestration as orch
+from sessionlake.spark import DRIVER_JIT_ENV, QUICK_START_JIT, QUICK_START_MAX_BYTES
 
 WHERE = orch.Locations(lake="/l", source="/in", checkpoint="/l/_checkpoints/stream")
 
@@ -181,3 +182,24 @@ def test_stream_position_reads_the_batch_tags_of_batch_metrics(tmp_path: Path) -
     (log / "00000000000000000004.json").write_text(
         json.dumps({"commitInfo": {"operation": "WRITE", "userMetadata": tag}}) + "\n")
     assert orch.stream_position(str(lake), str(checkpoint)) == orch.StreamPosition("s1", 3)
+
+
+def test_a_small_landing_starts_the_micro_batch_driver_with_c1_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(DRIVER_JIT_ENV, raising=False)
+    landing = tmp_path / "in"
+    landing.mkdir()
+    (landing / "a.jsonl").write_text("{}\n")
+    where = orch.Locations(str(tmp_path / "lake"), str(landing), str(tmp_path / "cp"))
+
+    def driver_options() -> str:
+        return orch.microbatch_job(where, orch.MicrobatchParams(2))["conf"][
+            "spark.driver.extraJavaOptions"]
+
+    assert QUICK_START_JIT in driver_options()
+    with open(landing / "big.jsonl", "wb") as big:  # sparse: sized, not written
+        big.truncate(QUICK_START_MAX_BYTES)
+    assert QUICK_START_JIT not in driver_options()
+    monkeypatch.setenv(DRIVER_JIT_ENV, "quick")
+    assert QUICK_START_JIT in driver_options()

@@ -1,0 +1,92 @@
+"""What a checkpoint says without Spark: which landed files a run would still read."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from sessionlake.checkpoint import files_read, unread_input_bytes
+from sessionlake.config import settings_from
+from sessionlake.stream import run_stream
+from tests.helpers import NOW, event
+
+
+def _land(folder: Path, name: str, users: list[str], minute: int) -> Path:
+    """A jsonl file of one event per user, given a modification time ``minute`` minutes
+    after the previous ones (Spark's file source takes files oldest first)."""
+    path = folder / name
+    path.write_text("".join(event(user, "10:00") + "\n" for user in users))
+    os.utime(path, (1_700_000_000 + 60 * minute, 1_700_000_000 + 60 * minute))
+    return path
+
+
+def test_a_real_checkpoint_counts_new_files_and_uncommitted_batches(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    first = _land(landing, "a.jsonl", ["u1", "u2"], 0)
+    second = _land(landing, "b.jsonl", ["u3"], 1)
+    settings = settings_from({"lake": str(tmp_path / "lake"), "source": str(landing),
+                              "max_files_per_trigger": 1}, env={})
+    assert unread_input_bytes(str(landing), settings.checkpoint) == (
+        first.stat().st_size + second.stat().st_size)  # no checkpoint yet
+    assert len(run_stream(spark, settings, clock=lambda: NOW).processed) == 2
+    assert files_read(Path(settings.checkpoint) / "spark") == {str(first), str(second)}
+    assert unread_input_bytes(str(landing), settings.checkpoint) == 0
+
+    third = _land(landing, "c.jsonl", ["u4", "u5", "u6"], 2)
+    (landing / ".c.jsonl.crc").write_text("hidden")  # Spark skips these; so does the count
+    (landing / "_SUCCESS").write_text("")
+    assert unread_input_bytes(str(landing), settings.checkpoint) == third.stat().st_size
+    assert unread_input_bytes(f"file://{landing}", f"file://{settings.checkpoint}") == (
+        third.stat().st_size)
+
+    # A batch planned but not committed (a crash before its commit) is read again.
+    (Path(settings.checkpoint) / "spark" / "commits" / "1").unlink()
+    assert unread_input_bytes(str(landing), settings.checkpoint) == (
+        second.stat().st_size + third.stat().st_size)
+
+
+def _source_log(checkpoint: Path, entries: dict[str, list[tuple[str, int]]],
+                committed: int) -> None:
+    folder = checkpoint / "spark" / "sources" / "0"
+    folder.mkdir(parents=True)
+    for name, files in entries.items():
+        (folder / name).write_text("v1\n" + "".join(
+            json.dumps({"path": f"file://{path}", "timestamp": 0, "batchId": batch}) + "\n"
+            for path, batch in files))
+    commits = checkpoint / "spark" / "commits"
+    commits.mkdir()
+    for batch in range(committed + 1):
+        (commits / str(batch)).write_text("v1\n{}")
+
+
+@pytest.mark.parametrize(("entries", "committed", "read"), [
+    ({}, -1, set()),
+    ({"0": [("/l/a", 0)], "1": [("/l/b", 1)]}, 0, {"/l/a"}),
+    # The newest compact entry lists every file up to it; older entries may be gone.
+    ({"8": [("/l/i", 8)], "9.compact": [("/l/a", 0), ("/l/j", 9)], "10": [("/l/k", 10)]},
+     10, {"/l/a", "/l/j", "/l/k"}),
+    ({"19.compact": [("/l/a%20b", 3)], "20": [("/l/c", 20)]}, 19, {"/l/a b"}),
+])
+def test_files_read_follow_spark_s_source_log(
+    tmp_path: Path, entries: dict[str, list[tuple[str, int]]], committed: int, read: set[str]
+) -> None:
+    _source_log(tmp_path, entries, committed)
+    assert files_read(tmp_path / "spark") == read
+
+
+@pytest.mark.parametrize(("source", "checkpoint"), [
+    ("kafka", "/c"),
+    ("/landing/*.jsonl", "/c"),
+    ("s3a://bucket/landing", "/c"),
+    ("/landing", "hdfs://nn/c"),
+    ("", "/c"),
+])
+def test_input_that_cannot_be_sized_here_is_unknown(source: str, checkpoint: str) -> None:
+    assert unread_input_bytes(source, checkpoint) is None
