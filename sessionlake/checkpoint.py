@@ -115,14 +115,20 @@ def unread_input_bytes(source: str, checkpoint: str) -> int | None:
     count, as Spark skips them.
 
     ``None`` when that cannot be told without a Spark of its own: a Kafka topic, a landing
-    folder or checkpoint not on this machine, or a glob.
+    folder or checkpoint not on this machine, or a glob; and when a file cannot be read or
+    the source log is not Spark's (the run itself then says what is wrong: this is only a
+    hint for how it starts).
     """
     if not source or source == KAFKA_SOURCE or any(c in source for c in "*?[{"):
         return None
     folder, checkpoint_folder = _local(source), _local(checkpoint)
     if folder is None or checkpoint_folder is None:
         return None
-    return unread_bytes(folder, checkpoint_folder / SPARK_CHECKPOINT)
+    try:
+        return unread_bytes(folder, checkpoint_folder / SPARK_CHECKPOINT)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        log.warning("cannot size the input to read in %s: %s", source, error)
+        return None
 
 
 def unread_bytes(folder: Path, spark_checkpoint: Path) -> int:

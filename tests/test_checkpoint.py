@@ -90,3 +90,15 @@ def test_files_read_follow_spark_s_source_log(
 ])
 def test_input_that_cannot_be_sized_here_is_unknown(source: str, checkpoint: str) -> None:
     assert unread_input_bytes(source, checkpoint) is None
+
+
+@pytest.mark.parametrize("entry", ["not json", '{"timestamp": 0, "batchId": 0}'])
+def test_a_source_log_spark_would_not_read_makes_the_size_unknown(
+    tmp_path: Path, entry: str
+) -> None:
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "a.jsonl").write_text("{}\n")
+    _source_log(tmp_path / "cp", {}, committed=0)
+    (tmp_path / "cp" / "spark" / "sources" / "0" / "0").write_text(f"v1\n{entry}\n")
+    assert unread_input_bytes(str(landing), str(tmp_path / "cp")) is None
