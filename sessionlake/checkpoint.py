@@ -18,6 +18,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from sessionlake.config import KAFKA_SOURCE
+from sessionlake.storage import local_path
 
 #: The flock a run holds for its whole life; a second run on the checkpoint is refused.
 LOCK_FILE = "sessionlake.lock"
@@ -38,8 +39,10 @@ MANIFEST = "snapshot.json"
 
 #: Spark's own checkpoint, inside sessionlake's.
 SPARK_CHECKPOINT = "spark"
-#: Spark's file source log in a checkpoint: the files each batch read.
-SOURCE_LOG = f"{SPARK_CHECKPOINT}/sources/0"
+#: Spark's file source log in its checkpoint: the files each batch read.
+SPARK_SOURCE_LOG = "sources/0"
+#: The same log in sessionlake's checkpoint.
+SOURCE_LOG = f"{SPARK_CHECKPOINT}/{SPARK_SOURCE_LOG}"
 #: Entries of that log: ``N`` or ``N.compact``.
 SOURCE_LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
 
@@ -100,14 +103,6 @@ def batch_lock(folder: Path | None, timeout: float | None = None) -> Iterator[No
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _local(location: str) -> Path | None:
-    """The local path of a path or ``file:`` URI; ``None`` for any other file system."""
-    parts = urlsplit(location)
-    if not parts.scheme:
-        return Path(location)
-    return Path(parts.path) if parts.scheme == "file" else None
-
-
 def unread_input_bytes(source: str, checkpoint: str) -> int | None:
     """How many bytes of the landing folder ``source`` a run on ``checkpoint`` would read
     now: the files of which the stream has committed no batch (new files, and those of a
@@ -121,7 +116,7 @@ def unread_input_bytes(source: str, checkpoint: str) -> int | None:
     """
     if not source or source == KAFKA_SOURCE or any(c in source for c in "*?[{"):
         return None
-    folder, checkpoint_folder = _local(source), _local(checkpoint)
+    folder, checkpoint_folder = local_path(source), local_path(checkpoint)
     if folder is None or checkpoint_folder is None:
         return None
     try:
@@ -151,7 +146,7 @@ def files_read(spark_checkpoint: Path) -> set[str]:
     commits = spark_checkpoint / "commits"
     names = [p.name for p in commits.iterdir()] if commits.is_dir() else []
     committed = max((int(n) for n in names if n.isdigit()), default=-1)
-    folder = spark_checkpoint / "sources" / "0"
+    folder = spark_checkpoint / SPARK_SOURCE_LOG
     entries = sorted(
         (int(m.group(1)), bool(m.group(2)), p)
         for p in (folder.iterdir() if folder.is_dir() else [])
@@ -160,12 +155,21 @@ def files_read(spark_checkpoint: Path) -> set[str]:
     compacts = [number for number, compact, _ in entries if compact]
     since = compacts[-1] if compacts else -1
     read: set[str] = set()
-    for number, _, path in entries:
-        if number < since:
-            continue
-        for line in path.read_text().splitlines()[1:]:  # the first line is a version
-            if line.strip():
-                entry = json.loads(line)
-                if int(entry.get("batchId", 0)) <= committed:
-                    read.add(unquote(urlsplit(entry["path"]).path))
+    for number, _, entry in entries:
+        if number >= since:
+            read.update(path for path, batch in source_log_files(entry.read_text())
+                        if batch <= committed)
     return read
+
+
+def source_log_files(text: str) -> list[tuple[str, int]]:
+    """The files an entry of Spark's file source log lists: local path and batch id.
+
+    The first line is the log's version, then one JSON object per file, its path a URI.
+    """
+    files = []
+    for line in text.splitlines()[1:]:
+        if line.strip():
+            entry = json.loads(line)
+            files.append((unquote(urlsplit(entry["path"]).path), int(entry.get("batchId", 0))))
+    return files

@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from pyspark.sql import SparkSession
+if TYPE_CHECKING:  # the session is only passed through: importing this needs no PySpark
+    from pyspark.sql import SparkSession
 
 
 def local_path(uri: str) -> Path | None:

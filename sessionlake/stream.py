@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from types import FrameType
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -38,6 +37,7 @@ from sessionlake.checkpoint import (
     SOURCE_LOG_ENTRY,
     SPARK_CHECKPOINT,
     lock_held,
+    source_log_files,
 )
 from sessionlake.config import ENV, ConfigError, Settings
 from sessionlake.kafkaadmin import KafkaUnavailable, topic_partitions
@@ -121,9 +121,8 @@ def recorded_source_file(spark: SparkSession | None, checkpoint: str) -> str | N
                for name in storage.list_names(spark, folder)
                if (m := SOURCE_LOG_ENTRY.match(name))]
     for _, _, name in sorted(entries):
-        for line in (storage.read_text(spark, f"{folder}/{name}") or "").splitlines()[1:]:
-            if line.strip():
-                return unquote(urlsplit(json.loads(line)["path"]).path)
+        for path, _ in source_log_files(storage.read_text(spark, f"{folder}/{name}") or ""):
+            return path
     return None
 
 
