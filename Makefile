@@ -9,6 +9,9 @@ DEMO   := demo
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
+LOCAL_FS_JAR := jars/sessionlake-hadoop.jar
+LOCAL_FS_SOURCES := $(wildcard build/hadoop/sessionlake/hadoop/*.java)
+
 .PHONY: setup jars class-archive kafka-broker kafka browser demo test test-fast lint bench clean help
 
 help:
@@ -19,13 +22,13 @@ help:
 	@echo "make setup  - only the virtual environment, the Delta and Kafka jars, the driver's class archive, the Kafka broker and Chromium"
 	@echo "make kafka  - a development Kafka broker (KRaft) on 127.0.0.1:$(KAFKA_PORT)"
 
-setup: $(VENV)/.installed jars/.resolved class-archive kafka-broker/.resolved browser
+setup: $(VENV)/.installed jars/.resolved $(LOCAL_FS_JAR) class-archive kafka-broker/.resolved browser
 
 # The driver JVM's class archive (sessionlake/classarchive.py): every later process maps
 # the classes a small training stream loaded instead of loading them anew. Named by the
 # JVM and the jars, so it is rebuilt (about a minute) only when either changes. Only a
 # speed-up: when it cannot be built, set-up goes on and the drivers start without it.
-class-archive: $(VENV)/.installed jars/.resolved
+class-archive: $(VENV)/.installed jars/.resolved $(LOCAL_FS_JAR)
 	$(BIN)/python -m sessionlake.classarchive --if-missing \
 	  || echo "no class archive (see above): the drivers will start without one"
 
@@ -44,7 +47,16 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $@
 
-jars: jars/.resolved
+jars: jars/.resolved $(LOCAL_FS_JAR)
+
+# sessionlake's local file system for Hadoop (build/hadoop/; sessionlake/spark.py says why),
+# compiled against the Hadoop classes of pip's Spark.
+$(LOCAL_FS_JAR): $(LOCAL_FS_SOURCES) $(VENV)/.installed
+	rm -rf build/hadoop/classes && mkdir -p build/hadoop/classes jars
+	javac --release 17 -nowarn -d build/hadoop/classes -cp "$$($(BIN)/python -c \
+	  'import pathlib, pyspark; print(pathlib.Path(pyspark.__file__).parent / "jars")')/*" \
+	  $(LOCAL_FS_SOURCES)
+	jar cf $@ -C build/hadoop/classes .
 
 jars/.resolved: build/pom.xml
 	mkdir -p jars

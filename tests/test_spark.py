@@ -20,6 +20,8 @@ from sessionlake.spark import (
     CODEGEN_KEYS,
     CODEGEN_MIN_RECORDS,
     DRIVER_JIT_ENV,
+    LOCAL_FS_CONF,
+    LOCAL_FS_ENV,
     LOG_CONFIG,
     PACKAGE_DIR,
     QUICK_START_JIT,
@@ -30,6 +32,8 @@ from sessionlake.spark import (
     fit_codegen_to_parse,
     is_local_master,
     java_options,
+    local_fs_conf,
+    local_fs_jar,
     package_files,
     package_zip,
     quick_start_for,
@@ -208,3 +212,111 @@ def test_only_the_driver_of_a_quick_start_stops_at_c1() -> None:
     assert quick["spark.driver.extraJavaOptions"].split()[-1] == QUICK_START_JIT
     assert QUICK_START_JIT not in full["spark.driver.extraJavaOptions"]
     assert QUICK_START_JIT not in quick["spark.executor.extraJavaOptions"]
+
+
+def test_the_local_file_system_is_built_and_on_the_drivers_class_path() -> None:
+    jar = local_fs_jar()
+    assert jar is not None, "make jars builds it"
+    assert java_options()["spark.driver.extraClassPath"] == str(jar)
+
+
+@pytest.mark.parametrize(("master", "on_class_path", "switch", "chosen"), [
+    ("local[2]", True, None, True),
+    ("local[*]", True, "sessionlake", True),
+    ("spark://127.0.0.1:7077", True, None, False),  # the executors lack the jar
+    ("local[2]", False, None, False),  # an operator's own driver class path
+    ("local[2]", True, "hadoop", False),
+    ("local[2]", True, " Hadoop ", False),
+])
+def test_a_new_local_session_gets_the_local_file_system(
+    monkeypatch: pytest.MonkeyPatch, master: str, on_class_path: bool, switch: str | None,
+    chosen: bool,
+) -> None:
+    jar = local_fs_jar()
+    assert jar is not None
+    if switch is None:
+        monkeypatch.delenv(LOCAL_FS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(LOCAL_FS_ENV, switch)
+    settings = {"spark.driver.extraClassPath": str(jar) if on_class_path else "/opt/other.jar"}
+    assert local_fs_conf(master, settings) == (LOCAL_FS_CONF if chosen else {})
+
+
+@pytest.fixture(scope="module")
+def hadoop(spark: SparkSession) -> SimpleNamespace:
+    """The session's Hadoop file system and file context for ``file:`` paths, and the JVM."""
+    jvm = spark._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    uri = jvm.java.net.URI("file:///")
+    return SimpleNamespace(
+        jvm=jvm, gateway=spark.sparkContext._gateway,
+        fs=jvm.org.apache.hadoop.fs.FileSystem.get(uri, conf),
+        context=jvm.org.apache.hadoop.fs.FileContext.getFileContext(uri, conf),
+    )
+
+
+def test_the_session_writes_files_through_the_local_file_system(hadoop: SimpleNamespace) -> None:
+    assert hadoop.fs.getClass().getName() == "sessionlake.hadoop.LocalFileSystem"
+    assert hadoop.fs.getRawFileSystem().getClass().getName() == \
+        "sessionlake.hadoop.RawLocalFileSystem"
+    assert hadoop.context.getDefaultFileSystem().getClass().getName() == \
+        "sessionlake.hadoop.LocalFs"
+
+
+def test_a_created_file_gets_the_permission_asked_for(
+    hadoop: SimpleNamespace, tmp_path: Path
+) -> None:
+    path = hadoop.jvm.org.apache.hadoop.fs.Path((tmp_path / "f.txt").as_uri())
+    permission = hadoop.jvm.org.apache.hadoop.fs.permission.FsPermission(0o640)
+    stream = hadoop.fs.create(path, permission, False, 4096, 1, 1 << 20, None)
+    stream.write(b"x")
+    stream.close()
+    assert (tmp_path / "f.txt").stat().st_mode & 0o777 == 0o640
+    hadoop.fs.setPermission(path, hadoop.jvm.org.apache.hadoop.fs.permission.FsPermission(0o604))
+    assert (tmp_path / "f.txt").stat().st_mode & 0o777 == 0o604
+
+
+@pytest.mark.parametrize("name", ["file", "link", "file_uri", "link_uri"])
+def test_a_link_status_is_hadoops_own(hadoop: SimpleNamespace, tmp_path: Path, name: str) -> None:
+    """The same answer as Hadoop's local file system, which ran ``readlink`` for it."""
+    (tmp_path / "file").write_text("abc")
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    jvm = hadoop.jvm
+    given = tmp_path / name.removesuffix("_uri")
+    path = jvm.org.apache.hadoop.fs.Path(given.as_uri() if name.endswith("_uri") else str(given))
+    hadoops = jvm.org.apache.hadoop.fs.RawLocalFileSystem()
+    hadoops.initialize(jvm.java.net.URI("file:///"), hadoop.fs.getConf())
+    ours, theirs = hadoop.fs.getRawFileSystem().getFileLinkStatus(path), \
+        hadoops.getFileLinkStatus(path)
+    assert (ours.isSymlink(), ours.getLen(), ours.isFile()) == \
+        (theirs.isSymlink(), theirs.getLen(), theirs.isFile())
+    assert str(ours.getPath()) == str(theirs.getPath())
+    if theirs.isSymlink():
+        assert str(ours.getSymlink()) == str(theirs.getSymlink())
+        assert ours.getSymlink().toUri().getPath() == str(tmp_path / "file")
+
+
+def test_a_missing_path_has_no_link_status(hadoop: SimpleNamespace, tmp_path: Path) -> None:
+    path = hadoop.jvm.org.apache.hadoop.fs.Path((tmp_path / "missing").as_uri())
+    with pytest.raises(Exception, match="FileNotFoundException"):
+        hadoop.fs.getRawFileSystem().getFileLinkStatus(path)
+
+
+def test_a_rename_through_the_file_context_never_overwrites(
+    hadoop: SimpleNamespace, tmp_path: Path
+) -> None:
+    """Delta's commits and Spark's checkpoint rely on it: the first writer of a name wins."""
+    jvm = hadoop.jvm
+    (tmp_path / "a.tmp").write_text("a")
+    (tmp_path / "b.tmp").write_text("b")
+
+    def path(name: str) -> Any:
+        return jvm.org.apache.hadoop.fs.Path((tmp_path / name).as_uri())
+
+    options = hadoop.gateway.new_array(jvm.org.apache.hadoop.fs.Options.Rename, 1)
+    options[0] = jvm.org.apache.hadoop.fs.Options.Rename.NONE
+    hadoop.context.rename(path("a.tmp"), path("00.json"), options)
+    with pytest.raises(Exception, match="FileAlreadyExistsException"):
+        hadoop.context.rename(path("b.tmp"), path("00.json"), options)
+    assert (tmp_path / "00.json").read_text() == "a"
+    assert (tmp_path / "b.tmp").read_text() == "b"
