@@ -21,7 +21,7 @@ from pathlib import Path
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from sessionlake.checkpoint import unread_bytes
+from sessionlake.checkpoint import unread_files
 from sessionlake.spark import build_spark, quick_start_for
 
 SCHEMA = StructType([
@@ -42,12 +42,12 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     # The same JVM as sessionlake's: its garbage collector, class archive and, for a run
     # with little to read, C1 only (by the same rule, on the peer's own checkpoint).
-    unread = unread_bytes(Path(args.source), Path(args.checkpoint))
+    unread = unread_files(Path(args.source), Path(args.checkpoint))
     spark = build_spark(
         "local[*]", app_name="peer-session-window", shuffle_partitions=4,
         conf={"spark.sql.streaming.stateStore.providerClass":
               "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"},
-        quick_start=quick_start_for(unread),
+        quick_start=quick_start_for(unread, args.max_files_per_trigger),
     )
     reader = spark.readStream.schema(SCHEMA)
     if args.max_files_per_trigger:

@@ -14,6 +14,7 @@ import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -103,10 +104,24 @@ def batch_lock(folder: Path | None, timeout: float | None = None) -> Iterator[No
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def unread_input_bytes(source: str, checkpoint: str) -> int | None:
-    """How many bytes of the landing folder ``source`` a run on ``checkpoint`` would read
-    now: the files of which the stream has committed no batch (new files, and those of a
-    batch planned but not committed, which runs again). Hidden files (``.``, ``_``) do not
+@dataclass(frozen=True)
+class UnreadInput:
+    """What a run on a checkpoint would read now: the files of which no batch committed."""
+
+    bytes: int
+    files: int
+
+    def batches(self, max_files_per_trigger: int | None = None) -> int:
+        """How many micro-batches an available-now run makes of these files."""
+        if not self.files:
+            return 0
+        return -(-self.files // max_files_per_trigger) if max_files_per_trigger else 1
+
+
+def unread_input(source: str, checkpoint: str) -> UnreadInput | None:
+    """What of the landing folder ``source`` a run on ``checkpoint`` would read now: the
+    files of which the stream has committed no batch (new files, and those of a batch
+    planned but not committed, which runs again). Hidden files (``.``, ``_``) do not
     count, as Spark skips them.
 
     ``None`` when that cannot be told without a Spark of its own: a Kafka topic, a landing
@@ -120,23 +135,24 @@ def unread_input_bytes(source: str, checkpoint: str) -> int | None:
     if folder is None or checkpoint_folder is None:
         return None
     try:
-        return unread_bytes(folder, checkpoint_folder / SPARK_CHECKPOINT)
+        return unread_files(folder, checkpoint_folder / SPARK_CHECKPOINT)
     except (OSError, ValueError, KeyError, TypeError) as error:
         log.warning("cannot size the input to read in %s: %s", source, error)
         return None
 
 
-def unread_bytes(folder: Path, spark_checkpoint: Path) -> int:
-    """The bytes of the files in ``folder`` (but hidden ones) that no committed batch of
-    the Spark checkpoint ``spark_checkpoint`` read."""
+def unread_files(folder: Path, spark_checkpoint: Path) -> UnreadInput:
+    """The files in ``folder`` (but hidden ones) that no committed batch of the Spark
+    checkpoint ``spark_checkpoint`` read: how many, and their bytes."""
     read = files_read(spark_checkpoint)
     folder = folder.absolute()  # as Spark qualifies it: symbolic links stay as named
-    total = 0
+    total = files = 0
     for path in folder.rglob("*"):
         hidden = any(part.startswith((".", "_")) for part in path.relative_to(folder).parts)
         if not hidden and path.is_file() and str(path) not in read:
             total += path.stat().st_size
-    return total
+            files += 1
+    return UnreadInput(bytes=total, files=files)
 
 
 def files_read(spark_checkpoint: Path) -> set[str]:

@@ -292,15 +292,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _quick_start(settings: Settings) -> bool:
     """Whether this run's driver compiles with C1 only, by what it has to read; logged."""
-    from sessionlake.checkpoint import unread_input_bytes
-    from sessionlake.spark import QUICK_START_MAX_BYTES, quick_start_for
+    from sessionlake.checkpoint import unread_input
+    from sessionlake.spark import QUICK_START_MAX_BATCHES, QUICK_START_MAX_BYTES, quick_start_for
 
     follows = settings.trigger != "available-now"  # runs for as long as it is left to
-    unread = None if follows else unread_input_bytes(settings.source or "", settings.checkpoint)
-    quick = quick_start_for(unread)
-    size = "unknown" if unread is None else f"{unread / 2**20:.1f} MiB"
-    log.info("input to read: %s; the driver compiles with %s (C1 only up to %d MiB)", size,
-             "C1 only" if quick else "C1 and C2", QUICK_START_MAX_BYTES // 2**20)
+    unread = None if follows else unread_input(settings.source or "", settings.checkpoint)
+    quick = quick_start_for(unread, settings.max_files_per_trigger)
+    size = "unknown" if unread is None else (
+        f"{unread.bytes / 2**20:.1f} MiB in {unread.batches(settings.max_files_per_trigger)}"
+        " batch(es)")
+    log.info("input to read: %s; the driver compiles with %s (C1 only up to %d MiB in %d "
+             "batches)", size, "C1 only" if quick else "C1 and C2",
+             QUICK_START_MAX_BYTES // 2**20, QUICK_START_MAX_BATCHES)
     return quick
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from sessionlake.checkpoint import files_read, unread_input_bytes
+from sessionlake.checkpoint import UnreadInput, files_read, unread_input
 from sessionlake.config import settings_from
 from sessionlake.stream import run_stream
 from tests.helpers import NOW, event
@@ -33,23 +33,23 @@ def test_a_real_checkpoint_counts_new_files_and_uncommitted_batches(
     second = _land(landing, "b.jsonl", ["u3"], 1)
     settings = settings_from({"lake": str(tmp_path / "lake"), "source": str(landing),
                               "max_files_per_trigger": 1}, env={})
-    assert unread_input_bytes(str(landing), settings.checkpoint) == (
-        first.stat().st_size + second.stat().st_size)  # no checkpoint yet
+    assert unread_input(str(landing), settings.checkpoint) == UnreadInput(
+        first.stat().st_size + second.stat().st_size, files=2)  # no checkpoint yet
     assert len(run_stream(spark, settings, clock=lambda: NOW).processed) == 2
     assert files_read(Path(settings.checkpoint) / "spark") == {str(first), str(second)}
-    assert unread_input_bytes(str(landing), settings.checkpoint) == 0
+    assert unread_input(str(landing), settings.checkpoint) == UnreadInput(0, files=0)
 
     third = _land(landing, "c.jsonl", ["u4", "u5", "u6"], 2)
     (landing / ".c.jsonl.crc").write_text("hidden")  # Spark skips these; so does the count
     (landing / "_SUCCESS").write_text("")
-    assert unread_input_bytes(str(landing), settings.checkpoint) == third.stat().st_size
-    assert unread_input_bytes(f"file://{landing}", f"file://{settings.checkpoint}") == (
-        third.stat().st_size)
+    only_third = UnreadInput(third.stat().st_size, files=1)
+    assert unread_input(str(landing), settings.checkpoint) == only_third
+    assert unread_input(f"file://{landing}", f"file://{settings.checkpoint}") == only_third
 
     # A batch planned but not committed (a crash before its commit) is read again.
     (Path(settings.checkpoint) / "spark" / "commits" / "1").unlink()
-    assert unread_input_bytes(str(landing), settings.checkpoint) == (
-        second.stat().st_size + third.stat().st_size)
+    assert unread_input(str(landing), settings.checkpoint) == UnreadInput(
+        second.stat().st_size + third.stat().st_size, files=2)
 
 
 def _source_log(checkpoint: Path, entries: dict[str, list[tuple[str, int]]],
@@ -89,7 +89,7 @@ def test_files_read_follow_spark_s_source_log(
     ("", "/c"),
 ])
 def test_input_that_cannot_be_sized_here_is_unknown(source: str, checkpoint: str) -> None:
-    assert unread_input_bytes(source, checkpoint) is None
+    assert unread_input(source, checkpoint) is None
 
 
 @pytest.mark.parametrize("entry", ["not json", '{"timestamp": 0, "batchId": 0}'])
@@ -101,4 +101,13 @@ def test_a_source_log_spark_would_not_read_makes_the_size_unknown(
     (landing / "a.jsonl").write_text("{}\n")
     _source_log(tmp_path / "cp", {}, committed=0)
     (tmp_path / "cp" / "spark" / "sources" / "0" / "0").write_text(f"v1\n{entry}\n")
-    assert unread_input_bytes(str(landing), str(tmp_path / "cp")) is None
+    assert unread_input(str(landing), str(tmp_path / "cp")) is None
+
+
+@pytest.mark.parametrize(("files", "per_batch", "batches"), [
+    (0, None, 0), (0, 1, 0), (1, None, 1), (10, None, 1), (10, 1, 10), (10, 3, 4), (9, 3, 3),
+])
+def test_an_available_now_run_makes_batches_of_its_files(
+    files: int, per_batch: int | None, batches: int
+) -> None:
+    assert UnreadInput(bytes=100 * files, files=files).batches(per_batch) == batches

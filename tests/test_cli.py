@@ -80,7 +80,7 @@ def test_run_then_restart_on_another_master_then_query(tmp_path: Path) -> None:
                   str(lake), "--master", "local[2]", "--shuffle-partitions", "3")
     assert second.returncode == 0, second.stderr
     unread = (landing / "b.log").stat().st_size / 2**20  # a.log's batch was committed
-    assert (f"input to read: {unread:.1f} MiB; the driver compiles with C1 only"
+    assert (f"input to read: {unread:.1f} MiB in 1 batch(es); the driver compiles with C1 only"
             in second.stderr)
     assert "processed 1 micro-batch(es): 1500 records, 1500 accepted" in second.stdout
 

@@ -15,6 +15,7 @@ import pytest
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
+from sessionlake.checkpoint import UnreadInput
 from sessionlake.config import ConfigError
 from sessionlake.spark import (
     CODEGEN_KEYS,
@@ -25,6 +26,7 @@ from sessionlake.spark import (
     LOG_CONFIG,
     PACKAGE_DIR,
     QUICK_START_JIT,
+    QUICK_START_MAX_BATCHES,
     QUICK_START_MAX_BYTES,
     THROUGHPUT_GC,
     codegen_for_batch,
@@ -181,30 +183,38 @@ def test_the_driver_jvm_runs_the_log_config_and_the_collector(spark: SparkSessio
     assert java_options()["spark.executor.extraJavaOptions"] == THROUGHPUT_GC
 
 
-@pytest.mark.parametrize(("mode", "unread", "quick"), [
-    (None, 0, True),
-    (None, QUICK_START_MAX_BYTES, True),
-    (None, QUICK_START_MAX_BYTES + 1, False),
-    (None, None, False),  # unknown: a topic, a remote folder, a run that keeps following
-    ("auto", 10, True),
-    ("quick", None, True),
-    ("QUICK", 10 * QUICK_START_MAX_BYTES, True),
-    ("full", 0, False),
+_SMALL = UnreadInput(bytes=10, files=1)
+
+
+@pytest.mark.parametrize(("mode", "unread", "per_batch", "quick"), [
+    (None, UnreadInput(0, files=0), None, True),
+    (None, UnreadInput(QUICK_START_MAX_BYTES, files=1), None, True),
+    (None, UnreadInput(QUICK_START_MAX_BYTES + 1, files=1), None, False),
+    (None, UnreadInput(10, files=100), None, True),  # one batch of them all
+    (None, UnreadInput(10, files=QUICK_START_MAX_BATCHES), 1, True),
+    (None, UnreadInput(10, files=QUICK_START_MAX_BATCHES + 1), 1, False),
+    (None, UnreadInput(10, files=2 * QUICK_START_MAX_BATCHES), 2, True),
+    (None, None, None, False),  # unknown: a topic, a remote folder, a run that keeps following
+    ("auto", _SMALL, None, True),
+    ("quick", None, None, True),
+    ("QUICK", UnreadInput(10 * QUICK_START_MAX_BYTES, files=50), 1, True),
+    ("full", _SMALL, None, False),
 ])
 def test_a_run_with_little_to_read_compiles_with_c1_only(
-    monkeypatch: pytest.MonkeyPatch, mode: str | None, unread: int | None, quick: bool
+    monkeypatch: pytest.MonkeyPatch, mode: str | None, unread: UnreadInput | None,
+    per_batch: int | None, quick: bool,
 ) -> None:
     if mode is None:
         monkeypatch.delenv(DRIVER_JIT_ENV, raising=False)
     else:
         monkeypatch.setenv(DRIVER_JIT_ENV, mode)
-    assert quick_start_for(unread) is quick
+    assert quick_start_for(unread, per_batch) is quick
 
 
 def test_a_wrong_jit_choice_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(DRIVER_JIT_ENV, "fast")
     with pytest.raises(ConfigError, match="SESSIONLAKE_DRIVER_JIT must be auto, quick or full"):
-        quick_start_for(0)
+        quick_start_for(_SMALL)
 
 
 def test_only_the_driver_of_a_quick_start_stops_at_c1() -> None:

@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 
 from sessionlake import orchestration as orch
-from sessionlake.spark import DRIVER_JIT_ENV, QUICK_START_JIT, QUICK_START_MAX_BYTES
+from sessionlake.spark import (
+    DRIVER_JIT_ENV,
+    QUICK_START_JIT,
+    QUICK_START_MAX_BATCHES,
+    QUICK_START_MAX_BYTES,
+)
 
 WHERE = orch.Locations(lake="/l", source="/in", checkpoint="/l/_checkpoints/stream")
 
@@ -198,6 +203,13 @@ def test_a_small_landing_starts_the_micro_batch_driver_with_c1_only(
             "spark.driver.extraJavaOptions"]
 
     assert QUICK_START_JIT in driver_options()
+    # Many small batches: each plans the same queries, which C2's code plans faster.
+    for n in range(QUICK_START_MAX_BATCHES):
+        (landing / f"more-{n}.jsonl").write_text("{}\n")
+    monkeypatch.setenv("SESSIONLAKE_MAX_FILES_PER_TRIGGER", "1")
+    assert QUICK_START_JIT not in driver_options()
+    monkeypatch.delenv("SESSIONLAKE_MAX_FILES_PER_TRIGGER")
+    assert QUICK_START_JIT in driver_options()  # one batch of them all
     with open(landing / "big.jsonl", "wb") as big:  # sparse: sized, not written
         big.truncate(QUICK_START_MAX_BYTES)
     assert QUICK_START_JIT not in driver_options()
