@@ -60,6 +60,7 @@ from sessionlake.tables import (
     append,
     batch_commit_metrics,
     committed_by,
+    literal_row,
     read_table,
     table_version,
 )
@@ -576,7 +577,7 @@ def _process_locked(
             max_event_time, watermark, watermark_after, started,
         )
         schema = read_table(spark, lake, BATCH_METRICS).schema
-        _append_once(spark.createDataFrame([Row(**row)], schema), lake, BATCH_METRICS, key,
+        _append_once(literal_row(spark, row, schema), lake, BATCH_METRICS, key,
                      inputs.written_after(BATCH_METRICS))
         faults.point("after_metrics")
         mark_done(spark, settings, identity, batch_id, max_event_time, open_after)

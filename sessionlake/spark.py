@@ -127,11 +127,27 @@ def java_options(quick_start: bool = False) -> dict[str, str]:
     driver = [f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}", THROUGHPUT_GC,
               driver_archive_option(), QUICK_START_JIT if quick_start else ""]
     jar = local_fs_jar()
+    class_path = [str(jar)] if jar else []
+    if class_path and (theirs := administrators_driver_class_path()):
+        class_path.append(theirs)  # which a value given here would replace
     return {
         "spark.driver.extraJavaOptions": " ".join(option for option in driver if option),
         "spark.executor.extraJavaOptions": THROUGHPUT_GC,
-        **({"spark.driver.extraClassPath": str(jar)} if jar else {}),
+        **({"spark.driver.extraClassPath": os.pathsep.join(class_path)} if class_path else {}),
     }
+
+
+_DRIVER_CLASS_PATH = re.compile(r"^\s*spark\.driver\.extraClassPath(?:\s*[=:]\s*|\s+)(.*?)\s*$")
+
+
+def administrators_driver_class_path() -> str | None:
+    """``spark.driver.extraClassPath`` in Spark's ``spark-defaults.conf``, if set there."""
+    from sessionlake.classarchive import spark_conf_folder
+
+    defaults = spark_conf_folder() / "spark-defaults.conf"
+    lines = defaults.read_text().splitlines() if defaults.is_file() else []
+    found = [m.group(1) for line in lines if (m := _DRIVER_CLASS_PATH.match(line))]
+    return found[-1] if found and found[-1] else None
 
 
 #: sessionlake's local file system for Hadoop (``build/hadoop/``, compiled into the jars

@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from sessionlake import storage
 from sessionlake.deltalog import (
@@ -161,6 +163,19 @@ def read_table(
     if version is not None:
         reader = reader.option("versionAsOf", version)
     return reader.load(table_path(lake, table))
+
+
+def literal_row(spark: SparkSession, row: Mapping[str, Any], schema: StructType) -> DataFrame:
+    """``row`` as a one-row DataFrame of ``schema``'s columns (missing values are null).
+
+    Made of literals, it is computed in the JVM. ``createDataFrame`` of local rows is
+    computed by a Python worker on an executor, and the first one of a process starts
+    Spark's Python worker daemon, only to unpickle a row.
+    """
+    return spark.range(1).select(*[
+        F.lit(row.get(field.name)).cast(field.dataType).alias(field.name)
+        for field in schema.fields
+    ])
 
 
 def table_version(spark: SparkSession, lake: str, table: str) -> int:

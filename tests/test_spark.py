@@ -224,10 +224,29 @@ def test_only_the_driver_of_a_quick_start_stops_at_c1() -> None:
     assert QUICK_START_JIT not in quick["spark.executor.extraJavaOptions"]
 
 
-def test_the_local_file_system_is_built_and_on_the_drivers_class_path() -> None:
+def test_the_local_file_system_is_built_and_on_the_drivers_class_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     jar = local_fs_jar()
     assert jar is not None, "make jars builds it"
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
     assert java_options()["spark.driver.extraClassPath"] == str(jar)
+
+
+@pytest.mark.parametrize("line", [
+    "spark.driver.extraClassPath /opt/a.jar:/opt/b.jar",
+    "spark.driver.extraClassPath=/opt/a.jar:/opt/b.jar",
+    "  spark.driver.extraClassPath : /opt/a.jar:/opt/b.jar  ",
+])
+def test_an_administrators_driver_class_path_is_kept_after_the_jar(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, line: str
+) -> None:
+    """spark-submit takes a class path given to it over spark-defaults.conf's."""
+    (tmp_path / "spark-defaults.conf").write_text(
+        f"# an administrator's\nspark.driver.memory 2g\n{line}\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert java_options()["spark.driver.extraClassPath"] == \
+        f"{local_fs_jar()}:/opt/a.jar:/opt/b.jar"
 
 
 @pytest.mark.parametrize(("master", "on_class_path", "switch", "chosen"), [

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.testing import assertDataFrameEqual
 
 from sessionlake.tables import (
     ALL_TABLES,
+    BATCH_METRICS,
     EVENTS,
     OPEN_SESSIONS,
     ensure_tables,
+    literal_row,
     read_table,
     table_exists,
     table_path,
@@ -41,3 +45,18 @@ def test_creating_tables_keeps_the_bucket_count_of_an_existing_lake(
 ) -> None:
     assert ensure_tables(spark, lake, user_buckets=4) == 4
     assert ensure_tables(spark, lake, user_buckets=16) == 4
+
+
+def test_a_literal_row_is_the_row_created_from_python(spark: SparkSession, lake: str) -> None:
+    ensure_tables(spark, lake)
+    schema = read_table(spark, lake, BATCH_METRICS).schema
+    at = datetime(2026, 1, 5, 10, 30, 1, 250_000, tzinfo=UTC)
+    row = {field.name: 7 for field in schema.fields if field.dataType.typeName() == "long"}
+    row.update(stream_id="s-1", started_at=at, finished_at=at, max_event_time=None,
+               watermark_before=at, watermark_after=None)
+    frame = literal_row(spark, row, schema)
+    assert frame.schema.names == schema.names
+    assert "Range" in frame._jdf.queryExecution().optimizedPlan().toString()  # no Python rows
+    assertDataFrameEqual(frame, spark.createDataFrame([row], schema))
+    del row["merge_duration_ms"]
+    assert literal_row(spark, row, schema).head()["merge_duration_ms"] is None
