@@ -11,8 +11,9 @@ the run task, and the one-slot pool `sessionlake_checkpoint` shared with every t
 writes the checkpoint (restore, restart, retention), so those queue instead of colliding;
 the job itself refuses to start while another run holds the checkpoint's lock.
 
-When what landed since the last run is small (up to 32 MiB), the job's driver JVM
-compiles with C1 only, which starts a short run faster (`SESSIONLAKE_DRIVER_JIT` overrides).
+When what landed since the last run is small (up to 32 MiB, in up to five micro-batches of
+`SESSIONLAKE_MAX_FILES_PER_TRIGGER` files), the job's driver JVM compiles with C1 only,
+which starts a short run faster (`SESSIONLAKE_DRIVER_JIT` overrides).
 
 Params: `shuffle_partitions` (>= 1; may change between runs, the checkpoint has no state).
 """

@@ -20,6 +20,7 @@ os.environ["SPARK_CONF_DIR"] = str(Path(__file__).resolve().parent / "spark-conf
 os.environ["TZ"] = "UTC"
 time.tzset()
 
+from pyspark import SparkContext  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 from sessionlake.config import Settings, settings_from  # noqa: E402
@@ -61,7 +62,10 @@ def spark() -> Iterator[SparkSession]:
         "local[2]",
         app_name="sessionlake-tests",
         shuffle_partitions=2,
-        conf={"spark.ui.enabled": "false", "spark.driver.memory": "2g"},
+        conf={"spark.ui.enabled": "false", "spark.driver.memory": "2g",
+              # The SQL status store keeps each query's plan description even with the UI
+              # off; a worker runs thousands of queries, and the batch's plans are large.
+              "spark.sql.ui.retainedExecutions": "50"},
     )
     # The JVMs the tests start from here on (CLI runs, the DAGs' spark-submit) live for a
     # minute or two: C1 alone compiles what they run for about 40% less CPU than with C2
@@ -76,6 +80,22 @@ def spark() -> Iterator[SparkSession]:
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_the_modules_delta_logs() -> Iterator[None]:
+    """After each test module, drop the Delta logs the worker's JVM keeps cached.
+
+    One JVM runs every module of its worker. Delta caches the log of each table it opened
+    for an hour, with its snapshot's plans and cached state: a worker opens hundreds of
+    tables in tmp lakes, and by the end of a run its 2 GB heap was full of them (292 logs,
+    381 snapshots, 1.3 million plan nodes), and garbage collection took most of its time
+    (890 full collections, 1,109 s).
+    """
+    yield
+    context = SparkContext._active_spark_context
+    if context is not None:
+        context._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
 
 
 @pytest.fixture(scope="session")
