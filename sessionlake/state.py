@@ -47,6 +47,14 @@ MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 #: Above this, as in a backfill's batch, the source is too big to copy to every task.
 BROADCAST_SOURCE_ROWS_MAX = 100_000
 
+#: Source rows up to which the MERGE's condition names the source's session ids as
+#: literals. Delta joins the state to the source twice: to find the rows to delete (an
+#: inner join, for which the small source is shipped to every task), and to write the rows
+#: it updates and inserts, an outer join whose source side Spark cannot ship, so it
+#: shuffled and sorted every state row of the touched buckets to meet a few source rows.
+#: Named as literals, the ids filter the state where it is read, before any shuffle.
+LITERAL_KEYS_MAX = 10_000
+
 
 @dataclass(frozen=True)
 class MergeResult:
@@ -95,6 +103,8 @@ def apply_changelog_merge(
         & (F.col("t.user_bucket") == F.col("s.user_bucket"))
         & (F.col("t.session_id") == F.col("s.session_id"))
     )
+    if source_rows is not None and source_rows <= LITERAL_KEYS_MAX:
+        condition &= F.col("t.session_id").isin(source_session_ids(source))
     values: dict[str, str | Column] = {c: F.col(f"s.{c}") for c in OPEN_SESSION_COLUMNS}
     small = source_rows is not None and source_rows <= BROADCAST_SOURCE_ROWS_MAX
     changes = (F.broadcast(source) if small else source).alias("s")
@@ -124,6 +134,11 @@ def apply_changelog_merge(
         version, metrics = committed
         return merge_result(metrics, version)
     return merge_result(last_operation_metrics(spark, lake, OPEN_SESSIONS, operation="MERGE"))
+
+
+def source_session_ids(source: DataFrame) -> list[str]:
+    """The distinct session ids of a MERGE source, sorted (so a replay plans the same)."""
+    return sorted(row[0] for row in source.select("session_id").distinct().collect())
 
 
 def merge_result(metrics: dict[str, int], version: int | None = None) -> MergeResult:

@@ -82,14 +82,19 @@ def test_event_near_a_closed_session_is_late(
         assert reasons["probe"].startswith("within the gap of closed session")
 
 
+@pytest.mark.parametrize("keys", ["named", "joined"])
 @pytest.mark.parametrize("merge_source", ["shipped to every task", "shuffled"])
 def test_late_event_bridges_two_open_sessions(
-    spark: SparkSession, lake: str, merge_source: str, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, lake: str, merge_source: str, keys: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The MERGE updates one open session and deletes the other, whichever way it joins
-    its source (small: broadcast, see ``state.BROADCAST_SOURCE_ROWS_MAX``) to the state."""
+    its source (small: broadcast, see ``state.BROADCAST_SOURCE_ROWS_MAX``) to the state,
+    and whether its condition names the source's session ids (``state.LITERAL_KEYS_MAX``)."""
     if merge_source == "shuffled":
         monkeypatch.setattr(state, "BROADCAST_SOURCE_ROWS_MAX", 0)
+    if keys == "joined":
+        monkeypatch.setattr(state, "LITERAL_KEYS_MAX", 0)
     cfg = settings(lake, grace="60m")
     run_batches(spark, cfg, [
         [event("u", "10:00", "/a"), event("u", "10:50", "/c")],  # two open sessions
