@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
@@ -69,7 +70,7 @@ def main(argv: list[str]) -> int:
         .start(args.out)
     )
     query.awaitTermination()
-    progress = query.lastProgress or {}
+    progress: dict[str, Any] = query.lastProgress or {}
     operators = progress.get("stateOperators") or [{}]
     print(json.dumps({"state_rows": operators[0].get("numRowsTotal")}))
     return 0
