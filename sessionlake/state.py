@@ -3,9 +3,9 @@
 The MERGE's condition names the user buckets of its source rows as literals, so Delta
 prunes every other partition before it looks for matches: the MERGE reads the buckets of the
 batch's users (and of the sessions it closes), not the whole state; a batch of more users
-than there are buckets reads them all. A small source's session ids are named as literals too, so the state rows of those
-buckets that the MERGE does not change are dropped where they are read. Deleted rows are
-recorded as deletion vectors instead of rewritten files.
+than there are buckets reads them all. A small source's session ids are named as literals
+too, so the state rows of those buckets that the MERGE does not change are dropped where
+they are read. Deleted rows are recorded as deletion vectors instead of rewritten files.
 """
 
 from __future__ import annotations
