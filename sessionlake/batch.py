@@ -450,9 +450,9 @@ def _process_locked(
         buckets = sorted(int(b) for b in stats["buckets"])
         dates = sorted(_EPOCH.date() + timedelta(days=int(d)) for d in stats["days"])
         # The batch works through its records and the open sessions of its users' buckets.
-        work = int(stats["input"]) + open_sessions_estimate(
-            spark, settings, identity, batch_id) * len(buckets) // (
-                settings.user_buckets * STATE_ROWS_PER_RECORD)
+        open_estimate = open_sessions_estimate(spark, settings, identity, batch_id)
+        work = int(stats["input"]) + open_estimate * len(buckets) // (
+            settings.user_buckets * STATE_ROWS_PER_RECORD)
         fit_codegen_to_batch(spark, work)
         if lines.sparkSession is not spark:  # the stream's clone, owner of the batch's frames
             fit_codegen_to_batch(lines.sparkSession, work)
@@ -553,9 +553,11 @@ def _process_locked(
 
         def update_state() -> tuple[MergeResult, OpenCount]:
             faults.point("before_merge")
-            merged = apply_changelog_merge(spark, lake, source, counts["merge_buckets"], key,
-                                           inputs.written_after(OPEN_SESSIONS),
-                                           counts["changes"])
+            merged = apply_changelog_merge(
+                spark, lake, source, counts["merge_buckets"], key,
+                inputs.written_after(OPEN_SESSIONS), counts["changes"],
+                open_estimate * len(counts["merge_buckets"]) // settings.user_buckets,
+            )
             faults.point("after_merge")
             return merged, count_open_sessions(spark, lake, open_count_before, state_version,
                                                merged)

@@ -49,17 +49,23 @@ MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 #: Above this, as in a backfill's batch, the source is too big to copy to every task.
 BROADCAST_SOURCE_ROWS_MAX = 100_000
 
-#: Source rows up to which the MERGE's condition names the source's session ids as
-#: literals. Delta joins the state to the source twice: to find the rows to delete (an
-#: inner join, for which the small source is shipped to every task), and to write the rows
-#: it updates and inserts, an outer join whose source side Spark cannot ship, so it
-#: shuffled and sorted every state row of the touched buckets to meet a few source rows.
+#: Source rows up to which the MERGE's condition may name the source's session ids as
+#: literals (see :func:`names_session_ids`). Delta joins the state to the source twice:
+#: to find the rows to delete (an inner join, for which the small source is shipped to
+#: every task), and to write the rows it updates and inserts, an outer join whose source
+#: side Spark cannot ship, so it shuffled and sorted every state row of the touched
+#: buckets to meet a few source rows.
 #: Named as literals, the ids filter the state where it is read, before any shuffle. But
 #: every literal is planned, by Spark and by Delta, in each of the MERGE's queries: over
 #: 10^6 open sessions (a new process, runs alternating), the MERGE of 1,000 changes waited
 #: 4.4-4.7 s named against 5.6-6.2 joined, of 3,000 changes 7.0 s against 4.8-6.2, and of
 #: 9,000 changes 11.3 s against 5.5-6.2.
 LITERAL_KEYS_MAX = 1_000
+
+#: State rows in the touched buckets, per source row, from which the ids are worth naming:
+#: over 10^4 open sessions the MERGE of 1,000 changes waited 2.4-2.6 s named against
+#: 1.8-2.1 joined, while 100 changes were even either way.
+STATE_ROWS_PER_LITERAL = 100
 
 
 @dataclass(frozen=True)
@@ -85,12 +91,16 @@ def apply_changelog_merge(
     batch: BatchKey | None,
     replay_after: int | None = None,
     source_rows: int | None = None,
+    state_rows: int | None = None,
 ) -> MergeResult:
     """Apply ``source`` (from :func:`sessionlake.changelog.merge_source`) in one MERGE.
 
     :param buckets: the user buckets present in ``source``; only those partitions are read.
     :param source_rows: about how many rows ``source`` holds, when known: up to
         :data:`BROADCAST_SOURCE_ROWS_MAX` it is joined to the state without a shuffle.
+    :param state_rows: about how many rows of ``open_sessions`` the touched buckets hold,
+        when known: with ``source_rows``, whether the condition names the source's session
+        ids (:func:`names_session_ids`).
     :param batch: the micro-batch the MERGE belongs to; its commit is tagged with it.
     :param replay_after: on a replay of ``batch``, the version of ``open_sessions`` before
         its first attempt: a MERGE of the batch committed after it is not done again.
@@ -109,7 +119,7 @@ def apply_changelog_merge(
         & (F.col("t.user_bucket") == F.col("s.user_bucket"))
         & (F.col("t.session_id") == F.col("s.session_id"))
     )
-    if source_rows is not None and source_rows <= LITERAL_KEYS_MAX:
+    if names_session_ids(source_rows, state_rows):
         condition &= F.col("t.session_id").isin(source_session_ids(source))
     values: dict[str, str | Column] = {c: F.col(f"s.{c}") for c in OPEN_SESSION_COLUMNS}
     small = source_rows is not None and source_rows <= BROADCAST_SOURCE_ROWS_MAX
@@ -140,6 +150,24 @@ def apply_changelog_merge(
         version, metrics = committed
         return merge_result(metrics, version)
     return merge_result(last_operation_metrics(spark, lake, OPEN_SESSIONS, operation="MERGE"))
+
+
+def names_session_ids(source_rows: int | None, state_rows: int | None) -> bool:
+    """Whether the MERGE's condition names its source's session ids as literals.
+
+    Worth it for a small source over much state: the literals spare the shuffle and sort
+    of the touched buckets' state, and cost their planning, which grows with their number
+    (see :data:`LITERAL_KEYS_MAX`, :data:`STATE_ROWS_PER_LITERAL`). Unknown sizes: no.
+
+    Example::
+
+        names_session_ids(100, 1_000_000)    # True
+        names_session_ids(1_000, 10_000)     # False: too little state to spare
+        names_session_ids(3_000, 1_000_000)  # False: too many literals to plan
+    """
+    if source_rows is None or state_rows is None:
+        return False
+    return source_rows <= LITERAL_KEYS_MAX and state_rows >= STATE_ROWS_PER_LITERAL * source_rows
 
 
 def source_session_ids(source: DataFrame) -> list[str]:

@@ -90,11 +90,12 @@ def test_late_event_bridges_two_open_sessions(
 ) -> None:
     """The MERGE updates one open session and deletes the other, whichever way it joins
     its source (small: broadcast, see ``state.BROADCAST_SOURCE_ROWS_MAX``) to the state,
-    and whether its condition names the source's session ids (``state.LITERAL_KEYS_MAX``)."""
+    and whether its condition names the source's session ids (``state.names_session_ids``:
+    a few rows of state are too few for that, unless the threshold says otherwise)."""
     if merge_source == "shuffled":
         monkeypatch.setattr(state, "BROADCAST_SOURCE_ROWS_MAX", 0)
-    if keys == "joined":
-        monkeypatch.setattr(state, "LITERAL_KEYS_MAX", 0)
+    if keys == "named":
+        monkeypatch.setattr(state, "STATE_ROWS_PER_LITERAL", 0)
     cfg = settings(lake, grace="60m")
     run_batches(spark, cfg, [
         [event("u", "10:00", "/a"), event("u", "10:50", "/c")],  # two open sessions
@@ -193,13 +194,17 @@ def test_the_open_session_count_is_carried_in_the_ledger_for_the_next_batch(
     assert open_sessions_estimate(spark, cfg, StreamIdentity("ledger", 1), 2) == 0
 
 
-@pytest.mark.parametrize("outside_write", [False, True])
+@pytest.mark.parametrize(("outside_write", "keys"), [(False, "named"), (True, "joined")])
 def test_the_open_session_count_follows_the_table(
-    spark: SparkSession, lake: str, outside_write: bool
+    spark: SparkSession, lake: str, outside_write: bool, keys: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Each batch's ``open_sessions`` figure is the table's row count after it, whether it
     comes from the previous count and the MERGE's metrics or, after another writer changed
-    the table between two batches, from counting it."""
+    the table between two batches, from counting it. The MERGEs (extensions, and sessions
+    of users outside the batch that close) run with their session ids named in one case
+    and joined in the other (``state.names_session_ids``)."""
+    monkeypatch.setattr(state, "STATE_ROWS_PER_LITERAL", 0 if keys == "named" else 10**9)
     cfg = settings(lake)
     identity = StreamIdentity("counts", 0)
     batches = [
