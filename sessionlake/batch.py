@@ -449,10 +449,14 @@ def _process_locked(
         valid = valid_events(guarded)
         buckets = sorted(int(b) for b in stats["buckets"])
         dates = sorted(_EPOCH.date() + timedelta(days=int(d)) for d in stats["days"])
-        # The batch works through its records and the open sessions of its users' buckets.
         open_estimate = open_sessions_estimate(spark, settings, identity, batch_id)
-        work = int(stats["input"]) + open_estimate * len(buckets) // (
-            settings.user_buckets * STATE_ROWS_PER_RECORD)
+
+        def open_sessions_in(touched: list[int]) -> int:
+            """About how many open sessions the ``touched`` buckets hold."""
+            return open_estimate * len(touched) // settings.user_buckets
+
+        # The batch works through its records and the open sessions of its users' buckets.
+        work = int(stats["input"]) + open_sessions_in(buckets) // STATE_ROWS_PER_RECORD
         fit_codegen_to_batch(spark, work)
         if lines.sparkSession is not spark:  # the stream's clone, owner of the batch's frames
             fit_codegen_to_batch(lines.sparkSession, work)
@@ -556,7 +560,7 @@ def _process_locked(
             merged = apply_changelog_merge(
                 spark, lake, source, counts["merge_buckets"], key,
                 inputs.written_after(OPEN_SESSIONS), counts["changes"],
-                open_estimate * len(counts["merge_buckets"]) // settings.user_buckets,
+                open_sessions_in(counts["merge_buckets"]),
             )
             faults.point("after_merge")
             return merged, count_open_sessions(spark, lake, open_count_before, state_version,
