@@ -11,13 +11,11 @@ duration such as `45m`).
 
 from __future__ import annotations
 
-from typing import Any
-
 import pendulum
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Param, task
 
 from sessionlake import orchestration as orch
+from sessionlake.airflow_tasks import submit_job, trigger_params
 
 with DAG(
     dag_id="sessionlake_backfill",
@@ -36,18 +34,9 @@ with DAG(
 ):
 
     @task(multiple_outputs=True)
-    def validate_params(params: dict[str, Any]) -> orch.SparkJob:
+    def validate_params() -> orch.SparkJob:
         """Check the params and build the job before any data is touched."""
-        checked = orch.validate_backfill_params(params)
+        checked = orch.validate_backfill_params(trigger_params())
         return orch.spark_job(orch.backfill_args(orch.locations_from_env(), checked))
 
-    job = validate_params()
-    SparkSubmitOperator(
-        task_id="backfill",
-        conn_id="spark_default",
-        application=str(orch.JOB_SCRIPT),
-        application_args=job["args"],
-        conf=job["conf"],
-        env_vars=job["env"],
-        name="sessionlake-backfill",
-    )
+    submit_job(validate_params(), task_id="backfill", name="sessionlake-backfill")

@@ -21,13 +21,12 @@ Params: `shuffle_partitions` (>= 1; may change between runs, the checkpoint has 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 import pendulum
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Param, task
 
 from sessionlake import orchestration as orch
+from sessionlake.airflow_tasks import submit_job, trigger_params
 
 with DAG(
     dag_id="sessionlake_microbatch",
@@ -45,20 +44,10 @@ with DAG(
 ):
 
     @task(multiple_outputs=True)
-    def validate_params(params: dict[str, Any]) -> orch.SparkJob:
+    def validate_params() -> orch.SparkJob:
         """Check the params and build the job before any data is touched."""
-        checked = orch.validate_microbatch_params(params)
+        checked = orch.validate_microbatch_params(trigger_params())
         return orch.microbatch_job(orch.locations_from_env(), checked)
 
-    job = validate_params()
-    SparkSubmitOperator(
-        task_id="run_microbatch",
-        conn_id="spark_default",
-        application=str(orch.JOB_SCRIPT),
-        application_args=job["args"],
-        conf=job["conf"],
-        env_vars=job["env"],
-        name="sessionlake-microbatch",
-        pool=orch.CHECKPOINT_POOL,
-        max_active_tis_per_dag=1,
-    )
+    submit_job(validate_params(), task_id="run_microbatch", name="sessionlake-microbatch",
+               pool=orch.CHECKPOINT_POOL, max_active_tis_per_dag=1)

@@ -27,6 +27,7 @@ import pendulum
 from airflow.sdk import DAG, Param, chain, task
 
 from sessionlake import orchestration as orch
+from sessionlake.airflow_tasks import at_run_time, trigger_params
 
 with DAG(
     dag_id="sessionlake_restart",
@@ -43,9 +44,9 @@ with DAG(
 ):
 
     @task
-    def validate_params(params: dict[str, Any]) -> list[str]:
+    def validate_params() -> list[str]:
         """Check the params and build the new run's command before anything is stopped."""
-        checked = orch.validate_restart_params(params)
+        checked = orch.validate_restart_params(trigger_params())
         return orch.continuous_run_args(orch.locations_from_env(), checked)
 
     @task(pool=orch.CHECKPOINT_POOL)
@@ -73,6 +74,6 @@ with DAG(
 
     args = validate_params()
     before = stop_running_stream()
-    pid = start_stream(args)
+    pid = start_stream(at_run_time(args))
     chain(args, before, pid)
-    verify_resumed(before, pid)
+    verify_resumed(at_run_time(before), at_run_time(pid))

@@ -13,13 +13,11 @@ Params: `erase_user_ids` (list of user ids), `sessions_max_age_days`, `events_ma
 
 from __future__ import annotations
 
-from typing import Any
-
 import pendulum
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Param, task
 
 from sessionlake import orchestration as orch
+from sessionlake.airflow_tasks import submit_job, trigger_params
 
 with DAG(
     dag_id="sessionlake_retention",
@@ -39,19 +37,10 @@ with DAG(
 ):
 
     @task(multiple_outputs=True)
-    def validate_params(params: dict[str, Any]) -> orch.SparkJob:
+    def validate_params() -> orch.SparkJob:
         """Check the params and build the job before any data is touched."""
-        checked = orch.validate_retention_params(params)
+        checked = orch.validate_retention_params(trigger_params())
         return orch.spark_job(orch.retention_args(orch.locations_from_env(), checked))
 
-    job = validate_params()
-    SparkSubmitOperator(
-        task_id="enforce_retention",
-        conn_id="spark_default",
-        application=str(orch.JOB_SCRIPT),
-        application_args=job["args"],
-        conf=job["conf"],
-        env_vars=job["env"],
-        name="sessionlake-retention",
-        pool=orch.CHECKPOINT_POOL,
-    )
+    submit_job(validate_params(), task_id="enforce_retention", name="sessionlake-retention",
+               pool=orch.CHECKPOINT_POOL)

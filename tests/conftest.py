@@ -94,7 +94,7 @@ def _forget_the_modules_delta_logs() -> Iterator[None]:
     """
     yield
     context = SparkContext._active_spark_context
-    if context is not None:
+    if context is not None and context._jvm is not None:
         context._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
 
 

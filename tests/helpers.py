@@ -12,7 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake.batch import BatchReport, StreamIdentity, process_lines
@@ -95,6 +95,13 @@ def all_sessions(spark: SparkSession, lake: str) -> DataFrame:
         "session_id", *SESSION_KEY, F.size("pages").cast("int").alias("distinct_pages")
     )
     return closed.unionByName(open_)
+
+
+def first(frame: DataFrame) -> Row:
+    """The first row of ``frame``; the test fails when it has none."""
+    row = frame.head()
+    assert row is not None, "expected a row, the frame is empty"
+    return row
 
 
 def rows(frame: DataFrame, *columns: str) -> list[tuple[Any, ...]]:

@@ -15,7 +15,7 @@ from sessionlake import state
 from sessionlake.batch import StreamIdentity
 from sessionlake.config import Settings, settings_from
 from sessionlake.tables import PUBLIC_TABLES, read_table, table_path, table_version
-from tests.helpers import NOW, all_sessions, event, hm, rows, run_batches
+from tests.helpers import NOW, all_sessions, event, first, hm, rows, run_batches
 
 
 def settings(lake: str, **values: object) -> Settings:
@@ -135,7 +135,7 @@ def test_events_too_far_in_the_future_are_quarantined(
     if quarantined:
         assert "ahead of the processing time" in reasons[0]
         # One bad clock must not move the watermark.
-        assert read_table(spark, lake, "batch_metrics").head()["watermark_after"] is None
+        assert first(read_table(spark, lake, "batch_metrics"))["watermark_after"] is None
 
 
 def test_long_sessions_split_across_batches_like_in_one_batch(
@@ -234,7 +234,7 @@ def test_conservation(spark: SparkSession, lake: str) -> None:
     metrics = [r.row for r in reports]
     inputs = sum(len(b) for b in batches)
     assert sum(m["input_records"] for m in metrics) == inputs
-    in_sessions = all_sessions(spark, lake).agg(F.sum("event_count")).head()[0]
+    in_sessions = first(all_sessions(spark, lake).agg(F.sum("event_count")))[0]
     late = read_table(spark, lake, "late_events").count()
     quarantined = read_table(spark, lake, "quarantine").count()
     duplicates = sum(m["duplicates"] for m in metrics)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +32,7 @@ def test_format_duration_round_trips() -> None:
     assert format_duration(parse_duration("24h", "x")) == "1d"
 
 
-def test_flags_win_over_environment_over_defaults(tmp_path) -> None:
+def test_flags_win_over_environment_over_defaults(tmp_path: Path) -> None:
     env = {"SESSIONLAKE_LAKE": str(tmp_path / "env-lake"), "SESSIONLAKE_GAP": "10m"}
     from_env = settings_from({}, env=env)
     assert (from_env.lake, from_env.gap, from_env.grace) == (
@@ -42,7 +43,9 @@ def test_flags_win_over_environment_over_defaults(tmp_path) -> None:
     assert flagged.with_overrides(user_buckets=8).gap == timedelta(minutes=20)
 
 
-def test_relative_paths_become_absolute_and_uris_stay(tmp_path, monkeypatch) -> None:
+def test_relative_paths_become_absolute_and_uris_stay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert settings_from({"lake": "lake"}, env={}).lake == str(tmp_path / "lake")
     assert settings_from({"lake": "s3a://bucket/lake"}, env={}).lake == "s3a://bucket/lake"
@@ -74,7 +77,9 @@ def test_bad_settings_are_refused_with_their_name(values: dict, message: str) ->
         settings_from(values, env={})
 
 
-def test_kafka_settings_from_the_environment(tmp_path, monkeypatch) -> None:
+def test_kafka_settings_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     env = {"SESSIONLAKE_LAKE": "L", "SESSIONLAKE_SOURCE": "kafka",
            "SESSIONLAKE_KAFKA_BOOTSTRAP": "k1:9092, [::1]:9093",

@@ -37,6 +37,13 @@ def _time(text: str) -> datetime | None:
         return None
 
 
+def _must_time(text: str) -> datetime:
+    """The time of a record the generator wrote valid."""
+    moment = _time(text)
+    assert moment is not None, text
+    return moment
+
+
 def test_same_seed_same_bytes(tmp_path: Path) -> None:
     a = generate_clickstream(tmp_path / "a", users=20, events=300, files=3, seed=5,
                              late_fraction=0.1, duplicate_fraction=0.1, malformed_fraction=0.1)
@@ -49,11 +56,11 @@ def test_same_seed_same_bytes(tmp_path: Path) -> None:
 def test_clean_stream_is_chronological_unique_and_valid(tmp_path: Path) -> None:
     result = generate_clickstream(tmp_path, users=50, events=2000, files=5, seed=1)
     previous_max = None
-    ids = set()
+    ids: set[str] = set()
     for lines in records(result.files):
         assert all(is_valid(line) for line in lines)
         parsed = [json.loads(line) for line in lines]
-        times = [_time(p["event_time"]) for p in parsed]
+        times = [_must_time(p["event_time"]) for p in parsed]
         if previous_max is not None:
             assert min(times) >= previous_max
         previous_max = max(times)
@@ -96,7 +103,7 @@ def test_sessions_look_like_sessions(tmp_path: Path) -> None:
     by_user: dict[str, list[datetime]] = {}
     for line in records(result.files)[0]:
         record = json.loads(line)
-        by_user.setdefault(record["user_id"], []).append(_time(record["event_time"]))
+        by_user.setdefault(record["user_id"], []).append(_must_time(record["event_time"]))
     sessions = sum(
         1 + sum((b - a).total_seconds() >= 1800 for a, b in itertools.pairwise(ts))
         for ts in (sorted(t) for t in by_user.values())

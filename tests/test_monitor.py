@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from sessionlake.monitor import BatchRecord, batch_alerts
 from tests.conftest import ObservedLake
 
 
-def _batch_lines(lake: ObservedLake) -> dict[int, dict[str, object]]:
+def _batch_lines(lake: ObservedLake) -> dict[int, dict[str, Any]]:
     lines = [r.getMessage() for r in lake.monitor_records if r.levelno == logging.INFO]
     parsed = [json.loads(m[len("batch "):]) for m in lines if m.startswith("batch ")]
     return {int(p["batch_id"]): p for p in parsed}

@@ -5,20 +5,22 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from sessionlake.sessionize import sessionize_events
 from sessionlake.sources import JsonLinesAdapter
 from sessionlake.validation import apply_guards, valid_events
-from tests.helpers import NOW, event, hm, lines_frame
+from tests.helpers import NOW, event, first, hm, lines_frame
 
 GAP = timedelta(minutes=30)
 DAY = timedelta(hours=24)
 
 
-def sessions_of(spark: SparkSession, lines: list[str], max_duration: timedelta = DAY):
+def sessions_of(
+    spark: SparkSession, lines: list[str], max_duration: timedelta = DAY
+) -> DataFrame:
     parsed = apply_guards(JsonLinesAdapter().parse(lines_frame(spark, lines)), NOW,
                           timedelta(hours=1))
     return sessionize_events(valid_events(parsed), GAP, max_duration)
@@ -61,9 +63,9 @@ def test_analytics_columns(spark: SparkSession) -> None:
 
 
 def test_session_id_is_deterministic_and_depends_on_user_and_start(spark: SparkSession) -> None:
-    first = sessions_of(spark, [event("u", "10:00"), event("v", "10:00")])
+    once = sessions_of(spark, [event("u", "10:00"), event("v", "10:00")])
     again = sessions_of(spark, [event("v", "10:00"), event("u", "10:00"), event("u", "10:05")])
-    ids = dict(first.select("user_id", "session_id").collect())
+    ids: dict[str, str] = dict(once.select("user_id", "session_id").collect())
     assert ids == dict(again.select("user_id", "session_id").collect())
     assert ids["u"] != ids["v"]
     assert len(ids["u"]) == 32
@@ -74,7 +76,7 @@ def test_equal_times_break_ties_by_event_id(spark: SparkSession) -> None:
         event("u", "10:00", "/second", event_id="b"),
         event("u", "10:00", "/first", event_id="a"),
     ])
-    row = sessions.head()
+    row = first(sessions)
     assert (row["entry_page"], row["exit_page"]) == ("/first", "/second")
 
 

@@ -41,6 +41,7 @@ from sessionlake.spark import (
     quick_start_for,
     ship_package,
 )
+from tests.helpers import first
 
 
 @pytest.mark.parametrize(
@@ -154,7 +155,10 @@ def codegen_unset(
     monkeypatch.setattr(spark.sparkContext, "getConf", lambda: SparkConf(loadDefaults=False))
     yield spark
     for key, value in before.items():
-        spark.conf.set(key, value)
+        if value is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, value)
 
 
 @pytest.mark.parametrize("records", [10, 1_000_000])
@@ -164,7 +168,7 @@ def test_code_generation_follows_the_batch_when_nobody_set_it(
     spark = codegen_unset
     fit_codegen_to_batch(spark, records)
     assert {key: spark.conf.get(key) for key in CODEGEN_KEYS} == codegen_for_batch(records)
-    assert spark.range(5).selectExpr("sum(id * 2) AS s").first()["s"] == 20
+    assert first(spark.range(5).selectExpr("sum(id * 2) AS s"))["s"] == 20
 
 
 def test_the_parse_is_compiled_even_for_a_small_batch(codegen_unset: SparkSession) -> None:
@@ -176,7 +180,9 @@ def test_the_parse_is_compiled_even_for_a_small_batch(codegen_unset: SparkSessio
 
 
 def test_the_driver_jvm_runs_the_log_config_and_the_collector(spark: SparkSession) -> None:
-    runtime = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    runtime = jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
     arguments = list(runtime.getInputArguments())
     assert THROUGHPUT_GC in arguments
     assert f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}" in arguments
@@ -274,7 +280,8 @@ def test_a_new_local_session_gets_the_local_file_system(
 @pytest.fixture(scope="module")
 def hadoop(spark: SparkSession) -> SimpleNamespace:
     """The session's Hadoop file system and file context for ``file:`` paths, and the JVM."""
-    jvm = spark._jvm
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     uri = jvm.java.net.URI("file:///")
     return SimpleNamespace(

@@ -9,7 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from sessionlake.checkpoint import lock_held
@@ -44,7 +44,7 @@ def split_log(folder: Path, parts: int) -> list[Path]:
     return files
 
 
-def reference_sessions(spark: SparkSession, files: list[Path]):
+def reference_sessions(spark: SparkSession, files: list[Path]) -> DataFrame:
     """Batch sessionization of the same lines: what every stream must end with."""
     frames = [lines_frame(spark, f.read_text().splitlines(), f.name) for f in files]
     lines = frames[0]

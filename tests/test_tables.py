@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -20,6 +21,7 @@ from sessionlake.tables import (
     table_exists,
     table_path,
 )
+from tests.helpers import first
 
 
 @pytest.mark.parametrize("half_created", [(OPEN_SESSIONS,), (EVENTS, OPEN_SESSIONS), ALL_TABLES])
@@ -51,7 +53,9 @@ def test_a_literal_row_is_the_row_created_from_python(spark: SparkSession, lake:
     ensure_tables(spark, lake)
     schema = read_table(spark, lake, BATCH_METRICS).schema
     at = datetime(2026, 1, 5, 10, 30, 1, 250_000, tzinfo=UTC)
-    row = {field.name: 7 for field in schema.fields if field.dataType.typeName() == "long"}
+    row: dict[str, Any] = {
+        field.name: 7 for field in schema.fields if field.dataType.typeName() == "long"
+    }
     row.update(stream_id="s-1", started_at=at, finished_at=at, max_event_time=None,
                watermark_before=at, watermark_after=None)
     frame = literal_row(spark, row, schema)
@@ -59,4 +63,4 @@ def test_a_literal_row_is_the_row_created_from_python(spark: SparkSession, lake:
     assert "Range" in frame._jdf.queryExecution().optimizedPlan().toString()  # no Python rows
     assertDataFrameEqual(frame, spark.createDataFrame([row], schema))
     del row["merge_duration_ms"]
-    assert literal_row(spark, row, schema).head()["merge_duration_ms"] is None
+    assert first(literal_row(spark, row, schema))["merge_duration_ms"] is None

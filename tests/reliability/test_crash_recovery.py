@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -25,7 +26,7 @@ from sessionlake.generate import generate_clickstream
 from sessionlake.stream import run_stream
 from sessionlake.tables import read_table
 from tests.conftest import REPO
-from tests.helpers import all_sessions
+from tests.helpers import all_sessions, rows
 
 pytestmark = pytest.mark.slow
 
@@ -45,23 +46,19 @@ def run_cli(landing: Path, lake: Path, *extra: str, **env: str) -> subprocess.Co
                           capture_output=True, text=True, timeout=900, check=False)
 
 
-def outcome(spark: SparkSession, lake: Path) -> dict[str, list]:
+def outcome(spark: SparkSession, lake: Path) -> dict[str, list[tuple[Any, ...]]]:
     """Everything that must not depend on crashes, as sorted lists."""
     path = str(lake)
-
-    def sorted_rows(frame) -> list:
-        return sorted(tuple(r) for r in frame.collect())
-
     return {
-        "sessions": sorted_rows(all_sessions(spark, path)),
-        "events": sorted_rows(read_table(spark, path, "events").select("user_id", "event_id")),
-        "late": sorted_rows(read_table(spark, path, "late_events").select("event_id", "reason")),
-        "quarantine": sorted_rows(
+        "sessions": rows(all_sessions(spark, path)),
+        "events": rows(read_table(spark, path, "events").select("user_id", "event_id")),
+        "late": rows(read_table(spark, path, "late_events").select("event_id", "reason")),
+        "quarantine": rows(
             read_table(spark, path, "quarantine").select("source_file", "source_line", "reason")),
-        "changelog": sorted_rows(
+        "changelog": rows(
             read_table(spark, path, "session_changelog").select("batch_id", "change",
                                                                 "session_id")),
-        "metrics": sorted_rows(read_table(spark, path, "batch_metrics").select(
+        "metrics": rows(read_table(spark, path, "batch_metrics").select(
             "batch_id", "input_records", "accepted", "late", "quarantined", "duplicates",
             "closed_sessions", "open_sessions")),
     }
@@ -76,7 +73,9 @@ def landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def expected(spark: SparkSession, landing: Path, tmp_path_factory: pytest.TempPathFactory):
+def expected(
+    spark: SparkSession, landing: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, list[tuple[Any, ...]]]:
     """The uninterrupted run's outcome: the same stream, run in this process (its Spark is
     warm, and a JVM start would only add time), with this session's parallelism."""
     lake = tmp_path_factory.mktemp("uninterrupted") / "lake"

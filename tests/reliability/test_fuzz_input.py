@@ -22,7 +22,7 @@ from tests.helpers import NOW, lines_frame
 
 SKEW = timedelta(hours=1)
 #: Text Spark can hold (no lone surrogates) on one line (no line breaks).
-ONE_LINE = st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r")
+ONE_LINE = st.characters(exclude_categories=["Cs"], exclude_characters="\n\r")
 TEXT = st.text(ONE_LINE, max_size=40)
 TIMES = st.datetimes(min_value=datetime(1969, 1, 1), max_value=datetime(2040, 1, 1),
                      timezones=st.just(UTC))

@@ -1,0 +1,55 @@
+"""The Airflow end of the DAG files' wiring: what every DAG builds the same way, typed.
+
+TaskFlow hands a task's result to the tasks after it as an ``XComArg``, which becomes the
+value only when they run. Airflow's type hints say neither that an operator argument may be
+one, nor that a ``multiple_outputs`` result can be indexed, nor that a task called with
+another's result receives its value. The few places that say so are here, so that mypy
+checks the DAG files themselves. Imported by the DAG files only: the rest of the package,
+and the Spark jobs, run without Airflow.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import XComArg, get_current_context
+from airflow.sdk.definitions.xcom_arg import PlainXComArg
+
+from sessionlake.orchestration import JOB_SCRIPT
+
+#: The Airflow connection whose host is the Spark master the DAGs submit to.
+SPARK_CONNECTION = "spark_default"
+
+
+def trigger_params() -> dict[str, Any]:
+    """The params of the running DAG run (the trigger form's values, or their defaults),
+    from inside a task."""
+    return dict(get_current_context()["params"])
+
+
+def at_run_time(result: XComArg) -> Any:
+    """Another task's result as the task it is passed to receives it: its value."""
+    return result
+
+
+def submit_job(
+    job: XComArg, *, task_id: str, name: str, **operator_args: Any
+) -> SparkSubmitOperator:
+    """A spark-submit of ``jobs/sessionlake_job.py`` with the arguments, conf and
+    environment that ``job`` (a ``multiple_outputs`` task returning
+    :class:`sessionlake.orchestration.SparkJob`) decided when it ran.
+
+    :param operator_args: any other :class:`SparkSubmitOperator` argument (``pool``...).
+    """
+    fields = cast(PlainXComArg, job)
+    return SparkSubmitOperator(
+        task_id=task_id,
+        conn_id=SPARK_CONNECTION,
+        application=str(JOB_SCRIPT),
+        application_args=at_run_time(fields["args"]),
+        conf=at_run_time(fields["conf"]),
+        env_vars=at_run_time(fields["env"]),
+        name=name,
+        **operator_args,
+    )
