@@ -133,9 +133,10 @@ def _assign_runs(
     """
     gap_us, max_us = micros(gap), micros(max_duration)
     of_active = _only(active)
-    by_start = Window.partitionBy("user_id").orderBy(
-        "start_us", "end_us", F.coalesce("state_session_id", "event_id")
-    )
+    # The two windows in start order sort by the same columns. Were the tie-breaker an
+    # expression, each window would compute it anew, and Spark, not knowing the rows already
+    # sorted by it, would sort them again.
+    by_start = Window.partitionBy("user_id").orderBy("start_us", "end_us", _TIE_BREAK)
     ended_before = F.max(of_active(F.col("end_us"))).over(
         by_start.rowsBetween(Window.unboundedPreceding, -1)
     )
@@ -146,15 +147,21 @@ def _assign_runs(
     )
     run = Window.partitionBy("user_id", "run_no")
     return (
-        fragments.withColumn("starts_run", starts_run)
+        fragments.withColumn(_TIE_BREAK, F.coalesce("state_session_id", "event_id"))
+        .withColumn("starts_run", starts_run)
         .withColumn("run_no", run_no)
         .withColumn("run_start_us", F.min(of_active(F.col("run_start_us"))).over(run))
         .withColumn(
             "chunk",
             F.floor((F.col("start_us") - F.col("run_start_us")) / F.lit(max_us)).cast("long"),
         )
-        .drop("starts_run")
+        .drop("starts_run", _TIE_BREAK)
     )
+
+
+#: A fragment's id (its open session's, or its event's) while :func:`_assign_runs` orders
+#: fragments that start and end at the same instant.
+_TIE_BREAK = "fragment_key"
 
 
 def _only(active: Column | None) -> Callable[[Column], Column]:

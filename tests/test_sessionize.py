@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -91,3 +92,12 @@ def test_sessions_longer_than_max_duration_are_split(spark: SparkSession) -> Non
     assert [tuple(r) for r in spans] == [
         ("10:00", "11:40", 6), ("12:00", "13:40", 6), ("14:00", "14:40", 3),
     ]
+
+
+def test_the_windows_in_start_order_sort_the_rows_once(spark: SparkSession) -> None:
+    """Runs are found by two windows over each user's fragments in start order; the second
+    must use the rows as the first left them sorted, not sort them again."""
+    sessions = sessions_of(spark, [event("u", "10:00"), event("u", "10:05")])
+    plan = sessions._jdf.queryExecution().executedPlan().toString()
+    in_start_order = re.findall(r"Sort \[user_id#\d+ ASC NULLS FIRST, start_us#", plan)
+    assert len(in_start_order) == 1, plan
