@@ -27,7 +27,7 @@ from datetime import UTC, date, datetime, timedelta
 from functools import partial
 
 from delta.tables import DeltaTable
-from pyspark.sql import Column, Row, SparkSession
+from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake import storage
@@ -49,6 +49,7 @@ from sessionlake.tables import (
     commit_metrics_since,
     each_table,
     ensure_tables,
+    literal_row,
     read_table,
     table_exists,
     table_path,
@@ -345,7 +346,7 @@ def _append_audit(
     events_cutoff: date | None,
     versions_before: dict[str, int],
 ) -> None:
-    row = Row(
+    row = dict(
         run_id=report.run_id,
         started_at=started,
         finished_at=datetime.now(UTC),
@@ -363,4 +364,4 @@ def _append_audit(
         note=report.note,
     )
     schema = read_table(spark, lake, RETENTION_AUDIT).schema
-    append(spark.createDataFrame([row], schema), lake, RETENTION_AUDIT)
+    append(literal_row(spark, row, schema), lake, RETENTION_AUDIT)

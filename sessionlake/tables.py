@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -173,9 +173,20 @@ def literal_row(spark: SparkSession, row: Mapping[str, Any], schema: StructType)
     Spark's Python worker daemon, only to unpickle a row.
     """
     return spark.range(1).select(*[
-        F.lit(row.get(field.name)).cast(field.dataType).alias(field.name)
+        _literal(row.get(field.name)).cast(field.dataType).alias(field.name)
         for field in schema.fields
     ])
+
+
+def _literal(value: Any) -> Column:
+    """``value`` as a literal column; lists become arrays and mappings maps (of literals),
+    which ``F.lit`` does not make."""
+    if isinstance(value, Mapping):
+        return F.create_map(*[part for key, item in value.items()
+                              for part in (F.lit(key), _literal(item))])
+    if isinstance(value, list | tuple):
+        return F.array(*[_literal(item) for item in value])
+    return F.lit(value)
 
 
 def table_version(spark: SparkSession, lake: str, table: str) -> int:

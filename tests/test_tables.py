@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from sessionlake.tables import (
     BATCH_METRICS,
     EVENTS,
     OPEN_SESSIONS,
+    RETENTION_AUDIT,
     ensure_tables,
     literal_row,
     read_table,
@@ -64,3 +65,23 @@ def test_a_literal_row_is_the_row_created_from_python(spark: SparkSession, lake:
     assertDataFrameEqual(frame, spark.createDataFrame([row], schema))
     del row["merge_duration_ms"]
     assert first(literal_row(spark, row, schema))["merge_duration_ms"] is None
+
+
+@pytest.mark.parametrize(("hashes", "rows_deleted"), [
+    (["a1", "b2"], {"events": 3, "sessions": 0}),
+    ([], {}),
+    (None, None),
+])
+def test_a_literal_row_holds_arrays_and_maps(
+    spark: SparkSession, lake: str, hashes: list[str] | None, rows_deleted: dict[str, int] | None
+) -> None:
+    ensure_tables(spark, lake)
+    schema = read_table(spark, lake, RETENTION_AUDIT).schema
+    at = datetime(2026, 1, 5, 10, 30, tzinfo=UTC)
+    row = {"run_id": "r-1", "started_at": at, "finished_at": at, "erased_users": 2,
+           "erased_user_sha256": hashes, "sessions_cutoff": date(2025, 1, 5),
+           "rows_deleted": rows_deleted, "versions_before": {"events": 4},
+           "vacuum_retain_hours": 168.0, "files_vacuumed": 0, "time_travel_purged": False}
+    frame = literal_row(spark, row, schema)
+    assert "Range" in frame._jdf.queryExecution().optimizedPlan().toString()
+    assertDataFrameEqual(frame, spark.createDataFrame([row], schema))
