@@ -147,7 +147,7 @@ def _assign_runs(
     )
     run = Window.partitionBy("user_id", "run_no")
     return (
-        fragments.withColumn(_TIE_BREAK, F.coalesce("state_session_id", "event_id"))
+        fragments.withColumn(_TIE_BREAK, _fragment_key())
         .withColumn("starts_run", starts_run)
         .withColumn("run_no", run_no)
         .withColumn("run_start_us", F.min(of_active(F.col("run_start_us"))).over(run))
@@ -159,9 +159,14 @@ def _assign_runs(
     )
 
 
-#: A fragment's id (its open session's, or its event's) while :func:`_assign_runs` orders
-#: fragments that start and end at the same instant.
+#: The column of :func:`_fragment_key` while :func:`_assign_runs` orders fragments.
 _TIE_BREAK = "fragment_key"
+
+
+def _fragment_key() -> Column:
+    """A fragment's id (its open session's, or its event's): what orders fragments that
+    start and end at the same instant."""
+    return F.coalesce("state_session_id", "event_id")
 
 
 def _only(active: Column | None) -> Callable[[Column], Column]:
@@ -259,7 +264,7 @@ def sessionize_batch(
     # The session's aggregates come from the same sorted pass, on its first row (the head).
     session = Window.partitionBy("user_id", "run_no", "chunk").orderBy(
         F.when(pending, 0).otherwise(1), "start_us", "end_us",
-        F.coalesce("state_session_id", "event_id"),
+        _fragment_key(),
     )
     whole = session.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     runs = _assign_runs(deduped, gap, max_duration, pending)
