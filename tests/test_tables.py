@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
 from pyspark.testing import assertDataFrameEqual
 
+from sessionlake.compaction import CLUSTER_COLUMN
+from sessionlake.deltalog import commit_actions, commit_file
 from sessionlake.tables import (
     ALL_TABLES,
     BATCH_METRICS,
     EVENTS,
     OPEN_SESSIONS,
     RETENTION_AUDIT,
+    SESSION_CHANGELOG,
+    SESSIONS,
+    append,
     ensure_tables,
     literal_row,
     read_table,
@@ -85,3 +92,32 @@ def test_a_literal_row_holds_arrays_and_maps(
     frame = literal_row(spark, row, schema)
     assert "Range" in frame._jdf.queryExecution().optimizedPlan().toString()
     assertDataFrameEqual(frame, spark.createDataFrame([row], schema))
+
+
+def _filled_row(schema: StructType) -> dict[str, Any]:
+    """A row with a value in every column of ``schema`` (its NOT NULL columns included)."""
+    at = datetime(2026, 1, 5, 10, 30, tzinfo=UTC)
+    values: dict[str, Any] = {"string": "x", "long": 1, "integer": 1, "double": 1.0,
+                              "boolean": True, "timestamp": at, "date": at.date(),
+                              "map": {"k": "v"}, "array": ["x"]}
+    return {field.name: values[field.dataType.typeName()] for field in schema.fields}
+
+
+@pytest.mark.parametrize(("table", "columns"), [
+    (EVENTS, {"event_time", "user_id", "batch_id", "ingested_at"}),
+    (SESSIONS, {"user_id", "session_start", "session_end", "closed_batch_id", "closed_at"}),
+    (SESSION_CHANGELOG, {"batch_id", "user_id", "session_start", "session_end", "changed_at"}),
+])
+def test_a_write_collects_statistics_only_where_they_can_skip_files(
+    spark: SparkSession, lake: str, table: str, columns: set[str]
+) -> None:
+    ensure_tables(spark, lake)
+    schema = read_table(spark, lake, table).schema
+    append(literal_row(spark, _filled_row(schema), schema), lake, table)
+
+    log = Path(table_path(lake, table)) / commit_file(1)
+    [added] = [action["add"] for action in commit_actions(log.read_text()) if "add" in action]
+    stats = json.loads(added["stats"])
+    assert stats["numRecords"] == 1  # what the lake's reports count rows by
+    assert set(stats["minValues"]) == set(stats["maxValues"]) == columns
+    assert CLUSTER_COLUMN in columns  # OPTIMIZE ZORDER BY needs its statistics

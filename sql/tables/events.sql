@@ -17,5 +17,9 @@ CREATE TABLE IF NOT EXISTS delta.`${location}` (
 PARTITIONED BY (event_date)
 TBLPROPERTIES (
   'delta.enableDeletionVectors' = 'true',
-  'delta.autoOptimize.optimizeWrite' = 'true'
+  'delta.autoOptimize.optimizeWrite' = 'true',
+  -- File statistics only where they can skip files: times and batches arrive in order,
+  -- and user_id is what compaction clusters by. Ids, pages, types and source lines are
+  -- spread over every file; their statistics cost a fifth of a batch's append.
+  'delta.dataSkippingStatsColumns' = 'event_time,user_id,batch_id,ingested_at'
 )

@@ -14,5 +14,8 @@ CREATE TABLE IF NOT EXISTS delta.`${location}` (
   changed_at           TIMESTAMP NOT NULL COMMENT 'Processing time of the batch'
 ) USING DELTA
 TBLPROPERTIES (
-  'delta.enableDeletionVectors' = 'true'
+  'delta.enableDeletionVectors' = 'true',
+  -- File statistics only where they can skip files (see events.sql): batches, times,
+  -- and user_id, which compaction clusters by.
+  'delta.dataSkippingStatsColumns' = 'batch_id,user_id,session_start,session_end,changed_at'
 )

@@ -19,5 +19,8 @@ CREATE TABLE IF NOT EXISTS delta.`${location}` (
 ) USING DELTA
 PARTITIONED BY (session_date)
 TBLPROPERTIES (
-  'delta.enableDeletionVectors' = 'true'
+  'delta.enableDeletionVectors' = 'true',
+  -- File statistics only where they can skip files (see events.sql): times, batches,
+  -- and user_id, which compaction clusters by.
+  'delta.dataSkippingStatsColumns' = 'user_id,session_start,session_end,closed_batch_id,closed_at'
 )
