@@ -163,11 +163,17 @@ def build_archive(timeout_s: float = 600.0) -> Path:
     if done.returncode != 0 or not partial.is_file():
         partial.unlink(missing_ok=True)
         raise RuntimeError(f"the class archive's training run failed:\n{done.stderr[-3000:]}")
-    os.replace(partial, path)
+    install_archive(partial, path)
+    return path
+
+
+def install_archive(built: Path, path: Path) -> None:
+    """Move a finished archive to ``path`` and delete the archives of other JVMs or jars
+    in its folder: only one archive can suit the JVM and jars installed."""
+    os.replace(built, path)
     for old in path.parent.glob("sessionlake-*.jsa"):
         if old != path:
             old.unlink(missing_ok=True)
-    return path
 
 
 def train(work: Path, dump_to: Path) -> None:

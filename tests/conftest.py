@@ -13,9 +13,27 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# Every Spark the tests start (in process, `sessionlake` subprocesses, the DAGs'
-# spark-submit) reads the suite's spark-defaults.conf: see the comment in that file.
-os.environ["SPARK_CONF_DIR"] = str(Path(__file__).resolve().parent / "spark-conf")
+
+#: Spark settings of every Spark the tests start. The tests' batches hold a few rows:
+#: compiling generated code for each new plan, and re-planning each shuffle stage
+#: adaptively, cost more than they save (a few-row micro-batch runs about a third faster
+#: without). Results do not depend on either; production runs keep Spark's defaults, and
+#: bench/ measures those.
+SUITE_SPARK_CONF = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    "spark.sql.adaptive.enabled": "false",
+}
+# They reach the JVMs spark-submit starts (in process, `sessionlake` subprocesses, the
+# DAGs' spark-submit) as system properties, which Spark reads as settings. Not through a
+# spark-defaults.conf: a configuration folder on the driver's class path keeps the JVM from
+# mapping the class archive `make setup` built (sessionlake/classarchive.py), and each
+# driver the suite starts would load its classes anew (a CLI query: 13-15 s with the
+# archive against 18-20 s without).
+os.environ.pop("SPARK_CONF_DIR", None)
+os.environ["SPARK_SUBMIT_OPTS"] = " ".join(
+    [os.environ.get("SPARK_SUBMIT_OPTS", ""), *(f"-D{k}={v}" for k, v in SUITE_SPARK_CONF.items())]
+).strip()
 # Spark hands timestamps to Python as naive local times: make local time UTC.
 os.environ["TZ"] = "UTC"
 time.tzset()

@@ -35,11 +35,10 @@ from sessionlake.devkafka import free_port
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
-SUITE_SPARK_CONF = Path(__file__).resolve().parent / "spark-conf" / "spark-defaults.conf"
 
-#: Spark settings of the applications the tests submit to the cluster, added to the suite's
-#: spark-defaults.conf: jobs wait until both executors have registered (so that both
-#: workers run tasks), and executors stay small.
+#: Spark settings of the applications the tests submit to the cluster (the spark-defaults.conf
+#: of ``SparkCluster.conf_dir``): jobs wait until both executors have registered (so that
+#: both workers run tasks), and executors stay small.
 APP_CONF = {
     "spark.scheduler.minRegisteredResourcesRatio": "1.0",
     "spark.scheduler.maxRegisteredResourcesWaitingTime": "60s",
@@ -141,9 +140,8 @@ def start_cluster(
     log_dir, conf_dir = root / "logs", root / "conf"
     log_dir.mkdir(parents=True, exist_ok=True)
     conf_dir.mkdir(parents=True, exist_ok=True)
-    extra = "".join(f"{key} {value}\n" for key, value in APP_CONF.items())
-    defaults = SUITE_SPARK_CONF.read_text() if SUITE_SPARK_CONF.exists() else ""
-    (conf_dir / "spark-defaults.conf").write_text(defaults + "\n" + extra)
+    (conf_dir / "spark-defaults.conf").write_text(
+        "".join(f"{key} {value}\n" for key, value in APP_CONF.items()))
 
     port, webui_port = free_port(), free_port()
     cluster = SparkCluster(

@@ -1,4 +1,4 @@
-"""The driver's class archive: named by its JVM and jars, built by a real training run,
+"""The driver's class archive: named by its JVM and jars, built by a real training run (set-up's),
 mapped by the next driver, and left out when switched off."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from sessionlake.classarchive import (
     archive_path,
     build_archive,
     driver_archive_option,
+    install_archive,
 )
 from sessionlake.spark import PROJECT_ROOT
 
@@ -126,19 +127,21 @@ def _driver_class_sources(tmp_path: Path, env: dict[str, str]) -> dict[str, str]
 def test_a_built_archive_is_mapped_by_the_next_driver(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The real thing: the training run's JVM writes the archive as it exits, and a new
-    driver then takes Spark's and Delta's classes from it instead of from their jars."""
-    monkeypatch.setenv(FOLDER_ENV, str(tmp_path / "archives"))
+    """The real thing: the archive of this JVM and these jars, as ``make setup`` built it
+    (built here when it is missing, as ``make setup`` would), is mapped by a new driver,
+    which takes Spark's and Delta's classes from it instead of from their jars.
+
+    A build takes the training run's JVM several minutes of CPU, so the test reuses the
+    archive of set-up (which ``make test`` runs first) rather than building another.
+    """
+    monkeypatch.delenv(FOLDER_ENV, raising=False)
     monkeypatch.delenv(SWITCH_ENV, raising=False)
-    monkeypatch.delenv("SPARK_CONF_DIR")  # the suite's (tests/spark-conf) cannot be archived
-    stale = tmp_path / "archives" / "sessionlake-0123456789abcdef0123.jsa"
-    stale.parent.mkdir()
-    stale.write_bytes(b"an archive of other jars")
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
+    path = archive_path()
+    assert path is not None
+    built = path if path.is_file() else build_archive()
 
-    built = build_archive()
-
-    assert built == archive_path() and built.stat().st_size > 50 * 2**20
-    assert sorted(p.name for p in built.parent.iterdir()) == [built.name]  # stale one gone
+    assert built == path and built.stat().st_size > 50 * 2**20
     archived = "shared objects file (top)"  # the dynamic archive, above the JDK's own
     mapped = _driver_class_sources(tmp_path, dict(os.environ))
     assert mapped["org.apache.spark.sql.SparkSession"] == archived
@@ -148,6 +151,23 @@ def test_a_built_archive_is_mapped_by_the_next_driver(
     unmapped = _driver_class_sources(tmp_path, {**os.environ, SWITCH_ENV: "off"})
     assert archived not in unmapped.values()
     assert unmapped["org.apache.spark.sql.delta.DeltaLog"].endswith(".jar")
+
+
+def test_installing_an_archive_deletes_those_of_other_jvms_or_jars(fake_jvm: Path) -> None:
+    path = archive_path()
+    assert path is not None
+    path.parent.mkdir()
+    stale = path.parent / "sessionlake-0123456789abcdef0123.jsa"
+    stale.write_bytes(b"an archive of other jars")
+    unrelated = path.parent / "notes.txt"
+    unrelated.write_text("kept")
+    partial = path.with_name(f"{path.name}.123.partial")
+    partial.write_bytes(b"archive")
+
+    install_archive(partial, path)
+
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, "notes.txt"])
+    assert path.read_bytes() == b"archive"
 
 
 def test_the_if_missing_build_keeps_an_archive_that_is_there(
