@@ -59,7 +59,13 @@ from sessionlake.deltalog import (
 )
 from sessionlake.erasure import reapply_erasures
 from sessionlake.stream import StreamAlreadyRunning, checkpoint_lock
-from sessionlake.tables import STREAM_TABLES, table_exists, table_path, table_version
+from sessionlake.tables import (
+    STREAM_TABLES,
+    each_table,
+    table_exists,
+    table_path,
+    table_version,
+)
 
 log = logging.getLogger("sessionlake.snapshots")
 
@@ -422,8 +428,12 @@ def _restore_locked(
     now = datetime.now(UTC)
     for table, damaged_from in damaged.items():
         _set_aside(spark, lake, table, damaged_from, now)
-    restored = [t for t, v in snapshot.table_versions.items()
-                if _restore_table(spark, lake, t, v)]
+    # Side by side: each RESTORE is a dozen small Spark jobs that mostly wait on the driver
+    # (a restore of seven small tables, in a warm process: 22.2-25.3 s one after another,
+    # 16.6-20.5 s side by side).
+    versions = snapshot.table_versions
+    changed = each_table(lambda t: _restore_table(spark, lake, t, versions[t]), versions)
+    restored = [t for t, was_changed in changed.items() if was_changed]
     identity = _replace_checkpoint(
         spark, checkpoint, _snapshot_dir(lake, snapshot.snapshot_id), snapshot
     )

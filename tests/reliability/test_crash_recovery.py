@@ -46,6 +46,13 @@ def run_cli(landing: Path, lake: Path, *extra: str, **env: str) -> subprocess.Co
                           capture_output=True, text=True, timeout=900, check=False)
 
 
+def run_here(spark: SparkSession, landing: Path, lake: Path) -> None:
+    """The stream in this test's own Spark (warm: a JVM start less than a CLI run), through
+    the library entry point that ``sessionlake run`` calls."""
+    run_stream(spark, settings_from(
+        {"lake": str(lake), "source": str(landing), "max_files_per_trigger": 1}, env={}))
+
+
 def outcome(spark: SparkSession, lake: Path) -> dict[str, list[tuple[Any, ...]]]:
     """Everything that must not depend on crashes, as sorted lists."""
     path = str(lake)
@@ -76,11 +83,10 @@ def landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def expected(
     spark: SparkSession, landing: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, list[tuple[Any, ...]]]:
-    """The uninterrupted run's outcome: the same stream, run in this process (its Spark is
-    warm, and a JVM start would only add time), with this session's parallelism."""
+    """The uninterrupted run's outcome: the same stream, run in this process, with this
+    session's parallelism."""
     lake = tmp_path_factory.mktemp("uninterrupted") / "lake"
-    run_stream(spark, settings_from(
-        {"lake": str(lake), "source": str(landing), "max_files_per_trigger": 1}, env={}))
+    run_here(spark, landing, lake)
     result = outcome(spark, lake)
     assert len(result["metrics"]) == 3
     assert result["late"] and result["quarantine"]
@@ -105,8 +111,7 @@ def test_a_kill_at_every_point_then_a_restart_ends_as_if_uninterrupted(
     for fault, flags in KILLS:
         killed = run_cli(landing, lake, *flags, SESSIONLAKE_FAULT=fault)
         assert killed.returncode == -signal.SIGKILL, f"{fault}: {killed.stderr[-2000:]}"
-    restarted = run_cli(landing, lake)
-    assert restarted.returncode == 0, restarted.stderr[-2000:]
+    run_here(spark, landing, lake)  # the last restart
     assert outcome(spark, lake) == expected
 
 
@@ -120,6 +125,6 @@ def test_kill_at_a_random_moment_then_restart(
     time.sleep(delay)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
-    restarted = run_cli(landing, lake)
-    assert restarted.returncode == 0, f"killed after {delay:.1f}s: {restarted.stderr[-2000:]}"
+    print(f"killed after {delay:.1f}s")  # shown should the restart fail
+    run_here(spark, landing, lake)  # the last restart
     assert outcome(spark, lake) == expected, f"killed after {delay:.1f}s"
