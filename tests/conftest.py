@@ -31,9 +31,11 @@ SUITE_SPARK_CONF = {
 # driver the suite starts would load its classes anew (a CLI query: 13-15 s with the
 # archive against 18-20 s without).
 os.environ.pop("SPARK_CONF_DIR", None)
-os.environ["SPARK_SUBMIT_OPTS"] = " ".join(
-    [os.environ.get("SPARK_SUBMIT_OPTS", ""), *(f"-D{k}={v}" for k, v in SUITE_SPARK_CONF.items())]
-).strip()
+# Once: an xdist worker inherits the controller's environment, which already has them.
+_SUBMIT_OPTS = os.environ.get("SPARK_SUBMIT_OPTS", "").split()
+os.environ["SPARK_SUBMIT_OPTS"] = " ".join([*_SUBMIT_OPTS, *(
+    option for option in (f"-D{k}={v}" for k, v in SUITE_SPARK_CONF.items())
+    if option not in _SUBMIT_OPTS)])
 # Spark hands timestamps to Python as naive local times: make local time UTC.
 os.environ["TZ"] = "UTC"
 time.tzset()
