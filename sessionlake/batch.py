@@ -32,6 +32,7 @@ from sessionlake.changelog import (
     classify_sessions,
     expiring_open_sessions,
     merge_source,
+    merge_source_rows,
 )
 from sessionlake.checkpoint import IDENTITY_FILE, batch_lock
 from sessionlake.config import Settings
@@ -284,10 +285,13 @@ def open_sessions_known(
     spark: SparkSession, settings: Settings, identity: StreamIdentity, batch_id: int,
     version: int,
 ) -> int | None:
-    """How many sessions are open at ``open_sessions``' ``version``, when the previous
+    """How many sessions are open at ``open_sessions``' ``version``: none at version 0,
+    the table's creation (the batch reads no state there either); else when the previous
     batch of the stream counted them at that very version and that version is its own
     MERGE (so nothing was written to the table since, and it is the same table); ``None``
     otherwise."""
+    if version <= 0:
+        return 0
     previous = _previous_ledger(spark, settings, identity, batch_id)
     if previous is None or previous.get("open_sessions_version_after") != version:
         return None
@@ -505,6 +509,7 @@ def _process_locked(
             opened=F.count(F.when(F.col("change") == "open", 1)),
             changed=F.count(F.when(F.col("change") != "unchanged", 1)),
             closes=F.count(F.when(F.col("closes"), 1)),
+            merge_rows=merge_source_rows(),
         )
         classified = keep(classifying)
         classified_counts = classify_seen.get
@@ -559,7 +564,7 @@ def _process_locked(
             faults.point("before_merge")
             merged = apply_changelog_merge(
                 spark, lake, source, counts["merge_buckets"], key,
-                inputs.written_after(OPEN_SESSIONS), counts["changes"],
+                inputs.written_after(OPEN_SESSIONS), counts["merge_rows"],
                 open_sessions_in(counts["merge_buckets"]),
             )
             faults.point("after_merge")
@@ -740,6 +745,8 @@ def _batch_counts(
         "opened": int(classified["opened"]),
         "closed": closed,
         "changes": int(classified["changed"]) + closed,
+        # The MERGE source's rows: its upserts and deletes, and a delete per expiring one.
+        "merge_rows": int(classified["merge_rows"]) + int(expiring["expired"]),
         "merge_buckets": sorted({*batch_buckets,
                                  *(int(b) for b in expiring["buckets"])}),
     }

@@ -100,20 +100,37 @@ def merge_source(
     (absorbed by a merge, or re-keyed because its start moved) is deleted; a session that
     closes is deleted under every id it had.
     """
-    upserts = as_open_sessions(
-        classified.where((F.col("change") != "unchanged") & ~F.col("closes")),
-        buckets, batch_id, updated_at,
-    ).withColumn("op", F.lit("upsert"))
+    upserts = as_open_sessions(classified.where(_upserted()), buckets, batch_id, updated_at
+                               ).withColumn("op", F.lit("upsert"))
     replaced = classified.select(
-        "user_id",
-        F.explode(
-            F.when(F.col("closes"), F.col("previous_session_ids")).otherwise(
-                F.array_remove("previous_session_ids", F.col("session_id"))
-            )
-        ).alias("session_id"),
+        "user_id", F.explode(_replaced_ids()).alias("session_id"),
     ).unionByName(expiring.select("user_id", "session_id"))
     deletes = replaced.select(
         "session_id", "user_id", user_bucket("user_id", buckets).alias("user_bucket"),
         F.lit("delete").alias("op"),
     )
     return upserts.unionByName(deletes, allowMissingColumns=True)
+
+
+def merge_source_rows() -> Column:
+    """An aggregate over :func:`classify_sessions`' rows: how many rows :func:`merge_source`
+    takes from them (each expiring session adds one more).
+
+    Observed while the classification is materialized, it sizes the MERGE's join without a
+    query of its own. The batch's count of changes is no such size: a session that opens
+    and closes in the same batch is a change, but is never in ``open_sessions``.
+    """
+    return (F.count(F.when(_upserted(), 1))
+            + F.coalesce(F.sum(F.size(_replaced_ids())), F.lit(0)))
+
+
+def _upserted() -> Column:
+    """A classified session that changed and stays open: its row is upserted."""
+    return (F.col("change") != "unchanged") & ~F.col("closes")
+
+
+def _replaced_ids() -> Column:
+    """The open-session ids a classified session deletes: all it had when it closes, else
+    those it absorbed or was re-keyed from."""
+    return F.when(F.col("closes"), F.col("previous_session_ids")).otherwise(
+        F.array_remove("previous_session_ids", F.col("session_id")))

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from delta.tables import DeltaTable
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake import state
+from sessionlake import batch, state
 from sessionlake.batch import StreamIdentity
 from sessionlake.config import Settings, settings_from
 from sessionlake.tables import PUBLIC_TABLES, read_table, table_path, table_version
@@ -107,6 +107,37 @@ def test_late_event_bridges_two_open_sessions(
     assert len(merge["previous_session_ids"]) == 2
     assert merge["session_id"] in merge["previous_session_ids"]
     assert read_table(spark, lake, "open_sessions").count() == 1
+
+
+def test_the_merge_is_sized_by_the_rows_of_its_source(
+    spark: SparkSession, lake: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """How the MERGE joins its source to the state (``state.BROADCAST_SOURCE_ROWS_MAX``,
+    ``state.names_session_ids``) follows the size the batch observed while classifying:
+    it must be the source's row count for every kind of change, including a session
+    that opens and closes in one batch (a change that never reaches ``open_sessions``)."""
+    sized: list[tuple[int, int | None]] = []
+    apply = batch.apply_changelog_merge
+
+    def counting(*args: object, **kwargs: object) -> state.MergeResult:
+        source, source_rows = args[2], args[6]
+        assert isinstance(source, DataFrame) and isinstance(source_rows, int)
+        sized.append((source.count(), source_rows))
+        return apply(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(batch, "apply_changelog_merge", counting)
+    run_batches(spark, settings(lake, grace="60m"), [
+        # W 09:50: v opens and closes at once; u has two open sessions.
+        [event("u", "10:00", "/a"), event("u", "10:50", "/c"), event("v", "08:00")],
+        # u's two sessions bridged into one, which W 11:30 closes; x opens.
+        [event("u", "10:25", "/b"), event("x", "12:30")],
+        # W 13:10: x, not in the batch, expires; z opens.
+        [event("z", "14:10")],
+    ])
+    assert [actual for actual, _ in sized] == [2, 3, 2]
+    assert [observed for _, observed in sized] == [actual for actual, _ in sized]
+    changes = {r["change"] for r in read_table(spark, lake, "session_changelog").collect()}
+    assert {"open", "merge", "close"} <= changes
 
 
 def test_duplicates_count_once_within_and_across_batches(spark: SparkSession, lake: str) -> None:

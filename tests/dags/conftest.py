@@ -7,7 +7,9 @@ after this file has run).
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -20,6 +22,8 @@ DAGS = REPO / "dags"
 BIN = REPO / ".venv" / "bin"
 
 _HOME = Path(tempfile.mkdtemp(prefix="sessionlake-airflow-"))
+# Removed when the test process ends: each process of each run made one, and none was removed.
+atexit.register(shutil.rmtree, _HOME, ignore_errors=True)
 AIRFLOW_ENV = {
     "AIRFLOW_HOME": str(_HOME),
     "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
