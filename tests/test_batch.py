@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 from sessionlake import batch, state
 from sessionlake.batch import StreamIdentity
 from sessionlake.config import Settings, settings_from
+from sessionlake.deltalog import BatchKey
 from sessionlake.tables import PUBLIC_TABLES, read_table, table_path, table_version
 from tests.helpers import NOW, all_sessions, event, first, hm, rows, run_batches
 
@@ -119,11 +120,13 @@ def test_the_merge_is_sized_by_the_rows_of_its_source(
     sized: list[tuple[int, int | None]] = []
     apply = batch.apply_changelog_merge
 
-    def counting(*args: object, **kwargs: object) -> state.MergeResult:
-        source, source_rows = args[2], args[6]
-        assert isinstance(source, DataFrame) and isinstance(source_rows, int)
+    def counting(spark: SparkSession, lake: str, source: DataFrame, buckets: list[int],
+                 key: BatchKey | None, replay_after: int | None = None,
+                 source_rows: int | None = None, state_rows: int | None = None,
+                 ) -> state.MergeResult:
+        assert isinstance(source_rows, int)
         sized.append((source.count(), source_rows))
-        return apply(*args, **kwargs)  # type: ignore[arg-type]
+        return apply(spark, lake, source, buckets, key, replay_after, source_rows, state_rows)
 
     monkeypatch.setattr(batch, "apply_changelog_merge", counting)
     run_batches(spark, settings(lake, grace="60m"), [
