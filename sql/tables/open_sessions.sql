@@ -21,6 +21,11 @@ CREATE TABLE IF NOT EXISTS delta.`${location}` (
 PARTITIONED BY (user_bucket)
 TBLPROPERTIES (
   'delta.enableDeletionVectors' = 'true',
+  -- File statistics only where they can skip files (see events.sql): the MERGE's key
+  -- session_id (a batch's MERGE names its ids), user_id (what compaction clusters by),
+  -- the times that decide which sessions close, and the last change. Inserting 10^6 rows,
+  -- warm, in-process, ten each: mean 3.6 s against 4.25 with every column's.
+  'delta.dataSkippingStatsColumns' = 'session_id,user_id,session_start,session_end,updated_batch_id,updated_at',
   -- Fixed when the table is created: every run of every stream reads it from here.
   'sessionlake.userBuckets' = '${user_buckets}'
 )
