@@ -27,7 +27,7 @@ from bench.processes import (
     query_delta,
     sessionlake_run,
 )
-from bench.restart import measure_restart
+from bench.restart import mean_restart, measure_restart, restart_order
 
 #: An order-independent fingerprint of a set of sessions, for the equality checks.
 DIGEST = ("count(*) AS n, sum(event_count) AS events, "
@@ -86,7 +86,9 @@ def print_table(figures: dict[str, Any], batches: int) -> None:
         print(f"growing state: batch {batch['batch_id']}: {batch['duration_ms']} ms "
               f"with {batch['open_sessions']} open sessions")
     for r in figures["restart"]:
-        print(f"restart, {r['size']:,}: sessionlake batch {r['sessionlake_batch']}, "
+        alone = ", ".join(f"{b['duration_ms']} ms" for b in r["sessionlake_batches"])
+        print(f"restart, {r['size']:,} (mean of {r['runs']}): sessionlake's batch alone "
+              f"{alone}, {r['sessionlake_batches'][0]['open_sessions']} open sessions; "
               f"peer state rows {r['peer_state_rows']}")
 
 
@@ -128,7 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         "--max-session-duration", "3d").seconds
     figures["growing_state_batches"] = query(growing, (
         "SELECT batch_id, duration_ms, open_sessions FROM batch_metrics ORDER BY batch_id"))
-    figures["restart"] = [measure_restart(size, args.out / f"restart-{size}")
+    runs = [measure_restart(size, args.out / f"restart-{size}-{place}")
+            for place, size in enumerate(restart_order(sizes))]
+    figures["restart_runs"] = runs
+    figures["restart"] = [mean_restart([run for run in runs if run["size"] == size])
                           for size in sizes]
 
     figures["ratio_one_batch"] = figures["sessionlake_one_batch_s"] / figures["peer_one_batch_s"]

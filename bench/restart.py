@@ -14,6 +14,9 @@ Two figures per system, both from the new process's start:
   means every Delta table of the batch, ``batch_metrics`` included. Both systems run on
   Spark, so the mark means the same thing for both.
 * ``process_s``: the whole process, JVM start to exit, as an operator waits for it.
+
+Each size is measured twice, in the order :func:`restart_order` gives, and reported as the
+mean of the two (:func:`mean_restart`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
 from bench.processes import Timing, peer_run, query, sessionlake_run
@@ -94,6 +98,37 @@ def measure_restart(size: int, out: Path) -> dict[str, Any]:
         result[f"{name}_build_s"] = built[name].seconds
         result[f"{name}_first_commit_s"] = first_commit_s(checkpoints[name], before[name], run)
         result[f"{name}_process_s"] = run.seconds
+    result["ratio_first_commit"] = (result["sessionlake_first_commit_s"]
+                                    / result["peer_first_commit_s"])
+    result["ratio_process"] = result["sessionlake_process_s"] / result["peer_process_s"]
+    return result
+
+
+def restart_order(sizes: list[int]) -> list[int]:
+    """``sizes`` ascending, then descending: each size measured twice, at mirrored places.
+
+    A run's restarts do not take the same time at every place in it, whatever their size:
+    the same code, sizes in the order 10^6, 10^4, 10^4, 10^6, took 23.3, 18.8, 15.3 and
+    20.3 s to the first commit (2026-11-27), and in ascending order alone the smallest,
+    measured first, looked the slowest. In mirrored places a drift along the run weighs on
+    every size alike, so the largest-over-smallest ratio shows the state's cost, not the
+    order.
+    """
+    up = sorted(sizes)
+    return up + up[::-1]
+
+
+def mean_restart(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One size's restart measurements as one: every time the mean of the runs', the
+    ratios those means', and each run's ``batch_metrics`` row kept."""
+    first = runs[0]
+    result: dict[str, Any] = {
+        "size": first["size"], "runs": len(runs), "peer_state_rows": first["peer_state_rows"],
+        "sessionlake_batches": [run["sessionlake_batch"] for run in runs],
+    }
+    for key in first:
+        if key.endswith("_s"):
+            result[key] = mean(run[key] for run in runs)
     result["ratio_first_commit"] = (result["sessionlake_first_commit_s"]
                                     / result["peer_first_commit_s"])
     result["ratio_process"] = result["sessionlake_process_s"] / result["peer_process_s"]
