@@ -63,6 +63,19 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def new_cluster_id() -> str:
+    """A random KRaft cluster id: a UUID in URL-safe base64, 22 characters.
+
+    Never one that starts with ``-``: ``kafka-storage format -t`` would read it as an
+    option and refuse to format (one id in 64 did, and failed the broker's start). Kafka's
+    own ``Uuid.randomUuid`` draws again for the same reason.
+    """
+    while True:
+        candidate = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not candidate.startswith("-"):
+            return candidate
+
+
 def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
     """``server.properties`` of a one-node KRaft cluster (broker and controller in one).
 
@@ -183,9 +196,8 @@ def start_broker(
     java = [_java(), f"-Xmx{BROKER_HEAP}", "-XX:+UseSerialGC",
             f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}",
             "-cp", f"{jars}/*"]
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     formatted = subprocess.run(
-        [*java, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
+        [*java, "kafka.tools.StorageTool", "format", "-t", new_cluster_id(), "-c", str(config)],
         capture_output=True, text=True, timeout=120, check=False,
     )
     if formatted.returncode != 0:
