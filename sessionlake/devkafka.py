@@ -66,9 +66,9 @@ def free_port() -> int:
 def new_cluster_id() -> str:
     """A random KRaft cluster id: a UUID in URL-safe base64, 22 characters.
 
-    Never one that starts with ``-``: ``kafka-storage format -t`` would read it as an
-    option and refuse to format (one id in 64 did, and failed the broker's start). Kafka's
-    own ``Uuid.randomUuid`` draws again for the same reason.
+    Never one that starts with ``-`` (one random id in 64 does): ``kafka-storage format
+    -t`` would read it as an option and refuse to format, and the broker would not start.
+    Kafka's own ``Uuid.randomUuid`` draws again for the same reason (kafka-clients 3.9.2).
     """
     while True:
         candidate = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
