@@ -98,6 +98,11 @@ def measure_restart(size: int, out: Path) -> dict[str, Any]:
         result[f"{name}_build_s"] = built[name].seconds
         result[f"{name}_first_commit_s"] = first_commit_s(checkpoints[name], before[name], run)
         result[f"{name}_process_s"] = run.seconds
+    return with_ratios(result)
+
+
+def with_ratios(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with its ratios (sessionlake / peer) to the first commit and of the process."""
     result["ratio_first_commit"] = (result["sessionlake_first_commit_s"]
                                     / result["peer_first_commit_s"])
     result["ratio_process"] = result["sessionlake_process_s"] / result["peer_process_s"]
@@ -129,7 +134,4 @@ def mean_restart(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for key in first:
         if key.endswith("_s"):
             result[key] = mean(run[key] for run in runs)
-    result["ratio_first_commit"] = (result["sessionlake_first_commit_s"]
-                                    / result["peer_first_commit_s"])
-    result["ratio_process"] = result["sessionlake_process_s"] / result["peer_process_s"]
-    return result
+    return with_ratios(result)
