@@ -368,6 +368,8 @@ def _parse_figures(watermark: datetime | None, user_buckets: int) -> dict[str, C
         "quarantined": F.count("reason"),
         "days": F.collect_set(F.when(valid, F.unix_date(F.to_date("event_time")))),
         "buckets": F.collect_set(F.when(valid, user_bucket("user_id", user_buckets))),
+        "first_event_id": F.min(F.when(valid, F.col("event_id"))),
+        "last_event_id": F.max(F.when(valid, F.col("event_id"))),
         "first_behind_watermark": F.min(F.when(behind, F.unix_micros("event_time"))),
         "last_behind_watermark": F.max(F.when(behind, F.unix_micros("event_time"))),
     }
@@ -486,7 +488,9 @@ def _process_locked(
         accepting = ~F.col("is_duplicate") & F.col("late_reason").isNull()
         event = ~F.col("is_state")
         sessionized, sessionize_seen = _observed(
-            sessionize_batch(events, state, _seen_before(spark, settings, inputs, events, dates),
+            sessionize_batch(events, state,
+                             _seen_before(spark, settings, inputs, events, dates,
+                                          (stats["first_event_id"], stats["last_event_id"])),
                              near_closed, watermark, gap, settings.max_session_duration),
             valid=F.count(F.when(event, 1)),
             unique=F.count(F.when(event & ~F.col("is_duplicate"), 1)),
@@ -668,18 +672,27 @@ def _seen_before(
     inputs: BatchInputs,
     events: DataFrame,
     dates: list[date],
+    ids: tuple[str | None, str | None],
 ) -> DataFrame | None:
     """The ids of ``events`` already accepted by an earlier batch (``user_id``,
     ``event_id``), looked for among the accepted events of the same days.
 
+    Only events whose id lies between the batch's least and greatest ids (``ids``) can
+    match, and saying so lets Delta skip every file whose ids lie outside: ids that sort
+    by time (zero-padded sequence numbers, UUIDv7, ULID; ``<file>#<line>`` sorts by file)
+    put each earlier batch's files outside a new batch's range, so the check reads what
+    the batch could repeat, not the whole day so far. Random ids skip nothing and cost
+    nothing.
     Those days' events are scanned against the batch's ids shipped whole to every task,
     so the earlier events are not shuffled; ``None`` while the table holds no event.
     """
     version = inputs.table_versions[EVENTS]
-    if not dates or version <= 0:  # version 0 is the table's creation: nothing accepted yet
+    first, last = ids
+    if not dates or version <= 0 or first is None or last is None:
+        # version 0 is the table's creation: nothing accepted yet
         return None
     earlier = read_table(spark, settings.lake, EVENTS, version).where(
-        F.col("event_date").isin(dates)
+        F.col("event_date").isin(dates) & F.col("event_id").between(first, last)
     ).select("user_id", "event_id")
     return earlier.join(F.broadcast(events.select("user_id", "event_id")),
                         ["user_id", "event_id"], "left_semi")

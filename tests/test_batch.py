@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,13 @@ from sessionlake import batch, state
 from sessionlake.batch import StreamIdentity
 from sessionlake.config import Settings, settings_from
 from sessionlake.deltalog import BatchKey
-from sessionlake.tables import PUBLIC_TABLES, read_table, table_path, table_version
+from sessionlake.tables import (
+    PUBLIC_TABLES,
+    STREAM_TABLES,
+    read_table,
+    table_path,
+    table_version,
+)
 from tests.helpers import NOW, all_sessions, event, first, hm, rows, run_batches
 
 
@@ -143,16 +149,40 @@ def test_the_merge_is_sized_by_the_rows_of_its_source(
     assert {"open", "merge", "close"} <= changes
 
 
-def test_duplicates_count_once_within_and_across_batches(spark: SparkSession, lake: str) -> None:
+@pytest.mark.parametrize("other_id", [
+    "e2",  # the repeated id is the batch's least: the check's range starts at it
+    "e0",  # the repeated id is the batch's greatest: the range ends at it
+])
+def test_duplicates_count_once_within_and_across_batches(
+    spark: SparkSession, lake: str, other_id: str
+) -> None:
     cfg = settings(lake)
     reports = run_batches(spark, cfg, [
         [event("u", "10:00", event_id="e1"), event("u", "10:01", event_id="e1"),
          event("v", "10:00", event_id="e1")],       # same id, other user: not a duplicate
-        [event("u", "10:00", event_id="e1"), event("u", "10:02", event_id="e2")],
+        [event("u", "10:00", event_id="e1"), event("u", "10:02", event_id=other_id)],
     ])
     assert [r.row["duplicates"] for r in reports] == [1, 1]
     assert rows(all_sessions(spark, lake), "user_id", "event_count") == [("u", 2), ("v", 1)]
     assert read_table(spark, lake, "events").count() == 3
+
+
+def test_the_duplicate_check_reads_only_files_whose_ids_reach_the_batchs(
+    spark: SparkSession, lake: str
+) -> None:
+    cfg = settings(lake)
+    run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")],
+                             [event("u", "10:01", event_id="b1")]])
+    versions = {table: table_version(spark, lake, table) for table in STREAM_TABLES}
+    inputs = batch.BatchInputs(versions, max_event_time_before=None, processing_time=NOW)
+    repeated = spark.createDataFrame([("u", "b1")], "user_id string, event_id string")
+
+    seen = batch._seen_before(spark, cfg, inputs, repeated, [date(2026, 1, 5)], ("b1", "b1"))
+
+    assert seen is not None
+    events = read_table(spark, lake, "events")
+    assert sorted(seen.inputFiles()) == sorted(events.where("batch_id = 1").inputFiles())
+    assert [tuple(r) for r in seen.collect()] == [("u", "b1")]
 
 
 @pytest.mark.parametrize(

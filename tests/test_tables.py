@@ -104,7 +104,7 @@ def _filled_row(schema: StructType) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("table", "columns"), [
-    (EVENTS, {"event_time", "user_id", "batch_id", "ingested_at"}),
+    (EVENTS, {"event_time", "user_id", "batch_id", "ingested_at", "event_id"}),
     (OPEN_SESSIONS, {"session_id", "user_id", "session_start", "session_end",
                      "updated_batch_id", "updated_at"}),
     (SESSIONS, {"user_id", "session_start", "session_end", "closed_batch_id", "closed_at"}),
