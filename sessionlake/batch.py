@@ -689,8 +689,7 @@ def _seen_before(
     version = inputs.table_versions[EVENTS]
     first, last = ids
     if not dates or version <= 0 or first is None or last is None:
-        # version 0 is the table's creation: nothing accepted yet
-        return None
+        return None  # no valid event, or version 0: the table's creation, nothing accepted
     earlier = read_table(spark, settings.lake, EVENTS, version).where(
         F.col("event_date").isin(dates) & F.col("event_id").between(first, last)
     ).select("user_id", "event_id")
