@@ -149,18 +149,25 @@ def test_the_merge_is_sized_by_the_rows_of_its_source(
     assert {"open", "merge", "close"} <= changes
 
 
-@pytest.mark.parametrize("other_id", [
-    "e2",  # the repeated id is the batch's least: the check's range starts at it
-    "e0",  # the repeated id is the batch's greatest: the range ends at it
+#: Longer than the prefix of a string that Delta keeps in its file statistics (32).
+LONG_ID = "x" * 40
+
+
+@pytest.mark.parametrize(("repeated", "other_id"), [
+    ("e1", "e2"),  # the repeated id is the batch's least: the check's range starts at it
+    ("e1", "e0"),  # the repeated id is the batch's greatest: the range ends at it
+    # Ids that differ only past the statistics' prefix: the file must not be skipped.
+    (LONG_ID + "1", LONG_ID + "2"),
+    (LONG_ID + "1", LONG_ID + "0"),
 ])
 def test_duplicates_count_once_within_and_across_batches(
-    spark: SparkSession, lake: str, other_id: str
+    spark: SparkSession, lake: str, repeated: str, other_id: str
 ) -> None:
     cfg = settings(lake)
     reports = run_batches(spark, cfg, [
-        [event("u", "10:00", event_id="e1"), event("u", "10:01", event_id="e1"),
-         event("v", "10:00", event_id="e1")],       # same id, other user: not a duplicate
-        [event("u", "10:00", event_id="e1"), event("u", "10:02", event_id=other_id)],
+        [event("u", "10:00", event_id=repeated), event("u", "10:01", event_id=repeated),
+         event("v", "10:00", event_id=repeated)],   # same id, other user: not a duplicate
+        [event("u", "10:00", event_id=repeated), event("u", "10:02", event_id=other_id)],
     ])
     assert [r.row["duplicates"] for r in reports] == [1, 1]
     assert rows(all_sessions(spark, lake), "user_id", "event_count") == [("u", 2), ("v", 1)]
