@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -63,6 +63,7 @@ from sessionlake.tables import (
     committed_by,
     literal_row,
     read_table,
+    resolve_snapshot,
     table_version,
 )
 from sessionlake.validation import (
@@ -396,6 +397,32 @@ def watermark_of(max_event_time: datetime | None, grace: timedelta) -> datetime 
     return None if max_event_time is None else max_event_time - grace
 
 
+#: The tables whose snapshots a batch resolves while it parses (see :func:`resolve_ahead`).
+RESOLVED_AHEAD: tuple[str, ...] = (OPEN_SESSIONS, EVENTS)
+
+
+def resolve_ahead(
+    pool: ThreadPoolExecutor, spark: SparkSession, lake: str, versions: dict[str, int]
+) -> list[Future[None]]:
+    """Start resolving, in ``pool``, the snapshots of the tables the sessionization reads.
+
+    The sessionization reads the state and the earlier events at the versions the batch
+    pinned, and Delta resolves each version's snapshot before the query starts
+    (:func:`sessionlake.tables.resolve_snapshot`): in a new process, or after the previous
+    batch committed new versions, that was half of a small batch's sessionization.
+    Resolved beside the parse, whose small batches leave the driver waiting on code
+    generation and short tasks, it mostly overlaps. A restart of 100 events over 10^4 open
+    sessions (five runs each, alternating): the sessionization took 1.9-2.1 s instead of
+    4.0-4.4, the parse and the wait for the snapshots 1.1-1.5 s more, and the batch
+    committed 13.2-14.4 s after the process started instead of 14.4-16.2. Batches of
+    100,000 events, whose parse keeps both cores busy, gain nothing and lose nothing.
+    The tables the batch only writes gained nothing from it. Tables at version 0 (just
+    created, empty) are not read, so not resolved.
+    """
+    return [pool.submit(resolve_snapshot, spark, lake, table, versions[table])
+            for table in RESOLVED_AHEAD if versions[table] > 0]
+
+
 def process_lines(
     spark: SparkSession,
     lines: DataFrame,
@@ -442,6 +469,8 @@ def _process_locked(
         kept.append(materialize(frame))
         return kept[-1]
 
+    ahead = ThreadPoolExecutor(max_workers=len(RESOLVED_AHEAD))
+    resolving = resolve_ahead(ahead, spark, lake, inputs.table_versions)
     try:
         faults.point("ingest")
         fit_codegen_to_parse(lines.sparkSession)
@@ -467,6 +496,8 @@ def _process_locked(
         if lines.sparkSession is not spark:  # the stream's clone, owner of the batch's frames
             fit_codegen_to_batch(lines.sparkSession, work)
         phase("parse")
+        for snapshot in resolving:
+            snapshot.result()
 
         # Sessionization reads a narrow projection of the events; what it rejects is
         # subtracted from the parsed rows by their key (source_file, source_line) at the end.
@@ -600,6 +631,7 @@ def _process_locked(
         log.debug("batch %s phases (ms): %s", batch_id, phases)
         return BatchReport(row=row, phases_ms=phases)
     finally:
+        ahead.shutdown(wait=True)
         for frame in kept:
             release(frame)
 

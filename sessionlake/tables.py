@@ -165,6 +165,19 @@ def read_table(
     return reader.load(table_path(lake, table))
 
 
+def resolve_snapshot(spark: SparkSession, lake: str, table: str, version: int) -> None:
+    """Have Delta resolve ``table``'s snapshot at ``version`` now, for a read of it later.
+
+    Before a query reads a version of a table, Delta resolves that version's snapshot:
+    Spark jobs replay the table's log and list its files, planned and waited for by the
+    driver, before the query's own jobs start. Delta keeps the newest resolved snapshot of
+    each table for the whole process, so a later read of the same version, from any
+    session, starts at once. A version older than the table's newest is resolved anew at
+    each read: resolving it ahead is then wasted, never wrong.
+    """
+    read_table(spark, lake, table, version).inputFiles()
+
+
 def literal_row(spark: SparkSession, row: Mapping[str, Any], schema: StructType) -> DataFrame:
     """``row`` as a one-row DataFrame of ``schema``'s columns (missing values are null).
 

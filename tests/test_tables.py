@@ -26,6 +26,7 @@ from sessionlake.tables import (
     ensure_tables,
     literal_row,
     read_table,
+    resolve_snapshot,
     table_exists,
     table_path,
 )
@@ -101,6 +102,33 @@ def _filled_row(schema: StructType) -> dict[str, Any]:
                               "boolean": True, "timestamp": at, "date": at.date(),
                               "map": {"k": "v"}, "array": ["x"]}
     return {field.name: values[field.dataType.typeName()] for field in schema.fields}
+
+
+def test_a_version_resolved_ahead_is_read_without_replaying_its_log_again(
+    spark: SparkSession, lake: str
+) -> None:
+    ensure_tables(spark, lake)
+    schema = read_table(spark, lake, EVENTS).schema
+    for _ in range(2):
+        append(literal_row(spark, _filled_row(schema), schema), lake, EVENTS)
+
+    def jobs_of_a_read(group: str, resolved_ahead: bool) -> list[int]:
+        """Spark jobs a read of version 2 runs in a process that has not read the table."""
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+        if resolved_ahead:
+            resolve_snapshot(spark, lake, EVENTS, 2)
+        spark.sparkContext.setJobGroup(group, "the batch's read of the version")
+        try:
+            assert len(read_table(spark, lake, EVENTS, 2).inputFiles()) == 2
+        finally:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        return spark.sparkContext.statusTracker().getJobIdsForGroup(group)
+
+    cold = jobs_of_a_read("cold", resolved_ahead=False)
+    ahead = jobs_of_a_read("ahead", resolved_ahead=True)
+    assert len(ahead) < len(cold), (ahead, cold)
 
 
 @pytest.mark.parametrize(("table", "columns"), [
