@@ -413,7 +413,7 @@ def resolve_ahead(
     Resolved beside the parse, whose small batches leave the driver waiting on code
     generation and short tasks, it mostly overlaps. A restart of 100 events over 10^4 open
     sessions (five runs each, alternating): the sessionization took 1.9-2.1 s instead of
-    4.0-4.4, the parse and the wait for the snapshots 1.1-1.5 s more, and the batch
+    4.0-4.4, the parse and the wait for the snapshots 1.0-1.4 s more, and the batch
     committed 13.2-14.4 s after the process started instead of 14.4-16.2. Batches of
     100,000 events, whose parse keeps both cores busy, gain nothing and lose nothing.
     The tables the batch only writes gained nothing from it. Tables at version 0 (just
