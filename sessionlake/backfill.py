@@ -531,7 +531,7 @@ def _changelog_rows(new: DataFrame, old: DataFrame, changed_at: datetime) -> Dat
         & (F.col("old_end") >= F.col("session_start")),
         "left",
     ).groupBy("session_id", "user_id", "session_start", "session_end", "event_count").agg(
-        F.array_sort(F.collect_list("old_session_id")).alias("previous_session_ids")
+        F.sort_array(F.collect_list("old_session_id")).alias("previous_session_ids")
     )
     return linked.select(
         F.lit(BACKFILL_BATCH_ID).cast("long").alias("batch_id"),

@@ -339,7 +339,7 @@ def _session_parts(
     pages = F.when(state, F.coalesce("pages", no_pages)).when(
         F.col("page").isNotNull(), F.array("page")).otherwise(no_pages)
     def distinct_sorted(lists: Column) -> Column:
-        return F.array_sort(F.array_distinct(F.flatten(lists)))
+        return F.sort_array(F.array_distinct(F.flatten(lists)))
 
     return {
         "start_us": (F.min(of(F.col("start_us"))), _same),
@@ -350,7 +350,7 @@ def _session_parts(
         "entry": (F.min(of(entry)), _same),
         "exit": (F.max(of(exit_)), _same),
         "pages": (F.collect_list(of(pages)), distinct_sorted),
-        "previous_session_ids": (F.collect_list(of(F.col("state_session_id"))), F.array_sort),
+        "previous_session_ids": (F.collect_list(of(F.col("state_session_id"))), F.sort_array),
         "added_events": (F.sum(of(F.when(~state, F.col("event_count")).otherwise(0))), _same),
     }
 
