@@ -107,6 +107,8 @@ class JsonLinesAdapter:
             *[F.col("text")[f].alias(f"text_{f}") for f in _JSONL_STRINGS],
             F.try_variant_get(F.col("fields")["properties"], "$", "map<string,string>")
             .alias("props"),
+            # Parsed once here: the check and the event's column both read it.
+            F.try_to_timestamp(F.col("text")["event_time"]).alias("event_time"),
         )
 
         def present(f: str) -> Column:
@@ -124,8 +126,7 @@ class JsonLinesAdapter:
             (~present("event_time"), "missing event_time"),
             (F.col("type_event_time") != "STRING",
              "event_time must be an ISO-8601 string"),
-            (~F.col("text_event_time").rlike(ISO_TIMESTAMP)
-             | F.try_to_timestamp(F.col("text_event_time")).isNull(),
+            (~F.col("text_event_time").rlike(ISO_TIMESTAMP) | F.col("event_time").isNull(),
              F.concat(F.lit("event_time is not an ISO-8601 timestamp: "),
                       F.substring("text_event_time", 1, 100))),
             string_field("event_id"),
@@ -151,7 +152,7 @@ class JsonLinesAdapter:
         return frame.select(
             F.col("text_event_id").alias("event_id"),
             F.col("text_user_id").alias("user_id"),
-            F.try_to_timestamp(F.col("text_event_time")).alias("event_time"),
+            "event_time",
             F.coalesce("text_event_type", F.lit("event")).alias("event_type"),
             F.col("text_page").alias("page"),
             properties.cast("map<string,string>").alias("properties"),

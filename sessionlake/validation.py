@@ -54,7 +54,8 @@ def apply_guards(
       and a valid record's text, parsed into its columns, would double their size.
     """
     horizon = F.lit(processing_time + max_future_skew).cast("timestamp")
-    too_long = F.length("raw") > MAX_RECORD_CHARS
+    # Characters are counted only where the bytes could be too many: counting scans the line.
+    too_long = (F.octet_length("raw") > MAX_RECORD_CHARS) & (F.length("raw") > MAX_RECORD_CHARS)
     reason: Column = (
         F.when(too_long, F.lit(f"record longer than {MAX_RECORD_CHARS} characters"))
         .when(F.col("reason").isNotNull(), F.col("reason"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta
 
 import pytest
@@ -90,6 +91,13 @@ def test_event_times_are_read_as_utc(spark: SparkSession, stamp: str, expected: 
     [parsed] = parse(spark, [json.dumps({"user_id": "u", "event_time": stamp})])
     assert parsed["reason"] is None
     assert parsed["event_time"] == expected
+
+
+def test_an_event_time_is_parsed_once(spark: SparkSession) -> None:
+    """The check of an event's time and its column read one parse of it, not one each."""
+    frame = JsonLinesAdapter().parse(lines_frame(spark, ['{"user_id": "u"}']))
+    plan = frame._jdf.queryExecution().executedPlan().toString()
+    assert len(re.findall(r"cast\([^()]*event_time[^()]* as timestamp\)", plan)) == 1, plan
 
 
 def test_good_jsonl_record_keeps_every_field(spark: SparkSession) -> None:
