@@ -600,7 +600,7 @@ def _process_locked(
             merged = apply_changelog_merge(
                 spark, lake, source, counts["merge_buckets"], key,
                 inputs.written_after(OPEN_SESSIONS), counts["merge_rows"],
-                open_sessions_in(counts["merge_buckets"]),
+                open_sessions_in(counts["merge_buckets"]), empty=state_version <= 0,
             )
             faults.point("after_merge")
             return merged, count_open_sessions(spark, lake, open_count_before, state_version,

@@ -129,10 +129,11 @@ def test_the_merge_is_sized_by_the_rows_of_its_source(
     def counting(spark: SparkSession, lake: str, source: DataFrame, buckets: list[int],
                  key: BatchKey | None, replay_after: int | None = None,
                  source_rows: int | None = None, state_rows: int | None = None,
-                 ) -> state.MergeResult:
+                 empty: bool = False) -> state.MergeResult:
         assert isinstance(source_rows, int)
         sized.append((source.count(), source_rows))
-        return apply(spark, lake, source, buckets, key, replay_after, source_rows, state_rows)
+        return apply(spark, lake, source, buckets, key, replay_after, source_rows, state_rows,
+                     empty)
 
     monkeypatch.setattr(batch, "apply_changelog_merge", counting)
     run_batches(spark, settings(lake, grace="60m"), [
@@ -147,6 +148,26 @@ def test_the_merge_is_sized_by_the_rows_of_its_source(
     assert [observed for _, observed in sized] == [actual for actual, _ in sized]
     changes = {r["change"] for r in read_table(spark, lake, "session_changelog").collect()}
     assert {"open", "merge", "close"} <= changes
+
+
+def test_a_first_batch_appends_its_open_sessions_and_the_next_merges_them(
+    spark: SparkSession, lake: str
+) -> None:
+    """A new lake's ``open_sessions`` holds no row for a MERGE to match: the first batch
+    appends its open sessions (``state.insert_into_empty``), reported as the MERGE's
+    inserts; the next batch MERGEs into them."""
+    run_batches(spark, settings(lake), [
+        [event("u", "10:00"), event("v", "10:05")],
+        [event("u", "10:10"), event("w", "10:12")],
+    ])
+    history = DeltaTable.forPath(spark, table_path(lake, "open_sessions")).history()
+    assert [r["operation"] for r in history.orderBy("version").collect()][1:] == [
+        "WRITE", "MERGE"]
+    metrics = {r["batch_id"]: r for r in read_table(spark, lake, "batch_metrics").collect()}
+    assert (metrics[0]["merge_rows_inserted"], metrics[0]["open_sessions"]) == (2, 2)
+    assert metrics[0]["merge_files_added"] > 0
+    assert (metrics[1]["merge_rows_updated"], metrics[1]["merge_rows_inserted"],
+            metrics[1]["open_sessions"]) == (1, 1, 3)
 
 
 #: Longer than the prefix of a string that Delta keeps in its file statistics (32).

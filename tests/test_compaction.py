@@ -333,7 +333,9 @@ def test_writes_that_lose_a_race_to_an_optimize_are_redone_once(
     for table in PUBLIC_TABLES:
         operations = [r["operation"] for r in DeltaTable.forPath(
             spark, table_path(raced, table)).history().collect()]
-        assert operations.count("MERGE" if table == "open_sessions" else "WRITE") == (
+        # Each batch writes each table once: appends, the state's MERGE (an append into
+        # the empty table, for the first batch).
+        assert sum(op in ("MERGE", "WRITE") for op in operations) == (
             DeltaTable.forPath(spark, table_path(reference, table)).history()
             .where(F.col("operation").isin("MERGE", "WRITE")).count()), table
     for table in [t for t in PUBLIC_TABLES if t != "batch_metrics"]:
