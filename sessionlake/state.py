@@ -173,7 +173,9 @@ def insert_into_empty(
     waited 2.5 s for it after its appends, which ran slower beside it. The append carries the
     batch's tag like the MERGE, so a replay finds it the same way (:func:`batch_commit`).
     """
-    rows = source.where(F.col("op") == "upsert").select(*OPEN_SESSION_COLUMNS)
+    # One file per bucket, as the MERGE writes them (its rows are shuffled by partition).
+    rows = source.where(F.col("op") == "upsert").select(*OPEN_SESSION_COLUMNS) \
+        .repartition("user_bucket")
     retry_on_conflict(lambda: append(rows, lake, OPEN_SESSIONS, batch),
                       f"append to {OPEN_SESSIONS}")
     committed = batch_commit(spark, lake, OPEN_SESSIONS, batch, after=replay_after) \
