@@ -150,12 +150,7 @@ def apply_changelog_merge(
             )
 
     retry_on_conflict(merge, f"MERGE into {OPEN_SESSIONS}")
-    committed = batch_commit(spark, lake, OPEN_SESSIONS, batch, after=replay_after) \
-        if batch else None
-    if committed is not None:
-        version, metrics = committed
-        return merge_result(metrics, version)
-    return merge_result(last_operation_metrics(spark, lake, OPEN_SESSIONS, operation="MERGE"))
+    return written_result(spark, lake, batch, replay_after, "MERGE")
 
 
 def insert_into_empty(
@@ -178,12 +173,21 @@ def insert_into_empty(
         .repartition("user_bucket")
     retry_on_conflict(lambda: append(rows, lake, OPEN_SESSIONS, batch),
                       f"append to {OPEN_SESSIONS}")
+    return written_result(spark, lake, batch, replay_after, "WRITE")
+
+
+def written_result(
+    spark: SparkSession, lake: str, batch: BatchKey | None, replay_after: int | None,
+    operation: str,
+) -> MergeResult:
+    """The result of the state write just made (``operation``: ``MERGE`` or ``WRITE``), from
+    the batch's tagged commit, or without a batch from the table's last such operation."""
     committed = batch_commit(spark, lake, OPEN_SESSIONS, batch, after=replay_after) \
         if batch else None
     if committed is not None:
         version, metrics = committed
         return merge_result(metrics, version)
-    return merge_result(last_operation_metrics(spark, lake, OPEN_SESSIONS, operation="WRITE"))
+    return merge_result(last_operation_metrics(spark, lake, OPEN_SESSIONS, operation=operation))
 
 
 def names_session_ids(source_rows: int | None, state_rows: int | None) -> bool:
