@@ -62,6 +62,7 @@ from sessionlake.tables import (
     batch_commit_metrics,
     committed_by,
     literal_row,
+    never_written,
     read_table,
     resolve_snapshot,
     table_version,
@@ -249,6 +250,8 @@ def max_event_time_before(
     previous = _previous_ledger(spark, settings, identity, batch_id)
     if previous is not None and previous.get("done") and "max_event_time_after" in previous:
         return _parse_time(previous["max_event_time_after"])
+    if never_written(spark, settings.lake, BATCH_METRICS):  # a new lake's first batch
+        return None
     return _as_utc(_one(read_table(spark, settings.lake, BATCH_METRICS).agg(
         F.max("max_event_time")
     ))[0])

@@ -214,6 +214,18 @@ def table_version(spark: SparkSession, lake: str, table: str) -> int:
     return max(versions)
 
 
+def never_written(spark: SparkSession | None, lake: str, table: str) -> bool:
+    """Whether ``table`` holds no row because nothing was ever written to it: its log
+    has only its creation, which added no file.
+
+    One listing and one small file read, where a query of the table would load its
+    snapshot with Spark (about 3 s for a new lake's first batch, cold).
+    """
+    versions = _commit_versions(spark, lake, table)
+    return versions == [0] and not any(
+        "add" in action for action in _commit_actions(spark, lake, table, 0))
+
+
 def append(
     frame: DataFrame,
     lake: str,

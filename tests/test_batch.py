@@ -270,6 +270,24 @@ def test_the_watermark_is_carried_in_the_ledger_and_read_from_batch_metrics_with
     assert max_event_time_before(spark, cfg, StreamIdentity("ledger", 1), 2) == noted
 
 
+def test_a_new_lakes_first_batch_starts_without_a_watermark_and_without_a_query(
+    spark: SparkSession, lake: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """batch_metrics has only its creation: nothing to take the maximum of, and no reason
+    to load its snapshot (3 s of a new lake's first batch, cold)."""
+    from sessionlake import batch as batch_module
+    from sessionlake.tables import ensure_tables
+
+    ensure_tables(spark, lake)
+
+    def no_query(*args: object, **kwargs: object) -> None:
+        raise AssertionError("batch_metrics was queried")
+
+    monkeypatch.setattr(batch_module, "read_table", no_query)
+    identity = StreamIdentity("fresh", 0)
+    assert batch_module.max_event_time_before(spark, settings(lake), identity, 0) is None
+
+
 def test_the_open_session_count_is_carried_in_the_ledger_for_the_next_batch(
     spark: SparkSession, lake: str
 ) -> None:

@@ -25,6 +25,7 @@ from sessionlake.tables import (
     append,
     ensure_tables,
     literal_row,
+    never_written,
     read_table,
     resolve_snapshot,
     table_exists,
@@ -56,6 +57,18 @@ def test_creating_tables_keeps_the_bucket_count_of_an_existing_lake(
 ) -> None:
     assert ensure_tables(spark, lake, user_buckets=4) == 4
     assert ensure_tables(spark, lake, user_buckets=16) == 4
+
+
+def test_a_table_is_never_written_until_a_commit_follows_its_creation(
+    spark: SparkSession, lake: str
+) -> None:
+    ensure_tables(spark, lake, user_buckets=4)
+    assert never_written(spark, lake, BATCH_METRICS)
+    spark.sql(f"ALTER TABLE delta.`{table_path(lake, BATCH_METRICS)}` "
+              "SET TBLPROPERTIES ('comment' = 'no rows yet')")
+    # Any later commit counts as written: the check never reads more than the creation.
+    assert not never_written(spark, lake, BATCH_METRICS)
+    assert never_written(spark, lake, SESSIONS)
 
 
 def test_a_literal_row_is_the_row_created_from_python(spark: SparkSession, lake: str) -> None:
