@@ -130,6 +130,7 @@ def ensure_tables(spark: SparkSession, lake: str, user_buckets: int = 16) -> int
         # A process killed while creating the table can leave a log folder without a
         # commit; CREATE TABLE IF NOT EXISTS would take it for a table and do nothing.
         storage.delete(spark, f"{table_path(lake, table)}/_delta_log")
+
     def create(table: str) -> None:
         spark.sql(table_ddl(table, table_path(lake, table), user_buckets))
 
