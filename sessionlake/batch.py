@@ -26,7 +26,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake import faults, storage
+from sessionlake import eventids, faults, storage
 from sessionlake.changelog import (
     changelog_rows,
     classify_sessions,
@@ -132,10 +132,22 @@ class BatchInputs:
     max_event_time_before: datetime | None
     processing_time: datetime
     replay: bool = False
+    #: An upper bound of the ids in ``events`` (:mod:`sessionlake.eventids`), if known.
+    events_id_bound: eventids.IdBound | None = None
+    #: Whether the previous batch's duplicate check read ``events``: if it did not, this
+    #: one most likely will not either, and the table's snapshot is not resolved ahead.
+    earlier_events_read_before: bool = True
 
     def written_after(self, table: str) -> int | None:
         """Where a replay looks for this batch's commit of ``table``; ``None``: not a replay."""
         return self.table_versions[table] if self.replay else None
+
+    def no_earlier_event_from(self, least_id: str | None) -> bool:
+        """Whether ``events``, at the version the batch reads, holds no id from
+        ``least_id`` up: then no event of the batch can repeat an earlier one."""
+        bound = self.events_id_bound
+        return (bound is not None and bound.version == self.table_versions[EVENTS]
+                and bound.excludes(least_id))
 
 
 @dataclass(frozen=True)
@@ -198,9 +210,14 @@ def record_inputs(
     """
     entry = _read_ledger(spark, settings, identity, batch_id)
     replay = entry is not None
+    previous = _previous_ledger(spark, settings, identity, batch_id) or {}
     if entry is None:
         max_before = max_event_time_before(spark, settings, identity, batch_id)
         versions = {table: table_version(spark, settings.lake, table) for table in STREAM_TABLES}
+        bound = eventids.events_id_bound(
+            spark, settings.lake, eventids.from_json(previous.get(ID_BOUND_NOTE)),
+            versions[EVENTS], from_log=ID_BOUND_NOTE not in previous,
+        )
         entry = {
             "events_version": versions[EVENTS],
             "open_sessions_version": versions[OPEN_SESSIONS],
@@ -208,6 +225,7 @@ def record_inputs(
             "table_versions": versions,
             "max_event_time_before": None if max_before is None else max_before.isoformat(),
             "processing_time": clock().astimezone(UTC).isoformat(),
+            ID_BOUND_NOTE: None if bound is None else bound.as_json(),
             "done": False,
         }
         _write_ledger(spark, settings, identity, batch_id, entry)
@@ -216,8 +234,16 @@ def record_inputs(
         max_event_time_before=_parse_time(entry["max_event_time_before"]),
         processing_time=_parse_time(entry["processing_time"]) or clock(),
         replay=replay,
+        events_id_bound=eventids.from_json(entry.get(ID_BOUND_NOTE)),
+        earlier_events_read_before=previous.get(EVENTS_READ_NOTE) is not False,
     )
     return inputs, bool(entry.get("done"))
+
+
+#: Ledger keys: the batch's bound of the ids in ``events`` at the version it reads
+#: (:mod:`sessionlake.eventids`), and whether its duplicate check read ``events``.
+ID_BOUND_NOTE = "events_id_bound"
+EVENTS_READ_NOTE = "read_earlier_events"
 
 
 def _versions_before(
@@ -272,17 +298,20 @@ def mark_done(
     batch_id: int,
     max_event_time_after: datetime | None,
     open_after: OpenCount,
+    read_earlier_events: bool = True,
 ) -> None:
     """Note in the ledger that every table write of the batch has committed, the largest
-    accepted event time so far (the next batch's watermark starts there) and how many
+    accepted event time so far (the next batch's watermark starts there), how many
     sessions are open at which version (see :func:`open_sessions_estimate` and
-    :func:`count_open_sessions`)."""
+    :func:`count_open_sessions`) and whether the duplicate check read ``events``
+    (:attr:`BatchInputs.earlier_events_read_before`)."""
     entry = _read_ledger(spark, settings, identity, batch_id) or {}
     after = None if max_event_time_after is None else max_event_time_after.isoformat()
     _write_ledger(spark, settings, identity, batch_id,
                   {**entry, "done": True, "max_event_time_after": after,
                    "open_sessions_after": open_after.sessions,
-                   "open_sessions_version_after": open_after.version})
+                   "open_sessions_version_after": open_after.version,
+                   EVENTS_READ_NOTE: read_earlier_events})
 
 
 def open_sessions_known(
@@ -405,7 +434,7 @@ RESOLVED_AHEAD: tuple[str, ...] = (OPEN_SESSIONS, EVENTS)
 
 
 def resolve_ahead(
-    pool: ThreadPoolExecutor, spark: SparkSession, lake: str, versions: dict[str, int]
+    pool: ThreadPoolExecutor, spark: SparkSession, lake: str, inputs: BatchInputs
 ) -> list[Future[None]]:
     """Start resolving, in ``pool``, the snapshots of the tables the sessionization reads.
 
@@ -420,10 +449,13 @@ def resolve_ahead(
     committed 13.2-14.4 s after the process started instead of 14.4-16.2. Batches of
     100,000 events, whose parse keeps both cores busy, gain nothing and lose nothing.
     The tables the batch only writes gained nothing from it. Tables at version 0 (just
-    created, empty) are not read, so not resolved.
+    created, empty) are not read, so not resolved; nor is ``events`` when the previous
+    batch's duplicate check did not need to read it (see :mod:`sessionlake.eventids`).
     """
+    versions = inputs.table_versions
+    skipped = set() if inputs.earlier_events_read_before else {EVENTS}
     return [pool.submit(resolve_snapshot, spark, lake, table, versions[table])
-            for table in RESOLVED_AHEAD if versions[table] > 0]
+            for table in RESOLVED_AHEAD if versions[table] > 0 and table not in skipped]
 
 
 def process_lines(
@@ -473,7 +505,7 @@ def _process_locked(
         return kept[-1]
 
     ahead = ThreadPoolExecutor(max_workers=len(RESOLVED_AHEAD))
-    resolving = resolve_ahead(ahead, spark, lake, inputs.table_versions)
+    resolving = resolve_ahead(ahead, spark, lake, inputs)
     try:
         faults.point("ingest")
         fit_codegen_to_parse(lines.sparkSession)
@@ -521,11 +553,11 @@ def _process_locked(
         phase("lateness_and_state")
         accepting = ~F.col("is_duplicate") & F.col("late_reason").isNull()
         event = ~F.col("is_state")
+        seen_before = _seen_before(spark, settings, inputs, events, dates,
+                                   (stats["first_event_id"], stats["last_event_id"]))
         sessionized, sessionize_seen = _observed(
-            sessionize_batch(events, state,
-                             _seen_before(spark, settings, inputs, events, dates,
-                                          (stats["first_event_id"], stats["last_event_id"])),
-                             near_closed, watermark, gap, settings.max_session_duration),
+            sessionize_batch(events, state, seen_before, near_closed, watermark, gap,
+                             settings.max_session_duration),
             valid=F.count(F.when(event, 1)),
             unique=F.count(F.when(event & ~F.col("is_duplicate"), 1)),
             accepted=F.count(F.when(event & accepting, 1)),
@@ -629,7 +661,8 @@ def _process_locked(
         _append_once(literal_row(spark, row, schema), lake, BATCH_METRICS, key,
                      inputs.written_after(BATCH_METRICS))
         faults.point("after_metrics")
-        mark_done(spark, settings, identity, batch_id, max_event_time, open_after)
+        mark_done(spark, settings, identity, batch_id, max_event_time, open_after,
+                  read_earlier_events=seen_before is not None)
         phase("metrics")
         log.debug("batch %s phases (ms): %s", batch_id, phases)
         return BatchReport(row=row, phases_ms=phases)
@@ -719,12 +752,16 @@ def _seen_before(
     the batch could repeat, not the whole day so far. Random ids skip nothing and cost
     nothing.
     Those days' events are scanned against the batch's ids shipped whole to every task,
-    so the earlier events are not shuffled; ``None`` while the table holds no event.
+    so the earlier events are not shuffled; ``None`` while the table holds no event, or
+    no id from the batch's least up (:meth:`BatchInputs.no_earlier_event_from`): then the
+    table is not read at all.
     """
     version = inputs.table_versions[EVENTS]
     first, last = ids
     if not dates or version <= 0 or first is None or last is None:
         return None  # no valid event, or version 0: the table's creation, nothing accepted
+    if inputs.no_earlier_event_from(first):
+        return None
     earlier = read_table(spark, settings.lake, EVENTS, version).where(
         F.col("event_date").isin(dates) & F.col("event_id").between(first, last)
     ).select("user_id", "event_id")

@@ -83,6 +83,9 @@ class DataFile:
     num_records: int | None
     modification_time: int
     deletion_vector: DeletionVector | None = None
+    #: Each column's greatest value in the file, from its statistics (strings as written:
+    #: a long one truncated and rounded up); empty without statistics.
+    max_values: dict[str, Any] = field(default_factory=dict)
 
     @property
     def deleted_rows(self) -> int:
@@ -288,10 +291,8 @@ def _file_key(action: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def _data_file(add: dict[str, Any]) -> DataFile:
-    stats = add.get("stats")
-    records = None
-    if stats:
-        records = json.loads(stats).get("numRecords")
+    stats = json.loads(add["stats"]) if add.get("stats") else {}
+    records = stats.get("numRecords")
     return DataFile(
         path=str(add["path"]),
         size=int(add.get("size") or 0),
@@ -299,6 +300,7 @@ def _data_file(add: dict[str, Any]) -> DataFile:
         num_records=None if records is None else int(records),
         modification_time=int(add.get("modificationTime") or 0),
         deletion_vector=_deletion_vector(add.get("deletionVector")),
+        max_values=_as_dict(stats.get("maxValues")),
     )
 
 

@@ -1,0 +1,146 @@
+"""The largest event id ``events`` can hold, carried from batch to batch.
+
+A batch's duplicate check (``batch._seen_before``) looks for the batch's ids among the
+accepted events of the same days whose ids lie between the batch's least and greatest. When
+ids grow with time (sequence numbers, UUIDv7, ULID, ``<file>#<line>``), a new batch's least
+id lies above every id already accepted, and the check finds nothing, yet it still cost
+Delta's resolution of the table's new version (Spark jobs that replay its log and list its
+files) and a query of it in every batch. Knowing an upper bound of the table's ids, the
+batch skips both when its least id lies above it.
+
+The bound is a fact about one version of the table, read from Delta's own log: each add
+action's statistics hold its file's greatest ``event_id`` (truncated strings are rounded
+up, so it stays an upper bound). A batch records the bound at the version it reads in its
+ledger entry; the next batch carries it to its own version through the commits in
+between, whoever made them (a compaction, an erasure, a backfill): every file they added
+counts. The first batch of a stream or of an epoch takes it from the table's whole log.
+Where that fails (a commit file gone, a file without statistics, too many commits to read,
+a lake not on this machine's disks), there is no bound and the batch reads the table, as
+before.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from sessionlake import deltareader, storage
+from sessionlake.deltalog import commit_actions, commit_file
+from sessionlake.tables import EVENTS, table_path
+
+#: The column whose statistics bound the table's ids.
+EVENT_ID = "event_id"
+
+#: Commits a batch reads to carry the previous batch's bound to its own version. More
+#: (a long pause beside busy maintenance) are not read: the batch reads the table instead.
+CARRIED_COMMITS_MAX = 50
+
+
+@dataclass(frozen=True)
+class IdBound:
+    """At ``version`` of ``events``, no event's id is greater than ``largest``
+    (``None``: the table holds no event)."""
+
+    version: int
+    largest: str | None
+
+    def excludes(self, least_id: str | None) -> bool:
+        """Whether no event of the table can have an id from ``least_id`` up."""
+        return least_id is not None and (self.largest is None or least_id > self.largest)
+
+    def as_json(self) -> dict[str, Any]:
+        """The bound as a ledger entry stores it."""
+        return {"version": self.version, "largest": self.largest}
+
+
+def from_json(noted: Any) -> IdBound | None:
+    """The bound a ledger entry stored (``None`` when it stored none)."""
+    if not isinstance(noted, dict) or not isinstance(noted.get("version"), int):
+        return None
+    largest = noted.get("largest")
+    return IdBound(noted["version"], largest if isinstance(largest, str) else None)
+
+
+def _greater(a: str | None, b: str | None) -> str | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def file_largest_id(add: dict[str, Any]) -> tuple[bool, str | None]:
+    """Whether an add action's file has a known greatest id, and that id (``None`` for a
+    file with no row)."""
+    stats = add.get("stats")
+    if not stats:
+        return False, None
+    parsed = json.loads(stats) if isinstance(stats, str) else stats
+    if parsed.get("numRecords") == 0:
+        return True, None
+    largest = (parsed.get("maxValues") or {}).get(EVENT_ID)
+    return isinstance(largest, str), largest if isinstance(largest, str) else None
+
+
+def carried_to(spark: SparkSession | None, lake: str, bound: IdBound, version: int
+               ) -> IdBound | None:
+    """``bound`` carried to ``version`` through the commits after its own: raised by the
+    greatest id of every file they add. ``None`` when it cannot be (see the module)."""
+    if version < bound.version or version - bound.version > CARRIED_COMMITS_MAX:
+        return None
+    largest = bound.largest
+    for commit in range(bound.version + 1, version + 1):
+        text = storage.read_text(spark, f"{table_path(lake, EVENTS)}/{commit_file(commit)}")
+        if text is None:
+            return None
+        for action in commit_actions(text):
+            if "add" in action:
+                known, file_largest = file_largest_id(action["add"])
+                if not known:
+                    return None
+                largest = _greater(largest, file_largest)
+    return IdBound(version, largest)
+
+
+def bound_from_log(lake: str) -> IdBound | None:
+    """The bound at the table's newest version, from its whole log (checkpoint and
+    commits), for a local lake; ``None`` elsewhere or when a live file has no
+    statistics of its ids."""
+    try:
+        state = deltareader.read_state(table_path(lake, EVENTS))
+    except (deltareader.DeltaReadError, OSError):
+        return None
+    largest: str | None = None
+    for data_file in state.files:
+        if data_file.num_records == 0:
+            continue
+        file_largest = data_file.max_values.get(EVENT_ID)
+        if not isinstance(file_largest, str):
+            return None
+        largest = _greater(largest, file_largest)
+    return IdBound(state.version, largest)
+
+
+def events_id_bound(
+    spark: SparkSession | None, lake: str, noted: IdBound | None, version: int,
+    from_log: bool,
+) -> IdBound | None:
+    """A bound of the table's ids, for a batch that reads ``events`` at ``version``.
+
+    :param noted: the bound the previous batch of the stream noted, if any.
+    :param from_log: whether, without a bound carried to ``version``, to take one from
+        the table's whole log: for the first batch of a stream or of an epoch (after a
+        restore), which has no previous batch to carry one from. Not after a batch that
+        could not carry its own: whatever stopped it (files without statistics of their
+        ids, say) would most likely stop this too, at the cost of replaying the log in
+        Python at every batch.
+    :return: the bound at ``version`` when it could be carried there (or the table is
+        only its creation); else one at the table's newest version, which the next batch
+        carries on; else ``None``.
+    """
+    if version <= 0:
+        return IdBound(version, None)  # the table's creation: no event
+    if noted is not None:
+        carried = carried_to(spark, lake, noted, version)
+        if carried is not None:
+            return carried
+    return bound_from_log(lake) if from_log else None

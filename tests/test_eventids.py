@@ -1,0 +1,156 @@
+"""The bound of ``events``' ids that lets a batch skip reading the table for duplicates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from sessionlake import batch, eventids
+from sessionlake.batch import StreamIdentity, _read_ledger
+from sessionlake.config import Settings, settings_from
+from sessionlake.deltalog import commit_file
+from sessionlake.eventids import IdBound
+from sessionlake.tables import EVENTS, read_table, table_path, table_version
+from tests.helpers import event, run_batches
+
+
+def settings(lake: str) -> Settings:
+    return settings_from({"lake": lake}, env={})
+
+
+@pytest.mark.parametrize(
+    ("largest", "least", "excludes"),
+    [
+        (None, "a1", True),     # no event at all
+        ("b1", "b2", True),
+        ("b1", "b1", False),    # the batch may repeat the greatest id
+        ("b1", "a9", False),
+        ("b1", None, False),    # the batch has no valid event: nothing to decide
+    ],
+)
+def test_a_bound_excludes_only_ids_above_it(
+    largest: str | None, least: str | None, excludes: bool
+) -> None:
+    assert IdBound(3, largest).excludes(least) is excludes
+
+
+@pytest.mark.parametrize(
+    ("add", "known"),
+    [
+        ({"path": "f"}, (False, None)),                                   # no statistics
+        ({"stats": json.dumps({"numRecords": 0})}, (True, None)),          # no row
+        ({"stats": json.dumps({"numRecords": 2, "maxValues": {"event_id": "e9"}})},
+         (True, "e9")),
+        ({"stats": json.dumps({"numRecords": 2, "maxValues": {"user_id": "u"}})},
+         (False, None)),                                                   # ids not counted
+    ],
+)
+def test_a_files_greatest_id_comes_from_its_statistics(
+    add: dict[str, Any], known: tuple[bool, str | None]
+) -> None:
+    assert eventids.file_largest_id(add) == known
+
+
+def ledger_bound(spark: SparkSession, cfg: Settings, identity: StreamIdentity,
+                 batch_id: int) -> IdBound | None:
+    entry = _read_ledger(spark, cfg, identity, batch_id) or {}
+    return eventids.from_json(entry.get(batch.ID_BOUND_NOTE))
+
+
+def test_each_batch_notes_the_bound_at_the_version_it_reads(
+    spark: SparkSession, lake: str
+) -> None:
+    cfg = settings(lake)
+    identity = StreamIdentity("ids", 0)
+    run_batches(spark, cfg, [[event("u", "10:00", event_id="a1"), event("v", "10:00",
+                                                                         event_id="a2")],
+                             [event("u", "10:01", event_id="b1")],
+                             [event("u", "10:02", event_id="c1")]], identity=identity)
+    bounds = [ledger_bound(spark, cfg, identity, b) for b in (0, 1, 2)]
+    assert [b.largest if b else "?" for b in bounds] == [None, "a2", "b1"]
+    assert [b.version if b else -1 for b in bounds] == [0, 1, 2]
+
+
+def test_a_batch_above_the_bound_does_not_read_events(
+    spark: SparkSession, lake: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neither resolved ahead (the previous batch did not read it either) nor queried."""
+    cfg = settings(lake)
+    identity = StreamIdentity("ids", 0)
+    run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")],
+                             [event("u", "10:01", event_id="b1")]], identity=identity)
+    read: list[str] = []
+
+    def recording(spark: SparkSession, lake: str, table: str, *args: Any) -> Any:
+        read.append(table)
+        return read_table(spark, lake, table, *args)
+
+    monkeypatch.setattr(batch, "read_table", recording)
+    monkeypatch.setattr(batch, "resolve_snapshot",
+                        lambda spark, lake, table, version: read.append(table))
+    [report] = run_batches(spark, cfg, [[event("u", "10:02", event_id="c1")]],
+                           identity=identity, first_batch_id=2)
+    assert report.row["accepted"] == 1
+    assert EVENTS not in read
+    # A batch that may repeat an id reads the table, and finds the repeat.
+    [report] = run_batches(spark, cfg, [[event("u", "10:03", event_id="c1")]],
+                           identity=identity, first_batch_id=3)
+    assert report.row["duplicates"] == 1
+    assert EVENTS in read
+
+
+def test_the_bound_counts_other_writers_commits(spark: SparkSession, lake: str) -> None:
+    """Another writer's events (a second stream, a backfill) between two batches raise
+    the bound: a repeat of one of them is still found."""
+    cfg = settings(lake)
+    identity = StreamIdentity("ids", 0)
+    run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")],
+                             [event("u", "10:01", event_id="b1")]], identity=identity)
+    run_batches(spark, cfg, [[event("w", "10:02", event_id="c5")]],
+                identity=StreamIdentity("other", 0))
+    [report] = run_batches(spark, cfg, [[event("u", "10:03", event_id="c1"),
+                                         event("w", "10:02", event_id="c5")]],
+                           identity=identity, first_batch_id=2)
+    assert report.row["duplicates"] == 1
+    assert ledger_bound(spark, cfg, identity, 2) == IdBound(table_version(spark, lake, EVENTS)
+                                                             - 1, "c5")
+    assert read_table(spark, lake, EVENTS).where("event_id = 'c5'").count() == 1
+
+
+def test_a_new_epoch_takes_the_bound_from_the_log(spark: SparkSession, lake: str) -> None:
+    cfg = settings(lake)
+    run_batches(spark, cfg, [[event("u", "10:00", event_id="a1"), event("v", "10:00",
+                                                                         event_id="a7")],
+                             [event("u", "10:01", event_id="a3")]])
+    version = table_version(spark, lake, EVENTS)
+    assert eventids.events_id_bound(spark, lake, None, version, from_log=True) == IdBound(
+        version, "a7")
+    assert eventids.events_id_bound(spark, lake, None, version, from_log=False) is None
+    # A stream's first batch on an existing lake (no previous batch) notes it.
+    run_batches(spark, cfg, [[event("u", "10:02", event_id="b1")]],
+                identity=StreamIdentity("restored", 1))
+    assert ledger_bound(spark, cfg, StreamIdentity("restored", 1), 0) == IdBound(version, "a7")
+
+
+def test_a_bound_that_cannot_be_carried_is_dropped(
+    spark: SparkSession, lake: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit file gone (log clean-up) or too many commits to read: no bound, and the
+    batch reads the table."""
+    cfg = settings(lake)
+    run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")],
+                             [event("u", "10:01", event_id="b1")],
+                             [event("u", "10:02", event_id="c1")]])
+    version = table_version(spark, lake, EVENTS)
+    start = IdBound(1, "a1")
+    assert eventids.carried_to(spark, lake, start, version) == IdBound(version, "c1")
+    assert eventids.carried_to(spark, lake, start, 0) is None  # a version before the bound
+    monkeypatch.setattr(eventids, "CARRIED_COMMITS_MAX", 1)
+    assert eventids.carried_to(spark, lake, start, version) is None
+    monkeypatch.undo()
+    Path(table_path(lake, EVENTS), commit_file(version)).unlink()
+    assert eventids.carried_to(spark, lake, start, version) is None
