@@ -154,3 +154,23 @@ def test_a_bound_that_cannot_be_carried_is_dropped(
     monkeypatch.undo()
     Path(table_path(lake, EVENTS), commit_file(version)).unlink()
     assert eventids.carried_to(spark, lake, start, version) is None
+
+
+@pytest.mark.parametrize("tail", ["b", "é", "\U0001f600"])
+def test_long_ids_are_bounded_from_above_though_delta_truncates_their_statistics(
+    spark: SparkSession, lake: str, tail: str
+) -> None:
+    """Delta keeps a string's first 32 characters in its statistics and rounds the rest up
+    (with U+007F, or U+10FFFF after a character beyond ASCII): a repeat of a long id that
+    shares its first 32 characters with the greatest one is still looked for, and found."""
+    prefix = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f"  # 32 characters, as a UUIDv7's start
+    cfg = settings(lake)
+    identity = StreamIdentity("ids", 0)
+    run_batches(spark, cfg, [[event("u", "10:00", event_id=prefix + tail + "9")]],
+                identity=identity)
+    [report] = run_batches(spark, cfg, [[event("u", "10:00", event_id=prefix + tail + "9")]],
+                           identity=identity, first_batch_id=1)
+    bound = ledger_bound(spark, cfg, identity, 1)
+    assert bound is not None and bound.largest is not None
+    assert bound.largest >= prefix + tail + "9"
+    assert report.row["duplicates"] == 1
