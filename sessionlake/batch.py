@@ -453,9 +453,9 @@ def resolve_ahead(
     batch's duplicate check did not need to read it (see :mod:`sessionlake.eventids`).
     """
     versions = inputs.table_versions
-    skipped = set() if inputs.earlier_events_read_before else {EVENTS}
     return [pool.submit(resolve_snapshot, spark, lake, table, versions[table])
-            for table in RESOLVED_AHEAD if versions[table] > 0 and table not in skipped]
+            for table in RESOLVED_AHEAD if versions[table] > 0
+            and (table != EVENTS or inputs.earlier_events_read_before)]
 
 
 def process_lines(

@@ -22,6 +22,7 @@ before.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,17 +69,21 @@ def _greater(a: str | None, b: str | None) -> str | None:
     return b if a is None else a if b is None else max(a, b)
 
 
-def file_largest_id(add: dict[str, Any]) -> tuple[bool, str | None]:
-    """Whether an add action's file has a known greatest id, and that id (``None`` for a
-    file with no row)."""
-    stats = add.get("stats")
-    if not stats:
-        return False, None
-    parsed = json.loads(stats) if isinstance(stats, str) else stats
-    if parsed.get("numRecords") == 0:
+def _largest_in(records: int | None, max_values: Mapping[str, Any]) -> tuple[bool, str | None]:
+    """Whether a file of ``records`` rows with these statistics has a known greatest id,
+    and that id (``None`` for a file with no row)."""
+    if records == 0:
         return True, None
-    largest = (parsed.get("maxValues") or {}).get(EVENT_ID)
-    return isinstance(largest, str), largest if isinstance(largest, str) else None
+    largest = max_values.get(EVENT_ID)
+    return (True, largest) if isinstance(largest, str) else (False, None)
+
+
+def file_largest_id(add: dict[str, Any]) -> tuple[bool, str | None]:
+    """:func:`_largest_in` for an add action of a commit file."""
+    if not add.get("stats"):
+        return False, None
+    stats = json.loads(add["stats"])
+    return _largest_in(stats.get("numRecords"), stats.get("maxValues") or {})
 
 
 def carried_to(spark: SparkSession | None, lake: str, bound: IdBound, version: int
@@ -111,10 +116,8 @@ def bound_from_log(lake: str) -> IdBound | None:
         return None
     largest: str | None = None
     for data_file in state.files:
-        if data_file.num_records == 0:
-            continue
-        file_largest = data_file.max_values.get(EVENT_ID)
-        if not isinstance(file_largest, str):
+        known, file_largest = _largest_in(data_file.num_records, data_file.max_values)
+        if not known:
             return None
         largest = _greater(largest, file_largest)
     return IdBound(state.version, largest)
