@@ -13,10 +13,12 @@ action's statistics hold its file's greatest ``event_id`` (truncated strings are
 up, so it stays an upper bound). A batch records the bound at the version it reads in its
 ledger entry; the next batch carries it to its own version through the commits in
 between, whoever made them (a compaction, an erasure, a backfill): every file they added
-counts. The first batch of a stream or of an epoch takes it from the table's whole log.
-Where that fails (a commit file gone, a file without statistics, too many commits to read,
-a lake not on this machine's disks), there is no bound and the batch reads the table, as
-before.
+counts. The first batch of a stream or of an epoch takes it from the table's whole log,
+and so does a batch that could not carry its previous batch's bound (a commit file gone,
+too many commits to read), so that one long pause does not cost the stream its bound for
+good. Where the log fails too (a file without statistics of its ids, a lake not on this
+machine's disks), there is no bound, the batch reads the table as before, and the batches
+after it do not look again until the next epoch.
 """
 
 from __future__ import annotations
@@ -130,12 +132,12 @@ def events_id_bound(
     """A bound of the table's ids, for a batch that reads ``events`` at ``version``.
 
     :param noted: the bound the previous batch of the stream noted, if any.
-    :param from_log: whether, without a bound carried to ``version``, to take one from
-        the table's whole log: for the first batch of a stream or of an epoch (after a
-        restore), which has no previous batch to carry one from. Not after a batch that
-        could not carry its own: whatever stopped it (files without statistics of their
-        ids, say) would most likely stop this too, at the cost of replaying the log in
-        Python at every batch.
+    :param from_log: whether, with no bound noted, to take one from the table's whole log:
+        for the first batch of a stream or of an epoch (after a restore), which has no
+        previous batch to carry one from. Not after a batch that noted none: whatever
+        stopped it (a file without statistics of its ids, say) would most likely stop this
+        one too, at the cost of replaying the log in Python at every batch. A noted bound
+        that cannot be carried is always replaced from the log.
     :return: the bound at ``version`` when it could be carried there (or the table is
         only its creation); else one at the table's newest version, which the next batch
         carries on; else ``None``.
@@ -146,4 +148,4 @@ def events_id_bound(
         carried = carried_to(spark, lake, noted, version)
         if carried is not None:
             return carried
-    return bound_from_log(lake) if from_log else None
+    return bound_from_log(lake) if from_log or noted is not None else None

@@ -139,8 +139,7 @@ def test_a_new_epoch_takes_the_bound_from_the_log(spark: SparkSession, lake: str
 def test_a_bound_that_cannot_be_carried_is_dropped(
     spark: SparkSession, lake: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A commit file gone (log clean-up) or too many commits to read: no bound, and the
-    batch reads the table."""
+    """A commit file gone (log clean-up) or too many commits to read: not carried."""
     cfg = settings(lake)
     run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")],
                              [event("u", "10:01", event_id="b1")],
@@ -154,6 +153,52 @@ def test_a_bound_that_cannot_be_carried_is_dropped(
     monkeypatch.undo()
     Path(table_path(lake, EVENTS), commit_file(version)).unlink()
     assert eventids.carried_to(spark, lake, start, version) is None
+
+
+def test_a_bound_not_carried_is_taken_from_the_log_again(
+    spark: SparkSession, lake: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One pause longer than the batch will read commits for (a backfill of many commits,
+    say) must not cost the stream its bound for good: the batch after it takes the bound
+    from the log, and still skips its read of ``events``."""
+    cfg = settings(lake)
+    identity = StreamIdentity("ids", 0)
+    monkeypatch.setattr(eventids, "CARRIED_COMMITS_MAX", 0)  # no bound is ever carried
+    run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")],
+                             [event("u", "10:01", event_id="b1")]], identity=identity)
+    version = table_version(spark, lake, EVENTS)
+    assert eventids.events_id_bound(spark, lake, IdBound(0, None), version,
+                                    from_log=False) == IdBound(version, "b1")
+    read: list[str] = []
+    monkeypatch.setattr(batch, "resolve_snapshot",
+                        lambda spark, lake, table, version: read.append(table))
+
+    def recording(spark: SparkSession, lake: str, table: str, *args: Any) -> Any:
+        read.append(table)
+        return read_table(spark, lake, table, *args)
+
+    monkeypatch.setattr(batch, "read_table", recording)
+    [report] = run_batches(spark, cfg, [[event("u", "10:02", event_id="c1")]],
+                           identity=identity, first_batch_id=2)
+    assert report.row["accepted"] == 1
+    assert ledger_bound(spark, cfg, identity, 2) == IdBound(version, "b1")
+    assert EVENTS not in read
+
+
+def test_without_a_noted_bound_the_log_is_read_only_in_a_new_epoch(
+    spark: SparkSession, lake: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a batch that found no bound even in the log, the next ones do not replay the
+    log again (it would most likely fail for the same reason, at every batch)."""
+    cfg = settings(lake)
+    run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")]])
+    version = table_version(spark, lake, EVENTS)
+    replays: list[str] = []
+    monkeypatch.setattr(eventids, "bound_from_log", lambda lake: replays.append(lake))
+    assert eventids.events_id_bound(spark, lake, None, version, from_log=False) is None
+    assert replays == []
+    assert eventids.events_id_bound(spark, lake, None, version, from_log=True) is None
+    assert replays == [lake]
 
 
 @pytest.mark.parametrize("tail", ["b", "é", "\U0001f600"])
