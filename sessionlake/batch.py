@@ -17,7 +17,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -137,6 +137,9 @@ class BatchInputs:
     #: Whether the previous batch's duplicate check read ``events``: if it did not, this
     #: one most likely will not either, and the table's snapshot is not resolved ahead.
     earlier_events_read_before: bool = True
+    #: The ledger entry of the previous batch of the same stream and epoch (empty when
+    #: there is none), read once for all of its notes (:func:`previous_entry`).
+    previous: Mapping[str, Any] = field(default_factory=dict)
 
     def written_after(self, table: str) -> int | None:
         """Where a replay looks for this batch's commit of ``table``; ``None``: not a replay."""
@@ -177,11 +180,18 @@ def _read_ledger(
     return None if text is None else dict(json.loads(text))
 
 
-def _previous_ledger(
+def previous_entry(
     spark: SparkSession, settings: Settings, identity: StreamIdentity, batch_id: int
-) -> dict[str, Any] | None:
-    """The ledger entry of the batch before ``batch_id`` in the same stream and epoch."""
-    return _read_ledger(spark, settings, identity, batch_id - 1) if batch_id > 0 else None
+) -> dict[str, Any]:
+    """The ledger entry of the batch before ``batch_id`` in the same stream and epoch,
+    empty when there is none (the first batch of a stream or of a restore epoch).
+
+    A batch reads it once, in :func:`record_inputs`: on an object store each read is a
+    request, and the entry does not change once its batch is done.
+    """
+    if batch_id <= 0:
+        return {}
+    return _read_ledger(spark, settings, identity, batch_id - 1) or {}
 
 
 def _write_ledger(
@@ -210,9 +220,9 @@ def record_inputs(
     """
     entry = _read_ledger(spark, settings, identity, batch_id)
     replay = entry is not None
-    previous = _previous_ledger(spark, settings, identity, batch_id) or {}
+    previous = previous_entry(spark, settings, identity, batch_id)
     if entry is None:
-        max_before = max_event_time_before(spark, settings, identity, batch_id)
+        max_before = max_event_time_before(spark, settings, previous)
         versions = {table: table_version(spark, settings.lake, table) for table in STREAM_TABLES}
         bound = eventids.events_id_bound(
             spark, settings.lake, eventids.from_json(previous.get(ID_BOUND_NOTE)),
@@ -236,6 +246,7 @@ def record_inputs(
         replay=replay,
         events_id_bound=eventids.from_json(entry.get(ID_BOUND_NOTE)),
         earlier_events_read_before=previous.get(EVENTS_READ_NOTE) is not False,
+        previous=previous,
     )
     return inputs, bool(entry.get("done"))
 
@@ -264,17 +275,17 @@ def _versions_before(
 
 
 def max_event_time_before(
-    spark: SparkSession, settings: Settings, identity: StreamIdentity, batch_id: int
+    spark: SparkSession, settings: Settings, previous: Mapping[str, Any]
 ) -> datetime | None:
-    """The largest event time accepted before batch ``batch_id``: where its watermark stands.
+    """The largest event time accepted before a batch: where its watermark stands.
 
-    The previous batch of the same stream and epoch noted it in its ledger entry when it
-    finished, so a batch reads one small file instead of scanning ``batch_metrics``, whose
-    files grow with every batch. Only the first batch after a restore (a new epoch), or
-    after a ledger without that note, takes the maximum over ``batch_metrics``.
+    The previous batch of the same stream and epoch noted it in its ledger entry
+    (``previous``, see :func:`previous_entry`) when it finished, so a batch reads one small
+    file instead of scanning ``batch_metrics``, whose files grow with every batch. Only the
+    first batch after a restore (a new epoch), or after a ledger without that note, takes
+    the maximum over ``batch_metrics``.
     """
-    previous = _previous_ledger(spark, settings, identity, batch_id)
-    if previous is not None and previous.get("done") and "max_event_time_after" in previous:
+    if previous.get("done") and "max_event_time_after" in previous:
         return _parse_time(previous["max_event_time_after"])
     if never_written(spark, settings.lake, BATCH_METRICS):  # a new lake's first batch
         return None
@@ -316,17 +327,16 @@ def mark_done(
 
 def open_sessions_known(
     spark: SparkSession, settings: Settings, identity: StreamIdentity, batch_id: int,
-    version: int,
+    version: int, previous: Mapping[str, Any],
 ) -> int | None:
     """How many sessions are open at ``open_sessions``' ``version``: none at version 0,
     the table's creation (the batch reads no state there either); else when the previous
-    batch of the stream counted them at that very version and that version is its own
-    MERGE (so nothing was written to the table since, and it is the same table); ``None``
-    otherwise."""
+    batch of the stream counted them at that very version (its ledger entry,
+    ``previous``) and that version is its own MERGE (so nothing was written to the table
+    since, and it is the same table); ``None`` otherwise."""
     if version <= 0:
         return 0
-    previous = _previous_ledger(spark, settings, identity, batch_id)
-    if previous is None or previous.get("open_sessions_version_after") != version:
+    if previous.get("open_sessions_version_after") != version:
         return None
     noted = previous.get("open_sessions_after")
     if not isinstance(noted, int) or not committed_by(
@@ -362,20 +372,17 @@ def count_open_sessions(
 STATE_ROWS_PER_RECORD = 10
 
 
-def open_sessions_estimate(
-    spark: SparkSession, settings: Settings, identity: StreamIdentity, batch_id: int
-) -> int:
-    """About how many sessions are open before batch ``batch_id``, read without a query.
+def open_sessions_estimate(previous: Mapping[str, Any]) -> int:
+    """About how many sessions are open before a batch, known without a query.
 
-    The count the previous batch of the same stream and epoch left in its ledger entry;
-    0 when there is none (the first batch of a stream or of a restore epoch). Used only to
-    size the batch's code generation (see :data:`STATE_ROWS_PER_RECORD`): a few events of
-    users spread over every bucket read the whole state.
-    Maintenance between batches can make it stale; that changes how fast the batch runs,
-    never what it writes.
+    The count the previous batch of the same stream and epoch left in its ledger entry
+    (``previous``); 0 when there is none (the first batch of a stream or of a restore
+    epoch). Used only to size the batch's code generation (see
+    :data:`STATE_ROWS_PER_RECORD`): a few events of users spread over every bucket read
+    the whole state. Maintenance between batches can make it stale; that changes how fast
+    the batch runs, never what it writes.
     """
-    previous = _previous_ledger(spark, settings, identity, batch_id)
-    noted = None if previous is None else previous.get("open_sessions_after")
+    noted = previous.get("open_sessions_after")
     # Only a hint: an entry edited by hand into something else must not fail the batch.
     return noted if isinstance(noted, int) and noted > 0 else 0
 
@@ -519,7 +526,7 @@ def _process_locked(
         valid = valid_events(guarded)
         buckets = sorted(int(b) for b in stats["buckets"])
         dates = sorted(_EPOCH.date() + timedelta(days=int(d)) for d in stats["days"])
-        open_estimate = open_sessions_estimate(spark, settings, identity, batch_id)
+        open_estimate = open_sessions_estimate(inputs.previous)
 
         def open_sessions_in(touched: list[int]) -> int:
             """About how many open sessions the ``touched`` buckets hold."""
@@ -628,7 +635,7 @@ def _process_locked(
         ]
 
         open_count_before = open_sessions_known(spark, settings, identity, batch_id,
-                                                state_version)
+                                                state_version, inputs.previous)
 
         def update_state() -> tuple[MergeResult, OpenCount]:
             faults.point("before_merge")

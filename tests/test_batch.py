@@ -256,18 +256,20 @@ def test_the_watermark_is_carried_in_the_ledger_and_read_from_batch_metrics_with
 ) -> None:
     """A batch starts from the previous batch's ledger note; a batch with no such note (the
     first after a restore: a new epoch) from ``batch_metrics``, where both agree."""
-    from sessionlake.batch import _ledger_uri, max_event_time_before
+    from sessionlake.batch import _ledger_uri, max_event_time_before, previous_entry
     from sessionlake.storage import delete
 
     cfg = settings(lake)
     identity = StreamIdentity("ledger", 0)
     run_batches(spark, cfg, [[event("x", "12:00")], [event("y", "11:00")]], identity=identity)
-    noted = max_event_time_before(spark, cfg, identity, 2)
+    noted = max_event_time_before(spark, cfg, previous_entry(spark, cfg, identity, 2))
     assert noted is not None and noted.isoformat() == "2026-01-05T12:00:00+00:00"
     # Without the note, the maximum over batch_metrics gives the same instant.
     delete(spark, _ledger_uri(cfg, identity, 1))
-    assert max_event_time_before(spark, cfg, identity, 2) == noted
-    assert max_event_time_before(spark, cfg, StreamIdentity("ledger", 1), 2) == noted
+    assert max_event_time_before(spark, cfg, previous_entry(spark, cfg, identity, 2)) == noted
+    new_epoch = previous_entry(spark, cfg, StreamIdentity("ledger", 1), 2)
+    assert new_epoch == {}
+    assert max_event_time_before(spark, cfg, new_epoch) == noted
 
 
 def test_a_new_lakes_first_batch_starts_without_a_watermark_and_without_a_query(
@@ -284,8 +286,7 @@ def test_a_new_lakes_first_batch_starts_without_a_watermark_and_without_a_query(
         raise AssertionError("batch_metrics was queried")
 
     monkeypatch.setattr(batch_module, "read_table", no_query)
-    identity = StreamIdentity("fresh", 0)
-    assert batch_module.max_event_time_before(spark, settings(lake), identity, 0) is None
+    assert batch_module.max_event_time_before(spark, settings(lake), {}) is None
 
 
 def test_the_open_session_count_is_carried_in_the_ledger_for_the_next_batch(
@@ -293,15 +294,42 @@ def test_the_open_session_count_is_carried_in_the_ledger_for_the_next_batch(
 ) -> None:
     """The next batch sizes its code generation by it; the first batch of a stream or of a
     restore epoch has no note and counts none."""
-    from sessionlake.batch import open_sessions_estimate
+    from sessionlake.batch import open_sessions_estimate, previous_entry
 
     cfg = settings(lake)
     identity = StreamIdentity("ledger", 0)
     reports = run_batches(spark, cfg, [[event("x", "12:00"), event("y", "12:01")],
                                        [event("z", "12:02")]], identity=identity)
     assert [r.row["open_sessions"] for r in reports] == [2, 3]
-    assert [open_sessions_estimate(spark, cfg, identity, b) for b in (0, 1, 2)] == [0, 2, 3]
-    assert open_sessions_estimate(spark, cfg, StreamIdentity("ledger", 1), 2) == 0
+    assert [open_sessions_estimate(previous_entry(spark, cfg, identity, b))
+            for b in (0, 1, 2)] == [0, 2, 3]
+    assert open_sessions_estimate(previous_entry(spark, cfg, StreamIdentity("ledger", 1),
+                                                 2)) == 0
+
+
+def test_a_batch_reads_the_previous_batchs_ledger_entry_once(
+    spark: SparkSession, lake: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its watermark, open-session counts and id bound come from the one read: on an object
+    store every read of the entry is a request."""
+    from sessionlake import storage
+    from sessionlake.batch import _ledger_uri
+
+    cfg = settings(lake)
+    identity = StreamIdentity("ledger", 0)
+    run_batches(spark, cfg, [[event("x", "12:00")]], identity=identity)
+    reads: list[str] = []
+    read_text = storage.read_text
+
+    def recording(spark: SparkSession | None, uri: str) -> str | None:
+        reads.append(uri)
+        return read_text(spark, uri)
+
+    monkeypatch.setattr(storage, "read_text", recording)
+    [report] = run_batches(spark, cfg, [[event("x", "12:01")]], identity=identity,
+                           first_batch_id=1)
+    assert report.row["open_sessions"] == 1
+    assert reads.count(_ledger_uri(cfg, identity, 0)) == 1
 
 
 @pytest.mark.parametrize(("outside_write", "keys"), [(False, "named"), (True, "joined")])
