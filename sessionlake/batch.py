@@ -140,6 +140,8 @@ class BatchInputs:
     #: The ledger entry of the previous batch of the same stream and epoch (empty when
     #: there is none), read once for all of its notes (:func:`previous_entry`).
     previous: Mapping[str, Any] = field(default_factory=dict)
+    #: The batch's own ledger entry as recorded, which :func:`mark_done` completes.
+    entry: Mapping[str, Any] = field(default_factory=dict)
 
     def written_after(self, table: str) -> int | None:
         """Where a replay looks for this batch's commit of ``table``; ``None``: not a replay."""
@@ -247,6 +249,7 @@ def record_inputs(
         events_id_bound=eventids.from_json(entry.get(ID_BOUND_NOTE)),
         earlier_events_read_before=previous.get(EVENTS_READ_NOTE) is not False,
         previous=previous,
+        entry=entry,
     )
     return inputs, bool(entry.get("done"))
 
@@ -307,16 +310,17 @@ def mark_done(
     settings: Settings,
     identity: StreamIdentity,
     batch_id: int,
+    entry: Mapping[str, Any],
     max_event_time_after: datetime | None,
     open_after: OpenCount,
     read_earlier_events: bool = True,
 ) -> None:
-    """Note in the ledger that every table write of the batch has committed, the largest
-    accepted event time so far (the next batch's watermark starts there), how many
-    sessions are open at which version (see :func:`open_sessions_estimate` and
-    :func:`count_open_sessions`) and whether the duplicate check read ``events``
+    """Note in the batch's ledger entry (``entry``, as :func:`record_inputs` recorded it)
+    that every table write of the batch has committed, the largest accepted event time so
+    far (the next batch's watermark starts there), how many sessions are open at which
+    version (see :func:`open_sessions_estimate` and :func:`count_open_sessions`) and
+    whether the duplicate check read ``events``
     (:attr:`BatchInputs.earlier_events_read_before`)."""
-    entry = _read_ledger(spark, settings, identity, batch_id) or {}
     after = None if max_event_time_after is None else max_event_time_after.isoformat()
     _write_ledger(spark, settings, identity, batch_id,
                   {**entry, "done": True, "max_event_time_after": after,
@@ -668,8 +672,8 @@ def _process_locked(
         _append_once(literal_row(spark, row, schema), lake, BATCH_METRICS, key,
                      inputs.written_after(BATCH_METRICS))
         faults.point("after_metrics")
-        mark_done(spark, settings, identity, batch_id, max_event_time, open_after,
-                  read_earlier_events=seen_before is not None)
+        mark_done(spark, settings, identity, batch_id, inputs.entry, max_event_time,
+                  open_after, read_earlier_events=seen_before is not None)
         phase("metrics")
         log.debug("batch %s phases (ms): %s", batch_id, phases)
         return BatchReport(row=row, phases_ms=phases)

@@ -307,13 +307,13 @@ def test_the_open_session_count_is_carried_in_the_ledger_for_the_next_batch(
                                                  2)) == 0
 
 
-def test_a_batch_reads_the_previous_batchs_ledger_entry_once(
+def test_a_batch_reads_each_ledger_entry_once(
     spark: SparkSession, lake: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Its watermark, open-session counts and id bound come from the one read: on an object
-    store every read of the entry is a request."""
+    """The previous batch's: its watermark, open-session counts and id bound come from the
+    one read. On an object store every read of an entry is a request."""
     from sessionlake import storage
-    from sessionlake.batch import _ledger_uri
+    from sessionlake.batch import _ledger_uri, _read_ledger
 
     cfg = settings(lake)
     identity = StreamIdentity("ledger", 0)
@@ -330,6 +330,10 @@ def test_a_batch_reads_the_previous_batchs_ledger_entry_once(
                            first_batch_id=1)
     assert report.row["open_sessions"] == 1
     assert reads.count(_ledger_uri(cfg, identity, 0)) == 1
+    # Its own entry is read once too, to tell a replay from a new batch; marking it done
+    # completes the entry it recorded.
+    assert reads.count(_ledger_uri(cfg, identity, 1)) == 1
+    assert (_read_ledger(spark, cfg, identity, 1) or {}).get("done") is True
 
 
 @pytest.mark.parametrize(("outside_write", "keys"), [(False, "named"), (True, "joined")])
