@@ -132,16 +132,23 @@ class BatchInputs:
     max_event_time_before: datetime | None
     processing_time: datetime
     replay: bool = False
-    #: An upper bound of the ids in ``events`` (:mod:`sessionlake.eventids`), if known.
-    events_id_bound: eventids.IdBound | None = None
-    #: Whether the previous batch's duplicate check read ``events``: if it did not, this
-    #: one most likely will not either, and the table's snapshot is not resolved ahead.
-    earlier_events_read_before: bool = True
     #: The ledger entry of the previous batch of the same stream and epoch (empty when
     #: there is none), read once for all of its notes (:func:`previous_entry`).
     previous: Mapping[str, Any] = field(default_factory=dict)
     #: The batch's own ledger entry as recorded, which :func:`mark_done` completes.
     entry: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def events_id_bound(self) -> eventids.IdBound | None:
+        """An upper bound of the ids in ``events`` (:mod:`sessionlake.eventids`), if the
+        batch recorded one."""
+        return eventids.from_json(self.entry.get(ID_BOUND_NOTE))
+
+    @property
+    def earlier_events_read_before(self) -> bool:
+        """Whether the previous batch's duplicate check read ``events``: if it did not, this
+        one most likely will not either, and the table's snapshot is not resolved ahead."""
+        return self.previous.get(EVENTS_READ_NOTE) is not False
 
     def written_after(self, table: str) -> int | None:
         """Where a replay looks for this batch's commit of ``table``; ``None``: not a replay."""
@@ -246,8 +253,6 @@ def record_inputs(
         max_event_time_before=_parse_time(entry["max_event_time_before"]),
         processing_time=_parse_time(entry["processing_time"]) or clock(),
         replay=replay,
-        events_id_bound=eventids.from_json(entry.get(ID_BOUND_NOTE)),
-        earlier_events_read_before=previous.get(EVENTS_READ_NOTE) is not False,
         previous=previous,
         entry=entry,
     )
