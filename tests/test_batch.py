@@ -170,6 +170,35 @@ def test_a_first_batch_appends_its_open_sessions_and_the_next_merges_them(
             metrics[1]["open_sessions"]) == (1, 1, 3)
 
 
+@pytest.mark.parametrize(("changed", "rewritten"), [
+    (1, False),  # 30 open sessions for 1 change: deletion vectors
+    (5, True),   # 30 for 5: at most state.COPY_ON_WRITE_STATE_ROWS_PER_SOURCE_ROW each
+])
+def test_the_merge_rewrites_the_touched_files_when_it_changes_much_of_their_state(
+    spark: SparkSession, lake: str, changed: int, rewritten: bool
+) -> None:
+    """A MERGE that changes much of the state it touches rewrites those files whole (their
+    unchanged rows copied); a few changes over much state are marked in deletion vectors.
+    Either way the state holds the same rows."""
+    users = [f"u{n:02d}" for n in range(30)]
+    run_batches(spark, settings(lake, user_buckets=1), [
+        [event(user, "10:00") for user in users],
+        [event(user, "10:05") for user in users[:changed]],
+    ])
+    version = table_version(spark, lake, "open_sessions")
+    log = Path(table_path(lake, "open_sessions")) / "_delta_log" / f"{version:020d}.json"
+    actions = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [a["commitInfo"]["operation"] for a in actions if "commitInfo" in a] == ["MERGE"]
+    vectors = [a["add"] for a in actions if a.get("add", {}).get("deletionVector")]
+    assert bool(vectors) is not rewritten
+    metrics = {r["batch_id"]: r for r in read_table(spark, lake, "batch_metrics").collect()}
+    assert (metrics[1]["merge_rows_updated"], metrics[1]["merge_rows_copied"]) == (
+        changed, 30 - changed if rewritten else 0)
+    counts = {r["user_id"]: r["event_count"]
+              for r in read_table(spark, lake, "open_sessions").collect()}
+    assert counts == {user: 2 if n < changed else 1 for n, user in enumerate(users)}
+
+
 #: Longer than the prefix of a string that Delta keeps in its file statistics (32).
 LONG_ID = "x" * 40
 

@@ -1,10 +1,17 @@
-"""When the ``open_sessions`` MERGE names its source's session ids (``sessionlake.state``)."""
+"""How the ``open_sessions`` MERGE is planned (``sessionlake.state``): when it names its
+source's session ids, and when it rewrites the files it touches."""
 
 from __future__ import annotations
 
 import pytest
 
-from sessionlake.state import LITERAL_KEYS_MAX, STATE_ROWS_PER_LITERAL, names_session_ids
+from sessionlake.state import (
+    COPY_ON_WRITE_STATE_ROWS_PER_SOURCE_ROW,
+    LITERAL_KEYS_MAX,
+    STATE_ROWS_PER_LITERAL,
+    copies_on_write,
+    names_session_ids,
+)
 
 
 @pytest.mark.parametrize(
@@ -26,3 +33,23 @@ def test_names_session_ids_only_for_a_small_source_over_much_state(
     source_rows: int | None, state_rows: int | None, named: bool
 ) -> None:
     assert names_session_ids(source_rows, state_rows) is named
+
+
+@pytest.mark.parametrize(
+    ("source_rows", "state_rows", "rewritten"),
+    [
+        (30_000, 90_000, True),     # a steady batch changes much of the state it touches
+        (36_000, 25_000, True),     # more changes than open sessions (new ones inserted)
+        (100, 10_000, False),       # a restart's few changes: deletion vectors
+        (100, 1_000_000, False),
+        (100, COPY_ON_WRITE_STATE_ROWS_PER_SOURCE_ROW * 100, True),
+        (100, COPY_ON_WRITE_STATE_ROWS_PER_SOURCE_ROW * 100 + 1, False),
+        (0, 0, True),               # nothing touched, nothing copied
+        (None, 1_000, False),       # sizes unknown: Delta's default
+        (1_000, None, False),
+    ],
+)
+def test_copies_on_write_when_the_source_changes_much_of_the_touched_state(
+    source_rows: int | None, state_rows: int | None, rewritten: bool
+) -> None:
+    assert copies_on_write(source_rows, state_rows) is rewritten
