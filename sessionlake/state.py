@@ -121,7 +121,8 @@ def apply_changelog_merge(
         :data:`BROADCAST_SOURCE_ROWS_MAX` it is joined to the state without a shuffle.
     :param state_rows: about how many rows of ``open_sessions`` the touched buckets hold,
         when known: with ``source_rows``, whether the condition names the source's session
-        ids (:func:`names_session_ids`).
+        ids (:func:`names_session_ids`) and whether the touched files are rewritten whole
+        (:func:`copies_on_write`).
     :param empty: the table holds no row at the version the batch read (its creation): the
         source's upserts are appended instead (:func:`insert_into_empty`).
     :param batch: the micro-batch the MERGE belongs to; its commit is tagged with it.
