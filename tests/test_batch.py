@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 from sessionlake import batch, state
 from sessionlake.batch import StreamIdentity
 from sessionlake.config import Settings, settings_from
-from sessionlake.deltalog import BatchKey
+from sessionlake.deltalog import BatchKey, commit_actions, commit_file
 from sessionlake.tables import (
     PUBLIC_TABLES,
     STREAM_TABLES,
@@ -186,8 +186,8 @@ def test_the_merge_rewrites_the_touched_files_when_it_changes_much_of_their_stat
         [event(user, "10:05") for user in users[:changed]],
     ])
     version = table_version(spark, lake, "open_sessions")
-    log = Path(table_path(lake, "open_sessions")) / "_delta_log" / f"{version:020d}.json"
-    actions = [json.loads(line) for line in log.read_text().splitlines()]
+    log = Path(table_path(lake, "open_sessions")) / commit_file(version)
+    actions = commit_actions(log.read_text())
     assert [a["commitInfo"]["operation"] for a in actions if "commitInfo" in a] == ["MERGE"]
     vectors = [a["add"] for a in actions if a.get("add", {}).get("deletionVector")]
     assert bool(vectors) is not rewritten
