@@ -6,10 +6,12 @@ one line on the ``sessionlake.monitor`` logger::
 
     batch {"batch_id": 3, "duration_ms": 5120, "input_records": 40, "late": 6, ...}
 
-made of Spark's progress (the trigger's duration, input files, rows per second) and the
+made of Spark's progress (the trigger's duration, and for a folder the files read) and the
 batch's own ``batch_metrics`` row (records, accepted, late, quarantined, duplicates,
-sessions, watermark). Then, at WARNING, an ``ALERT ...`` line for each limit the batch
-broke:
+sessions, watermark), with ``records_per_second``: the batch's input records over its
+trigger's duration. ``rows_per_second`` is Spark's own figure, over the rows its source
+gives: one per file from a folder (read whole), one per record from Kafka. Then, at
+WARNING, an ``ALERT ...`` line for each limit the batch broke:
 
 * it took longer than ``alert_batch_duration`` (``--alert-batch-duration``,
   ``SESSIONLAKE_ALERT_BATCH_DURATION``, default 5m);
@@ -45,7 +47,9 @@ class BatchRecord:
     batch_id: int
     query: str | None
     duration_ms: int
-    input_files: int
+    #: The files the batch read from a folder (``None`` for Kafka, whose rows are records).
+    input_files: int | None
+    #: Spark's rows per second: files per second from a folder, records from Kafka.
     rows_per_second: float | None
     input_records: int | None = None
     accepted: int | None = None
@@ -66,16 +70,30 @@ class BatchRecord:
             return None
         return self.late / self.input_records
 
+    @property
+    def records_per_second(self) -> float | None:
+        """Input records over the trigger's duration (``None`` when unknown)."""
+        if self.input_records is None or self.duration_ms <= 0:
+            return None
+        return round(self.input_records * 1000 / self.duration_ms, 1)
+
     def as_line(self) -> str:
         """The structured log line: ``batch`` and the record as one JSON object."""
         fields = {k: v for k, v in asdict(self).items() if v is not None}
+        if self.records_per_second is not None:
+            fields["records_per_second"] = self.records_per_second
         if self.late_fraction is not None:
             fields["late_fraction"] = round(self.late_fraction, 4)
         return "batch " + json.dumps(fields, sort_keys=False)
 
 
-def batch_record(progress: Any, report: BatchReport | None) -> BatchRecord:
-    """Join Spark's progress of a batch with the batch's own report, when there is one."""
+def batch_record(progress: Any, report: BatchReport | None, reads_files: bool = True
+                 ) -> BatchRecord:
+    """Join Spark's progress of a batch with the batch's own report, when there is one.
+
+    :param reads_files: whether the stream reads a folder, whose source rows are files
+        (else Kafka, whose rows are records).
+    """
     durations = dict(progress.durationMs or {})
     row: Mapping[str, Any] = report.row if report is not None and not report.skipped else {}
     watermark = row.get("watermark_after")
@@ -83,7 +101,7 @@ def batch_record(progress: Any, report: BatchReport | None) -> BatchRecord:
         batch_id=int(progress.batchId),
         query=progress.name,
         duration_ms=int(durations.get("triggerExecution", 0)),
-        input_files=int(progress.numInputRows or 0),
+        input_files=int(progress.numInputRows or 0) if reads_files else None,
         rows_per_second=_finite(progress.processedRowsPerSecond),
         input_records=row.get("input_records"),
         accepted=row.get("accepted"),
@@ -154,7 +172,8 @@ class BatchMonitor(StreamingQueryListener):
 
     def onQueryProgress(self, event: Any) -> None:
         progress = event.progress
-        record = batch_record(progress, self.reports.get(int(progress.batchId)))
+        record = batch_record(progress, self.reports.get(int(progress.batchId)),
+                              reads_files=not self.settings.reads_kafka)
         log.info("%s", record.as_line())
         for alert in batch_alerts(record, self.settings):
             log.warning("ALERT %s", alert)

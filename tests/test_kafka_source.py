@@ -24,6 +24,7 @@ broker's jars (``make kafka-broker``, part of ``make setup``) they fail.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -164,6 +165,11 @@ def test_kill_restart_and_new_partitions_end_as_a_file_run(
     produce(spark, broker.bootstrap, last, 5)
     grown = run_cli(lake, broker.bootstrap, "--shuffle-partitions", "3")
     assert grown.returncode == 0, grown.stderr[-3000:]
+    # The monitor's lines: Kafka's source rows are records, so no file count is made up.
+    logged = [json.loads(line.split("sessionlake.monitor: batch ", 1)[1])
+              for line in grown.stderr.splitlines() if "sessionlake.monitor: batch " in line]
+    assert logged and all("input_files" not in b and b["records_per_second"] > 0
+                          for b in logged if b.get("input_records"))
 
     assert outcome(spark, lake) == expected
 

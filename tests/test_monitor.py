@@ -31,6 +31,10 @@ def test_every_batch_logs_one_structured_line(observed_lake: ObservedLake) -> No
     assert lines[2]["open_sessions"] == 1 and lines[2]["watermark"].startswith(
         "2026-01-05T13:00")
     assert all(int(line["duration_ms"]) > 0 for line in lines.values())
+    # A folder's source rows are its files (read whole): one per batch here, while the
+    # batch's records are counted by the batch itself.
+    assert [line["input_files"] for line in lines.values()] == [1, 1, 1]
+    assert second["records_per_second"] == round(6 * 1000 / second["duration_ms"], 1)
 
 
 def test_alerts_name_the_batch_and_the_limit(observed_lake: ObservedLake) -> None:
@@ -42,6 +46,26 @@ def test_alerts_name_the_batch_and_the_limit(observed_lake: ObservedLake) -> Non
                     "(--alert-late-fraction, SESSIONLAKE_ALERT_LATE_FRACTION)"]
     assert len(slow) == 3 and all(a.startswith("ALERT batch ") for a in slow)
     assert "over the 0s limit (--alert-batch-duration" in slow[0]
+
+
+@pytest.mark.parametrize(
+    ("duration_ms", "records", "expected"),
+    [
+        (7088, 10_000, 1410.8),  # the demo's batch: Spark's own figure was 0.141 (files)
+        (500, 3, 6.0),
+        (1000, 0, 0.0),          # an empty batch
+        (1000, None, None),      # a replayed batch: its records are not counted again
+        (0, 10, None),           # no duration to divide by
+    ],
+)
+def test_records_per_second_counts_the_batch_records(
+    duration_ms: int, records: int | None, expected: float | None
+) -> None:
+    record = BatchRecord(batch_id=0, query="q", duration_ms=duration_ms, input_files=1,
+                         rows_per_second=0.141, input_records=records)
+    assert record.records_per_second == expected
+    line = json.loads(record.as_line()[len("batch "):])
+    assert line.get("records_per_second") == expected
 
 
 def _record(duration_ms: int, late: int | None, records: int | None) -> BatchRecord:
