@@ -233,7 +233,7 @@ def never_written(spark: SparkSession | None, lake: str, table: str) -> bool:
     """
     versions = _commit_versions(spark, lake, table)
     return versions == [0] and not any(
-        "add" in action for action in _commit_actions(spark, lake, table, 0))
+        "add" in action for action in table_commit_actions(spark, lake, table, 0))
 
 
 def append(
@@ -321,11 +321,13 @@ def committed_by(
     spark: SparkSession | None, lake: str, table: str, version: int, batch: BatchKey
 ) -> bool:
     """Whether ``table``'s commit ``version`` is ``batch``'s (read from the commit file)."""
-    return batch in batch_keys(_commit_actions(spark, lake, table, version))
+    return batch in batch_keys(table_commit_actions(spark, lake, table, version))
 
 
-def _commit_actions(spark: SparkSession | None, lake: str, table: str, version: int
-                    ) -> list[dict[str, Any]]:
+def table_commit_actions(spark: SparkSession | None, lake: str, table: str, version: int
+                         ) -> list[dict[str, Any]]:
+    """The actions of ``table``'s commit ``version``, from its commit file (none when the
+    file is missing)."""
     text = storage.read_text(spark, f"{table_path(lake, table)}/{commit_file(version)}")
     return commit_actions(text or "")
 
@@ -350,7 +352,7 @@ def commit_metrics_since(
     """
     found = []
     for version in range(after + 1, table_version(spark, lake, table) + 1):
-        actions = _commit_actions(spark, lake, table, version)
+        actions = table_commit_actions(spark, lake, table, version)
         if any(a.get("commitInfo", {}).get("operation") == operation for a in actions):
             found.append(_int_metrics(actions))
     return found
@@ -383,7 +385,7 @@ def batch_commit(
     latest = table_version(spark, lake, table)
     oldest = max(-1, latest - newest) if after is None else after
     for version in range(latest, oldest, -1):
-        actions = _commit_actions(spark, lake, table, version)
+        actions = table_commit_actions(spark, lake, table, version)
         if batch in batch_keys(actions):
             return version, _int_metrics(actions)
     return None

@@ -14,11 +14,12 @@ from pyspark.sql import functions as F
 from sessionlake import batch, state
 from sessionlake.batch import StreamIdentity
 from sessionlake.config import Settings, settings_from
-from sessionlake.deltalog import BatchKey, commit_actions, commit_file
+from sessionlake.deltalog import BatchKey
 from sessionlake.tables import (
     PUBLIC_TABLES,
     STREAM_TABLES,
     read_table,
+    table_commit_actions,
     table_path,
     table_version,
 )
@@ -185,9 +186,8 @@ def test_the_merge_rewrites_the_touched_files_when_it_changes_much_of_their_stat
         [event(user, "10:00") for user in users],
         [event(user, "10:05") for user in users[:changed]],
     ])
-    version = table_version(spark, lake, "open_sessions")
-    log = Path(table_path(lake, "open_sessions")) / commit_file(version)
-    actions = commit_actions(log.read_text())
+    actions = table_commit_actions(spark, lake, "open_sessions",
+                                   table_version(spark, lake, "open_sessions"))
     assert [a["commitInfo"]["operation"] for a in actions if "commitInfo" in a] == ["MERGE"]
     vectors = [a["add"] for a in actions if a.get("add", {}).get("deletionVector")]
     assert bool(vectors) is not rewritten
