@@ -85,6 +85,14 @@ def test_record_longer_than_the_limit_is_quarantined_cut(spark: SparkSession) ->
         ("2026-01-05T10:00:00", datetime(2026, 1, 5, 10, 0)),           # no offset: UTC
         ("2026-01-05T12:00:00+02:00", datetime(2026, 1, 5, 10, 0)),
         ("2026-01-05 10:00:00.250Z", datetime(2026, 1, 5, 10, 0, 0, 250000)),
+        # Forms Spark's parser does not read as they are.
+        ("2026-01-05T10:00Z", datetime(2026, 1, 5, 10, 0)),
+        ("2026-01-05T10:00:00z", datetime(2026, 1, 5, 10, 0)),
+        ("2026-01-05T10:00z", datetime(2026, 1, 5, 10, 0)),
+        ("2026-01-05T11:00+01:00", datetime(2026, 1, 5, 10, 0)),
+        ("2026-01-05T11:00+0100", datetime(2026, 1, 5, 10, 0)),
+        ("2026-01-05T05:00-05", datetime(2026, 1, 5, 10, 0)),
+        ("2026-01-05 10:00", datetime(2026, 1, 5, 10, 0)),
     ],
 )
 def test_event_times_are_read_as_utc(spark: SparkSession, stamp: str, expected: datetime) -> None:
