@@ -16,7 +16,8 @@ detached process, not a SparkSubmitOperator: it must outlive this DAG run. The t
 checkpoint steps run in the one-slot pool `sessionlake_checkpoint`, so no micro-batch or
 restore task runs beside them.
 
-Params: `shuffle_partitions` (>= 1), `master` (`local[*]`, `local[N]`, `spark://host:port`).
+Params: `shuffle_partitions` (>= 1), `master` (`local[*]`, `local[N]`, `spark://host:port`;
+empty, the default: the `spark_default` connection's master, where the other DAGs run).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import pendulum
 from airflow.sdk import DAG, Param, chain, task
 
 from sessionlake import orchestration as orch
-from sessionlake.airflow_tasks import at_run_time, trigger_params
+from sessionlake.airflow_tasks import at_run_time, connection_master, trigger_params
 
 with DAG(
     dag_id="sessionlake_restart",
@@ -39,14 +40,15 @@ with DAG(
     tags=["sessionlake", "streaming", "maintenance"],
     params={
         "shuffle_partitions": Param(4, type="integer", minimum=1),
-        "master": Param("local[*]", type="string", description="local[*], spark://host:port"),
+        "master": Param("", type="string",
+                        description="empty: spark_default's master; local[N], spark://host:port"),
     },
 ):
 
     @task
     def validate_params() -> list[str]:
         """Check the params and build the new run's command before anything is stopped."""
-        checked = orch.validate_restart_params(trigger_params())
+        checked = orch.validate_restart_params(trigger_params(), connection_master())
         return orch.continuous_run_args(orch.locations_from_env(), checked)
 
     @task(pool=orch.CHECKPOINT_POOL)

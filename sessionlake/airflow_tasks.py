@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import XComArg, get_current_context
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
@@ -20,6 +21,13 @@ from sessionlake.orchestration import JOB_SCRIPT
 
 #: The Airflow connection whose host is the Spark master the DAGs submit to.
 SPARK_CONNECTION = "spark_default"
+
+
+def connection_master() -> str:
+    """The master the DAGs' spark-submits run on: the ``spark_default`` connection's, as
+    the Spark provider reads it (a ``spark`` connection's host may be a whole URL, or a
+    host with a port beside it)."""
+    return str(SparkSubmitHook(conn_id=SPARK_CONNECTION)._connection["master"])
 
 
 def trigger_params() -> dict[str, Any]:

@@ -283,15 +283,21 @@ def validate_retention_params(params: Mapping[str, Any]) -> RetentionParams:
     )
 
 
-def validate_restart_params(params: Mapping[str, Any]) -> RestartParams:
+def validate_restart_params(
+    params: Mapping[str, Any], connection_master: str | None = None
+) -> RestartParams:
     """Check the restart DAG's params: partitions >= 1 and a Spark master URL.
 
     Masters: ``local``, ``local[N]``, ``local[*]``, ``spark://host:port[,host:port]``,
-    ``yarn``, ``k8s://...``.
+    ``yarn``, ``k8s://...``. An empty ``master`` means ``connection_master``, the master
+    the other DAGs submit to (the ``spark_default`` connection's), so that a restart with
+    the defaults keeps the stream where the DAGs run it: on a cluster, on the cluster.
 
     :raises ValueError: naming the param, its value and why it is wrong.
     """
     master = params.get("master")
+    if master is None or (isinstance(master, str) and not master.strip()):
+        master = connection_master
     if not isinstance(master, str) or not _MASTER.match(master.strip()):
         raise _bad("master", master,
                     "must be local[*], local[N], spark://host:port, yarn or k8s://...")

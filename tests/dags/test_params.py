@@ -57,6 +57,15 @@ def test_good_params_are_typed(
     assert validate(params) == expected
 
 
+@pytest.mark.parametrize("master", ["", "  ", None])
+def test_restart_without_a_master_runs_where_the_connection_points(master: str | None) -> None:
+    params = {"shuffle_partitions": 2, "master": master}
+    assert orch.validate_restart_params(params, "spark://m:7077") == orch.RestartParams(
+        2, "spark://m:7077")
+    with pytest.raises(ValueError, match="master"):
+        orch.validate_restart_params(params)  # no connection either
+
+
 @pytest.mark.parametrize(
     ("validate", "params", "message"),
     [

@@ -36,6 +36,10 @@ def _feed(landing: Path, stop: threading.Event) -> None:
         (landing / f"feed-{n:04d}.jsonl").write_text("\n".join(lines) + "\n")
 
 
+def _command_line(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+
 @pytest.mark.slow
 def test_restart_dag_resumes_the_stream_at_a_new_parallelism(
     locations: dict[str, Path], monkeypatch: pytest.MonkeyPatch
@@ -47,14 +51,17 @@ def test_restart_dag_resumes_the_stream_at_a_new_parallelism(
     feeder.start()
     pids: list[int] = []
     try:
-        first = run_dag("sessionlake_restart", {"shuffle_partitions": 2, "master": "local[2]"})
+        # No master: the spark_default connection's (local[2] in these tests).
+        first = run_dag("sessionlake_restart", {"shuffle_partitions": 2})
         assert str(first.state) == "success", _task_states(first)
         pids.append(orch.running_pid(checkpoint) or -1)
+        assert _command_line(pids[0])[-4:] == ["--shuffle-partitions", "2", "--master", "local[2]"]
         before = orch.stream_position(str(locations["lake"]), checkpoint)
 
         second = run_dag("sessionlake_restart", {"shuffle_partitions": 3, "master": "local[1]"})
         assert str(second.state) == "success", _task_states(second)
         pids.append(orch.running_pid(checkpoint) or -1)
+        assert _command_line(pids[1])[-4:] == ["--shuffle-partitions", "3", "--master", "local[1]"]
         after = orch.stream_position(str(locations["lake"]), checkpoint)
     finally:
         stop.set()
