@@ -273,15 +273,29 @@ def as_of_versions(spark: SparkSession, lake: str, as_of: AsOf) -> dict[str, int
     return versions
 
 
-def _reader(spark: SparkSession, path: str, version: int | None) -> DataFrame:
-    reader = spark.read.format("delta")
-    if version is not None:
-        reader = reader.option("versionAsOf", version)
-    return reader.load(path)
+def register_table(spark: SparkSession, name: str, path: str) -> None:
+    """Make ``name`` the Delta table at ``path`` in the session catalog (by location: the
+    catalog holds only the name), so that Delta's own SQL reaches it by name:
+    ``DESCRIBE HISTORY sessions``, ``VERSION AS OF``, ``OPTIMIZE``.
+
+    A view or an earlier registration of the name (another lake, in the same session) is
+    replaced; a catalog table that owns its data is left alone, and the name refused.
+
+    :raises QueryError: when the name belongs to such a table.
+    """
+    spark.catalog.dropTempView(name)
+    if spark.catalog.tableExists(name):
+        found = spark.catalog.getTable(name)
+        if found.tableType != "EXTERNAL":
+            raise QueryError(f"the catalog already holds a {found.tableType.lower()} "
+                             f"table {name}, not sessionlake's: not replaced")
+        spark.sql(f"DROP TABLE {name}")  # by location: its files stay
+    spark.catalog.createTable(name, path=path, source="delta")
 
 
 def register_tables(spark: SparkSession, lake: str, as_of: AsOf | None = None) -> list[str]:
-    """Register every table of the lake (as it is, or as it was) as a view under its name.
+    """Register every table of the lake under its name: as it is, as a catalog table
+    (:func:`register_table`); as it was (``as_of``), as a view of its version then.
 
     :return: the names registered.
     :raises LakeNotFound: when the lake has none of the tables.
@@ -294,7 +308,11 @@ def register_tables(spark: SparkSession, lake: str, as_of: AsOf | None = None) -
         versions = {t: v for t, v in as_of_versions(spark, lake, as_of).items() if v is not None}
     names = []
     for table, version in versions.items():
-        _reader(spark, table_path(lake, table), version).createOrReplaceTempView(table)
+        if version is None:
+            register_table(spark, table, table_path(lake, table))
+        else:
+            spark.read.format("delta").option("versionAsOf", version).load(
+                table_path(lake, table)).createOrReplaceTempView(table)
         names.append(table)
     if not names:
         raise LakeNotFound(

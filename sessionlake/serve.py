@@ -18,7 +18,7 @@ from types import FrameType
 from pyspark.sql import SparkSession
 
 from sessionlake.config import Settings
-from sessionlake.query import LakeNotFound, named_queries
+from sessionlake.query import LakeNotFound, named_queries, register_table
 from sessionlake.spark import build_spark
 from sessionlake.tables import PUBLIC_TABLES, table_exists, table_path
 
@@ -51,8 +51,7 @@ def register_catalog(spark: SparkSession, lake: str) -> list[str]:
             "`sessionlake run`"
         )
     for table in tables:
-        if not spark.catalog.tableExists(table):
-            spark.catalog.createTable(table, path=table_path(lake, table), source="delta")
+        register_table(spark, table, table_path(lake, table))
     views = {name: q for name, q in named_queries().items() if not q.params}
     for name, query in views.items():  # names are checked identifiers, texts are our files
         spark.sql(f"CREATE OR REPLACE VIEW {name} AS {query.text}")

@@ -85,13 +85,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    """A local[2] Spark with Delta, UI off, two shuffle partitions."""
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    """A local[2] Spark with Delta, UI off, two shuffle partitions, and its catalog's
+    warehouse (where a table made without a location keeps its files) in a temporary
+    folder, not the working directory."""
     session = build_spark(
         "local[2]",
         app_name="sessionlake-tests",
         shuffle_partitions=2,
         conf={"spark.ui.enabled": "false", "spark.driver.memory": "2g",
+              "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("warehouse")),
               # The SQL status store keeps each query's plan description even with the UI
               # off; a worker runs thousands of queries, and the batch's plans are large.
               "spark.sql.ui.retainedExecutions": "50"},

@@ -174,6 +174,50 @@ def test_as_of_a_version_of_sessions_sees_the_lake_as_it_was(
     assert now == len(BATCH_A) + len(BATCH_B)
 
 
+def test_delta_sql_reaches_the_tables_by_name(
+    spark: SparkSession, known_lake: dict[str, Any]
+) -> None:
+    lake, version_a = known_lake["lake"], known_lake["version_a"]
+    history = run_sql(spark, lake, "DESCRIBE HISTORY sessions").collect()
+    assert version_a in {r["version"] for r in history}
+    [detail] = run_sql(spark, lake, "DESCRIBE DETAIL events").collect()
+    assert detail["location"].rstrip("/").endswith(table_path(lake, "events").rstrip("/"))
+    then = run_sql(spark, lake, f"SELECT count(*) AS n FROM sessions VERSION AS OF {version_a}")
+    assert then.collect()[0]["n"] == 4  # the first day's sessions, as after batch A
+
+
+def test_tables_follow_the_lake_asked_for(
+    spark: SparkSession, known_lake: dict[str, Any], tmp_path: Path
+) -> None:
+    """A second lake in the same session replaces the first one's tables, and an --as-of
+    view of a table does not hide the table from the statements after it."""
+    other = settings_from({"lake": str(tmp_path / "other")})
+    run_batches(spark, other, [BATCH_B])
+    known = known_lake["lake"]
+
+    def count(lake: str, as_of: AsOf | None = None) -> int:
+        return int(run_sql(spark, lake, "SELECT count(*) AS n FROM events", as_of)
+                   .collect()[0]["n"])
+
+    assert count(known, AsOf(version=known_lake["version_a"])) == len(BATCH_A)
+    assert count(other.lake) == len(BATCH_B)
+    assert count(known) == len(BATCH_A) + len(BATCH_B)
+    assert len(run_sql(spark, known, "DESCRIBE HISTORY events").collect()) > 1
+
+
+def test_a_table_of_the_catalog_that_owns_its_data_is_not_replaced(
+    spark: SparkSession, known_lake: dict[str, Any]
+) -> None:
+    spark.sql("DROP TABLE IF EXISTS sessions")
+    spark.sql("CREATE TABLE sessions (x INT) USING delta")
+    try:
+        with pytest.raises(QueryError, match="managed table sessions"):
+            run_sql(spark, known_lake["lake"], "SELECT count(*) FROM sessions")
+        assert spark.table("sessions").columns == ["x"]
+    finally:
+        spark.sql("DROP TABLE sessions")
+
+
 class _CutOff(Exception):
     pass
 
