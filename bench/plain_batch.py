@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pyspark.sql import functions as F
 
 from sessionlake.config import Settings
-from sessionlake.sessionize import as_closed_sessions, sessionize_events
+from sessionlake.sessionize import as_closed_sessions, drop_duplicate_events, sessionize_events
 from sessionlake.sources import adapter_for, split_lines
 from sessionlake.spark import build_spark
 from sessionlake.storage import path_part
@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
     lines = split_lines(files, path_part(spark, source))
     candidates = adapter_for("jsonl").parse(cap_record_size(lines))
     events = valid_events(apply_guards(candidates, now, defaults.max_future_skew))
-    sessions = sessionize_events(events.dropDuplicates(["user_id", "event_id"]),
+    sessions = sessionize_events(drop_duplicate_events(events),
                                  defaults.gap, defaults.max_session_duration)
     as_closed_sessions(sessions, defaults.gap, 0, now).write.format("delta") \
         .mode("overwrite").save(out)

@@ -316,7 +316,7 @@ def recut_sessions(
         "left",
     )
     selected = matched.where(F.col("event_id").isNotNull()).select(*EVENT_COLUMNS) \
-        .dropDuplicates(["user_id", "event_id"])
+        .dropDuplicates(["user_id", "event_id", "event_time"])
     sessions = as_closed_sessions(
         sessionize_events(selected, gap, max_duration), gap, BACKFILL_BATCH_ID, processing_time
     )

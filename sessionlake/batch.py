@@ -758,8 +758,9 @@ def _seen_before(
     dates: list[date],
     ids: tuple[str | None, str | None],
 ) -> DataFrame | None:
-    """The ids of ``events`` already accepted by an earlier batch (``user_id``,
-    ``event_id``), looked for among the accepted events of the same days.
+    """The ids of ``events`` already accepted by an earlier batch on the same day
+    (``user_id``, ``event_id``, ``event_date``), looked for among the accepted events of
+    the batch's days.
 
     Only events whose id lies between the batch's least and greatest ids (``ids``) can
     match, and saying so lets Delta skip every file whose ids lie outside: ids that sort
@@ -778,11 +779,12 @@ def _seen_before(
         return None  # no valid event, or version 0: the table's creation, nothing accepted
     if inputs.no_earlier_event_from(first):
         return None
+    key = ["user_id", "event_id", "event_date"]
     earlier = read_table(spark, settings.lake, EVENTS, version).where(
         F.col("event_date").isin(dates) & F.col("event_id").between(first, last)
-    ).select("user_id", "event_id")
-    return earlier.join(F.broadcast(events.select("user_id", "event_id")),
-                        ["user_id", "event_id"], "left_semi")
+    ).select(*key)
+    batch = events.select("user_id", "event_id", F.to_date("event_time").alias("event_date"))
+    return earlier.join(F.broadcast(batch), key, "left_semi")
 
 
 def _closed_sessions_near(

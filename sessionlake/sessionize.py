@@ -224,8 +224,8 @@ def sessionize_batch(
 
     :param events: the batch's valid events (:data:`SESSIONIZED_EVENT_COLUMNS`).
     :param open_sessions: the ``open_sessions`` rows of the batch's users (``None``: none).
-    :param seen: ``user_id``, ``event_id`` of accepted events of earlier batches that the
-        batch's events repeat (``None``: none).
+    :param seen: ``user_id``, ``event_id``, ``event_date`` of accepted events of earlier
+        batches that the batch's events repeat (``None``: none).
     :param near_closed: rule 1's hits (:func:`closed_session_hits`), or ``None``.
     :return: one row per event and per open session (``is_state``): the fragment columns,
         ``is_duplicate``, ``late_reason`` (rule 1 or 2; set for events that are not
@@ -246,13 +246,16 @@ def sessionize_batch(
         )
     if seen is not None:
         rows = rows.unionByName(
-            seen.select("user_id", "event_id", F.lit(_SEEN).alias("kind")),
+            seen.select("user_id", "event_id",
+                        F.col("event_date").cast("timestamp").alias("event_time"),
+                        F.lit(_SEEN).alias("kind")),
             allowMissingColumns=True,
         )
-    # Within the batch the first occurrence of an id by (file, line) is kept; an id seen in
-    # an earlier batch sorts before every occurrence, so none is kept.
-    first = Window.partitionBy("user_id", "event_id").orderBy("kind", "source_file",
-                                                              "source_line")
+    # Copies of an event are its user's events with its id on its day (of event time), as
+    # earlier batches are searched. Within the batch the first occurrence by (file, line) is
+    # kept; an id seen in an earlier batch sorts before every occurrence, so none is kept.
+    first = Window.partitionBy("user_id", "event_id", F.to_date("event_time")).orderBy(
+        "kind", "source_file", "source_line")
     deduped = (
         rows.repartition("user_id")
         .withColumn("is_duplicate",
@@ -404,6 +407,15 @@ def batch_sessions(assigned: DataFrame) -> DataFrame:
     return _as_sessions(
         assigned.where(F.col("is_head") & F.col("late_reason").isNull()), _SESSION_PREFIX
     )
+
+
+def drop_duplicate_events(events: DataFrame) -> DataFrame:
+    """``events`` with one event of each user, id and day (of event time): the copies a
+    micro-batch counts as duplicates (:func:`sessionize_batch`), for a sessionization of
+    the whole input at once that must give the stream's sessions."""
+    day = "__event_day"
+    return events.withColumn(day, F.to_date("event_time")) \
+        .dropDuplicates(["user_id", "event_id", day]).drop(day)
 
 
 def sessionize_events(events: DataFrame, gap: timedelta, max_duration: timedelta) -> DataFrame:

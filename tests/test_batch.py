@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -232,14 +232,30 @@ def test_the_duplicate_check_reads_only_files_whose_ids_reach_the_batchs(
                              [event("u", "10:01", event_id="b1")]])
     versions = {table: table_version(spark, lake, table) for table in STREAM_TABLES}
     inputs = batch.BatchInputs(versions, max_event_time_before=None, processing_time=NOW)
-    repeated = spark.createDataFrame([("u", "b1")], "user_id string, event_id string")
+    repeated = spark.createDataFrame([("u", "b1", datetime(2026, 1, 5, 10, 1))],
+                                     "user_id string, event_id string, event_time timestamp")
 
     seen = batch._seen_before(spark, cfg, inputs, repeated, [date(2026, 1, 5)], ("b1", "b1"))
 
     assert seen is not None
     events = read_table(spark, lake, "events")
     assert sorted(seen.inputFiles()) == sorted(events.where("batch_id = 1").inputFiles())
-    assert [tuple(r) for r in seen.collect()] == [("u", "b1")]
+    assert [tuple(r) for r in seen.collect()] == [("u", "b1", date(2026, 1, 5))]
+
+
+@pytest.mark.parametrize("split", [1, 2], ids=["one-batch", "two-batches"])
+def test_a_copy_is_an_event_of_the_same_day_however_the_input_is_split(
+    spark: SparkSession, lake: str, split: int
+) -> None:
+    """The same user and id on the same day counts once, and on another day twice, in one
+    batch or in two: the input's split does not change what is accepted."""
+    records = [event("u", "23:50", event_id="e1"), event("u", "23:55", event_id="e1"),
+               event("u", "2026-01-06T00:10:00Z", event_id="e1")]
+    batches = [records] if split == 1 else [records[:2], records[2:]]
+    reports = run_batches(spark, settings(lake), batches)
+    assert sum(r.row["duplicates"] for r in reports) == 1
+    assert sorted(rows(read_table(spark, lake, "events"), "event_time")) == [
+        (datetime(2026, 1, 5, 23, 50),), (datetime(2026, 1, 6, 0, 10),)]
 
 
 @pytest.mark.parametrize(
