@@ -130,7 +130,7 @@ def apply_changelog_merge(
         its first attempt: a MERGE of the batch committed after it is not done again.
     :return: the MERGE's metrics (zeros when there was nothing to apply).
     """
-    if not buckets:
+    if not buckets or source_rows == 0:
         return MergeResult()
     if batch is not None and replay_after is not None:
         done = batch_commit(spark, lake, OPEN_SESSIONS, batch, after=replay_after)
@@ -203,10 +203,15 @@ def written_result(
     operation: str,
 ) -> MergeResult:
     """The result of the state write just made (``operation``: ``MERGE`` or ``WRITE``), from
-    the batch's tagged commit, or without a batch from the table's last such operation."""
-    committed = batch_commit(spark, lake, OPEN_SESSIONS, batch, after=replay_after) \
-        if batch else None
-    if committed is not None:
+    the batch's tagged commit, or without a batch from the table's last such operation.
+
+    A batch's write that committed nothing (Delta commits no MERGE that changes no row)
+    changed nothing: zeros, not the figures of an earlier batch's commit.
+    """
+    if batch is not None:
+        committed = batch_commit(spark, lake, OPEN_SESSIONS, batch, after=replay_after)
+        if committed is None:
+            return MergeResult()
         version, metrics = committed
         return merge_result(metrics, version)
     return merge_result(last_operation_metrics(spark, lake, OPEN_SESSIONS, operation=operation))

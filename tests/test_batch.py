@@ -171,6 +171,27 @@ def test_a_first_batch_appends_its_open_sessions_and_the_next_merges_them(
             metrics[1]["open_sessions"]) == (1, 1, 3)
 
 
+def test_a_batch_that_changes_no_open_session_reports_no_merge(
+    spark: SparkSession, lake: str
+) -> None:
+    """A batch of late events only, by a user with an open session, changes no state: it
+    commits no MERGE and reports zeros, not the figures of the batch before it."""
+    reports = run_batches(spark, settings(lake), [
+        [event("u", "11:50"), event("w", "12:00")],
+        [event("w", "12:01")],  # a MERGE that commits
+        [event("u", "09:00"), event("u", "09:01")],  # late (rule 2) beside u's open session
+    ])
+    assert reports[1].row["merge_rows_updated"] == 1
+    last = reports[2].row
+    assert (last["late"], last["accepted"], last["open_sessions"]) == (2, 0, 2)
+    assert {k: v for k, v in last.items() if k.startswith("merge_")} == {
+        "merge_rows_inserted": 0, "merge_rows_updated": 0, "merge_rows_deleted": 0,
+        "merge_rows_copied": 0, "merge_files_added": 0, "merge_files_removed": 0,
+        "merge_duration_ms": 0}
+    history = DeltaTable.forPath(spark, table_path(lake, "open_sessions")).history()
+    assert history.where("operation = 'MERGE'").count() == 1
+
+
 @pytest.mark.parametrize(("changed", "rewritten"), [
     (1, False),  # 30 open sessions for 1 change: deletion vectors
     (5, True),   # 30 for 5: at most state.COPY_ON_WRITE_STATE_ROWS_PER_SOURCE_ROW each
