@@ -268,6 +268,11 @@ def as_of_versions(spark: SparkSession, lake: str, as_of: AsOf) -> dict[str, int
     finished = finished_batches(metrics, moment)
     versions = {table: version_at(history, moment, finished)
                 for table, history in histories.items()}
+    if histories and all(v is None for v in versions.values()):
+        created = min(c.micros for history in histories.values() for c in history)
+        raise QueryError(
+            f"--as-of {_text(as_of.timestamp)}: the lake did not exist yet; its first table "
+            f"was created at {_text(datetime.fromtimestamp(created / 1e6, UTC))}")
     if as_of.version is not None:
         versions[SESSIONS] = as_of.version
     return versions

@@ -174,6 +174,14 @@ def test_as_of_a_version_of_sessions_sees_the_lake_as_it_was(
     assert now == len(BATCH_A) + len(BATCH_B)
 
 
+def test_as_of_a_time_before_the_lake_says_when_it_began(
+    spark: SparkSession, known_lake: dict[str, Any]
+) -> None:
+    with pytest.raises(QueryError, match=r"2000-01-01.*did not exist yet; its first table "
+                                         r"was created at 20\d\d-"):
+        run_sql(spark, known_lake["lake"], "SELECT 1", AsOf(timestamp=datetime(2000, 1, 1)))
+
+
 def test_delta_sql_reaches_the_tables_by_name(
     spark: SparkSession, known_lake: dict[str, Any]
 ) -> None:
