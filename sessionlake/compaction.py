@@ -47,6 +47,7 @@ from pyspark.sql.types import StructType
 from sessionlake import storage
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltareader import OPTIMIZE_MIN_FILE_SIZE
+from sessionlake.health_page import fmt_bytes
 from sessionlake.tables import PUBLIC_TABLES, table_exists, table_path
 
 log = logging.getLogger(__name__)
@@ -93,15 +94,17 @@ class CompactionReport:
     attempts: int = 0
 
     def summary(self) -> str:
-        """One line for people, e.g. ``sessions: 37 files -> 4 (OPTIMIZE ZORDER BY user_id)``."""
+        """One line for people, e.g.
+        ``sessions: 37 files, 1.2 MiB -> 4, 1.1 MiB (OPTIMIZE ZORDER BY user_id)``."""
+        before = f"{_files(self.files_before)}, {fmt_bytes(self.bytes_before)}"
         if not self.compacted:
             small = (f" ({self.small_files_before} small)"
                      if self.small_files_before != self.files_before else "")
-            return f"{self.table}: {_files(self.files_before)}{small}, {self.reason}: skipped"
+            return f"{self.table}: {before}{small}, {self.reason}: skipped"
         how = f"OPTIMIZE ZORDER BY {self.zorder_by}" if self.zorder_by else "OPTIMIZE"
         where = f", {self.partitions} partitions" if self.partitions else ""
         retried = f", {self.attempts} attempts" if self.attempts > 1 else ""
-        return (f"{self.table}: {_files(self.files_before)} -> {self.files_after} "
+        return (f"{self.table}: {before} -> {self.files_after}, {fmt_bytes(self.bytes_after)} "
                 f"({how}{where}{retried})")
 
 

@@ -4,6 +4,7 @@ can run while micro-batches commit without failing them or losing anything."""
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import threading
 from collections.abc import Iterator, Mapping
@@ -28,6 +29,7 @@ from sessionlake.compaction import (
 )
 from sessionlake.config import Settings, settings_from
 from sessionlake.deltalog import batch_tag
+from sessionlake.health_page import fmt_bytes
 from sessionlake.retention import RetentionReport, RetentionRequest, enforce_retention
 from sessionlake.tables import (
     PUBLIC_TABLES,
@@ -112,8 +114,9 @@ def test_compaction_rewrites_small_files_and_changes_no_row(
         assert report.files_after < report.files_before, report.summary()
         assert report.zorder_by == "user_id"
         assert report.summary().startswith(
-            f"{table}: {report.files_before} files -> {report.files_after} "
-            "(OPTIMIZE ZORDER BY user_id")
+            f"{table}: {report.files_before} files, {fmt_bytes(report.bytes_before)} -> "
+            f"{report.files_after}, {fmt_bytes(report.bytes_after)} (OPTIMIZE ZORDER BY user_id")
+        assert report.bytes_after > 0
     assert reports["batch_metrics"].zorder_by is None  # no user: plain bin-packing
     assert reports["batch_metrics"].summary().endswith("(OPTIMIZE)")
     history = DeltaTable.forPath(spark, table_path(copied_lake, "events")).history(1).head()
@@ -135,7 +138,8 @@ def test_tables_below_min_files_are_skipped_and_untouched(
     assert all(r.files_after == r.files_before for r in reports)
     events = next(r for r in reports if r.table == "events")
     assert events.summary() == (
-        f"events: {events.files_before} files, below --min-files 1000: skipped")
+        f"events: {events.files_before} files, {fmt_bytes(events.bytes_before)}, "
+        "below --min-files 1000: skipped")
     assert versions(spark, copied_lake) == before
 
 
@@ -198,10 +202,12 @@ def test_the_command_line_prints_a_line_per_table(
     argv = ["compact", "--lake", copied_lake, "--min-files", "1000",
             "--table", "quarantine", "--table", "late_events"]
     assert main(argv) == 0
-    assert capsys.readouterr().out.splitlines() == [
-        "quarantine: 4 files, below --min-files 1000: skipped",
-        "late_events: 1 file, below --min-files 1000: skipped",
-    ]
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert re.fullmatch(r"quarantine: 4 files, [\d.]+ KiB, below --min-files 1000: skipped",
+                        lines[0]), lines
+    assert re.fullmatch(r"late_events: 1 file, [\d.]+ KiB, below --min-files 1000: skipped",
+                        lines[1]), lines
 
 
 def test_the_command_line_refuses_an_unknown_table_in_one_line(
@@ -245,14 +251,15 @@ def test_partition_predicate_selects_exactly_the_partitions(
     [
         (CompactionReport("sessions", 37, 4, 37, 9000, 8000, True, "37 small files",
                           zorder_by="user_id"),
-         "sessions: 37 files -> 4 (OPTIMIZE ZORDER BY user_id)"),
+         "sessions: 37 files, 8.8 KiB -> 4, 7.8 KiB (OPTIMIZE ZORDER BY user_id)"),
         (CompactionReport("open_sessions", 20, 9, 18, 9000, 8000, True, "", "user_id",
                           partitions=3, attempts=2),
-         "open_sessions: 20 files -> 9 (OPTIMIZE ZORDER BY user_id, 3 partitions, 2 attempts)"),
+         "open_sessions: 20 files, 8.8 KiB -> 9, 7.8 KiB "
+         "(OPTIMIZE ZORDER BY user_id, 3 partitions, 2 attempts)"),
         (CompactionReport("quarantine", 2, 2, 2, 10, 10, False, "below --min-files 16"),
-         "quarantine: 2 files, below --min-files 16: skipped"),
+         "quarantine: 2 files, 10 B, below --min-files 16: skipped"),
         (CompactionReport("events", 3, 3, 1, 10, 10, False, "below --min-files 2"),
-         "events: 3 files (1 small), below --min-files 2: skipped"),
+         "events: 3 files, 10 B (1 small), below --min-files 2: skipped"),
     ],
 )
 def test_summary_lines(report: CompactionReport, line: str) -> None:
