@@ -75,10 +75,14 @@ kafka-broker/.resolved: build/kafka-broker-pom.xml
 
 # A single-node KRaft broker on 127.0.0.1 for development, data in kafka-data/ (wiped at
 # start); Ctrl-C stops it.
+# The broker starts with topic $(KAFKA_TOPIC); KAFKA_LOAD=DIR also sends it DIR's records.
 KAFKA_PORT ?= 9092
+KAFKA_TOPIC ?= clicks
+KAFKA_LOAD ?=
 
-kafka: $(VENV)/.installed kafka-broker/.resolved
-	$(BIN)/python -m sessionlake.devkafka --data-dir kafka-data --port $(KAFKA_PORT)
+kafka: $(VENV)/.installed kafka-broker/.resolved jars/.resolved
+	$(BIN)/python -m sessionlake.devkafka --data-dir kafka-data --port $(KAFKA_PORT) \
+	  --topic $(KAFKA_TOPIC) $(if $(KAFKA_LOAD),--load $(KAFKA_LOAD))
 
 demo: setup
 	rm -rf $(DEMO) && mkdir -p $(DEMO)/landing

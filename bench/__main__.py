@@ -107,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     source = args.out / "landing"
     subprocess.run([PY, "-m", "sessionlake.cli", "generate", "--out", str(source),
                     "--users", str(args.users), "--events", str(args.events),
-                    "--files", str(args.files)], cwd=REPO, check=True)
+                    "--files", str(args.files), "--late-fraction", "0",
+                    "--duplicate-fraction", "0", "--malformed-fraction", "0"],
+                   cwd=REPO, check=True)
 
     per_trigger = max(1, args.files // 10)
     figures: dict[str, Any] = {"events": args.events, "users": args.users, "files": args.files}

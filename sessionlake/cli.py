@@ -32,6 +32,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"sessionlake: error: {message} (see `{self.prog} --help`)\n")
 
 
+#: ``sessionlake generate``'s defaults: a stream with some of every kind of trouble, as
+#: SPEC describes it; pass 0 for each for a clean one (the benchmark does).
+GENERATED_LATE = 0.05
+GENERATED_DUPLICATES = 0.01
+GENERATED_MALFORMED = 0.005
+
+
 def _common_spark(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", help="Spark master: local[*] (default) or spark://host:port")
     parser.add_argument("--shuffle-partitions", type=int, dest="shuffle_partitions",
@@ -116,13 +123,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = commands.add_parser("generate", help="write a synthetic clickstream (jsonl)")
     gen.add_argument("--out", required=True, help="folder to write part-*.jsonl files into")
-    gen.add_argument("--users", type=int, required=True)
-    gen.add_argument("--events", type=int, required=True)
-    gen.add_argument("--files", type=int, default=10)
-    gen.add_argument("--late-fraction", type=float, default=0.0, dest="late_fraction")
-    gen.add_argument("--duplicate-fraction", type=float, default=0.0, dest="duplicate_fraction")
-    gen.add_argument("--malformed-fraction", type=float, default=0.0, dest="malformed_fraction")
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--users", type=int, required=True, help="distinct users")
+    gen.add_argument("--events", type=int, required=True, help="distinct events")
+    gen.add_argument("--files", type=int, default=10,
+                     help="files, in event-time order (10); late events go into the last")
+    gen.add_argument("--late-fraction", type=float, default=GENERATED_LATE, dest="late_fraction",
+                     help="chance that an event of the stream's first 30%% of time arrives "
+                          f"in the last file, after the watermark passed it ({GENERATED_LATE}; "
+                          "so about 0.3 x this of all events are late)")
+    gen.add_argument("--duplicate-fraction", type=float, default=GENERATED_DUPLICATES,
+                     dest="duplicate_fraction",
+                     help="extra lines repeating an event, per event "
+                          f"({GENERATED_DUPLICATES})")
+    gen.add_argument("--malformed-fraction", type=float, default=GENERATED_MALFORMED,
+                     dest="malformed_fraction",
+                     help=f"extra lines to be quarantined, per event ({GENERATED_MALFORMED}); "
+                          "all three 0 for a clean stream")
+    gen.add_argument("--seed", type=int, default=0, help="random seed (0): same seed, same files")
 
     report = commands.add_parser(
         "report", help="a summary of the lake, and an HTML page of charts (no Spark)")

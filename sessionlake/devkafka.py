@@ -5,10 +5,14 @@ resolves from Maven Central into ``kafka-broker/``, started with ``java -cp`` in
 as a combined broker and controller, on 127.0.0.1 only, with its data in a folder of your
 choice. Used by the Kafka tests (one broker per test module) and by ``make kafka``::
 
-    python -m sessionlake.devkafka --data-dir kafka-data --port 9092
+    python -m sessionlake.devkafka --data-dir kafka-data --port 9092 [--topic clicks
+        [--partitions 3] [--load demo/landing]]
 
-Nothing here needs Spark or a Python Kafka client: readiness is checked with one Kafka
-``ApiVersions`` request over a socket.
+The broker needs neither Spark nor a Python Kafka client: readiness is checked with one
+Kafka ``ApiVersions`` request over a socket. Only ``--topic`` starts a local Spark driver,
+for a moment, to create the topic and send it a folder's records through Kafka's own
+client (:func:`sessionlake.kafkaadmin.load_topic`): the broker does not create topics on
+first use, so that a mistyped ``--topic`` is refused rather than read empty forever.
 """
 
 from __future__ import annotations
@@ -222,6 +226,19 @@ def start_broker(
                       f"{timeout_s:g}s (exit status {process.poll()}); its log ends:\n{tail}")
 
 
+def _load_topic(bootstrap: str, topic: str, partitions: int, folder: Path | None) -> int:
+    """:func:`sessionlake.kafkaadmin.load_topic` through a short-lived local Spark driver."""
+    from sessionlake.kafkaadmin import load_topic
+    from sessionlake.spark import build_spark
+
+    spark = build_spark("local[1]", app_name="devkafka", shuffle_partitions=1,
+                        conf={"spark.ui.enabled": "false"})
+    try:
+        return load_topic(spark, bootstrap, topic, partitions, folder)
+    finally:
+        spark.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m sessionlake.devkafka``: run a broker until Ctrl-C or SIGTERM."""
     parser = argparse.ArgumentParser(prog="python -m sessionlake.devkafka",
@@ -229,17 +246,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=Path("kafka-data"),
                         help="folder for the broker's log and data, wiped first (kafka-data)")
     parser.add_argument("--port", type=int, default=9092, help="client port (9092)")
+    parser.add_argument("--topic", help="a topic to create once the broker is up")
+    parser.add_argument("--partitions", type=int, default=3,
+                        help="the topic's partitions (3)")
+    parser.add_argument("--load", type=Path, metavar="DIR",
+                        help="send the topic the non-blank lines of DIR's files, one "
+                             "record each (e.g. sessionlake generate's output)")
     args = parser.parse_args(argv)
+    if args.load is not None and (args.topic is None or not args.load.is_dir()):
+        parser.error("--load needs --topic and an existing folder")
+    if args.partitions < 1:
+        parser.error("--partitions must be at least 1")
     shutil.rmtree(args.data_dir, ignore_errors=True)
     try:
         broker = start_broker(args.data_dir.resolve(), port=args.port)
     except BrokerError as error:
         print(f"devkafka: error: {error}", file=sys.stderr)
         return 2
+    topic = args.topic or "TOPIC"
+    if args.topic:
+        try:
+            sent = _load_topic(broker.bootstrap, args.topic, args.partitions, args.load)
+        except Exception as error:  # py4j wraps the Java client's errors
+            broker.stop()
+            print(f"devkafka: error: topic {args.topic}: {error}", file=sys.stderr)
+            return 2
+        print(f"topic {args.topic}: {args.partitions} partition(s), {sent} record(s)"
+              + (f" from {args.load}" if args.load else ""))
     print(f"Kafka broker on {broker.bootstrap} (KRaft, data and log in {args.data_dir}); "
           "Ctrl-C stops it. Try:\n"
           f"  sessionlake run --source kafka --kafka-bootstrap {broker.bootstrap} "
-          "--topic TOPIC --lake demo/kafka-lake", flush=True)
+          f"--topic {topic} --lake demo/kafka-lake", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

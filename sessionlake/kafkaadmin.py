@@ -2,13 +2,14 @@
 
 Used before a Kafka stream starts, to turn "broker unreachable" and "no such topic" into
 one clear line instead of a stream that waits forever, and by the tests and the
-development broker to create and grow topics. No Python Kafka client is needed.
+development broker to create, grow and fill topics. No Python Kafka client is needed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -116,3 +117,39 @@ def add_partitions(spark: SparkSession, bootstrap: str, topic: str, total: int) 
     increase = jvm.org.apache.kafka.clients.admin.NewPartitions.increaseTo(total)
     with kafka_admin(spark, bootstrap) as admin:
         _wait(spark, admin.createPartitions({topic: increase}).all(), ADMIN_TIMEOUT_S)
+
+
+def produce_lines(
+    spark: SparkSession, bootstrap: str, topic: str, lines: Sequence[str], partitions: int
+) -> None:
+    """Send ``lines`` to ``topic`` round-robin over its ``partitions``, in order within each.
+
+    Spark's Kafka sink writes them; one task keeps each partition's records in order.
+    """
+    rows = [(i % partitions, line) for i, line in enumerate(lines)]
+    (spark.createDataFrame(rows, "partition int, value string").coalesce(1)
+     .write.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+     .option("topic", topic).save())
+
+
+def folder_records(folder: Path) -> list[str]:
+    """The non-blank lines of the files in ``folder``, file after file in name order: the
+    records a folder source would read from it, one Kafka record each."""
+    return [line for path in sorted(p for p in folder.iterdir() if p.is_file())
+            for line in path.read_text().splitlines() if line.strip()]
+
+
+def load_topic(
+    spark: SparkSession, bootstrap: str, topic: str, partitions: int,
+    folder: Path | None = None,
+) -> int:
+    """Create ``topic`` and fill it with the records of ``folder`` (if any), as a
+    development broker's users would before ``sessionlake run --source kafka``.
+
+    :return: how many records were sent.
+    """
+    create_topic(spark, bootstrap, topic, partitions)
+    lines = [] if folder is None else folder_records(folder)
+    if lines:
+        produce_lines(spark, bootstrap, topic, lines, partitions)
+    return len(lines)

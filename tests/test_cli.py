@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,21 @@ def test_bad_arguments_exit_2_with_one_line(
     assert len(err.splitlines()) == 1
     assert message in err
     assert not (tmp_path / "L").exists()
+
+
+@pytest.mark.parametrize(("flags", "troubled"), [
+    ([], True),  # SPEC: a clickstream with late, duplicate and malformed records
+    (["--late-fraction", "0", "--duplicate-fraction", "0", "--malformed-fraction", "0"], False),
+])
+def test_generate_writes_some_of_every_trouble_unless_told_not_to(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], troubled: bool
+) -> None:
+    argv = ["generate", "--out", str(tmp_path / "out"), "--users", "50", "--events", "2000"]
+    assert main([*argv, *flags]) == 0
+    printed = capsys.readouterr().out
+    figures = [int(n) for n in re.findall(
+        r"\((\d+) late\), (\d+) duplicates, (\d+) malformed", printed)[0]]
+    assert all(n > 0 for n in figures) if troubled else figures == [0, 0, 0], printed
 
 
 def test_sql_on_a_missing_lake_and_bad_sql_exit_2(

@@ -41,7 +41,14 @@ from sessionlake.cli import main
 from sessionlake.config import ConfigError, Settings, settings_from
 from sessionlake.devkafka import KafkaBroker, free_port, start_broker
 from sessionlake.generate import generate_clickstream
-from sessionlake.kafkaadmin import KafkaUnavailable, add_partitions, create_topic, topic_partitions
+from sessionlake.kafkaadmin import (
+    KafkaUnavailable,
+    add_partitions,
+    create_topic,
+    load_topic,
+    produce_lines,
+    topic_partitions,
+)
 from sessionlake.snapshots import create_snapshot, restore_snapshot
 from sessionlake.stream import run_stream
 from sessionlake.tables import read_table
@@ -78,14 +85,7 @@ def _lines(landing: Path) -> list[list[str]]:
 
 
 def produce(spark: SparkSession, bootstrap: str, lines: list[str], partitions: int) -> None:
-    """Send ``lines`` round-robin to the topic's partitions, in order within each.
-
-    Spark's Kafka sink writes them; one task keeps each partition's records in order.
-    """
-    rows = [(i % partitions, line) for i, line in enumerate(lines)]
-    (spark.createDataFrame(rows, "partition int, value string").coalesce(1)
-     .write.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-     .option("topic", TOPIC).save())
+    produce_lines(spark, bootstrap, TOPIC, lines, partitions)
 
 
 def run_cli(lake: Path, bootstrap: str, *extra: str, fault: str | None = None,
@@ -188,6 +188,22 @@ def test_kill_restart_and_new_partitions_end_as_a_file_run(
 
 @pytest.mark.kafka
 @pytest.mark.slow
+def test_a_folder_loads_into_a_new_topic(
+    spark: SparkSession, broker: KafkaBroker, landing: Path
+) -> None:
+    """What ``make kafka KAFKA_LOAD=DIR`` does: every non-blank line of the folder's files
+    becomes one record of the new topic."""
+    sent = load_topic(spark, broker.bootstrap, "loaded", 2, landing)
+    lines = [line for file in _lines(landing) for line in file]
+    assert sent == len(lines) > 0
+    assert topic_partitions(spark, broker.bootstrap, "loaded") == 2
+    records = (spark.read.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
+               .option("subscribe", "loaded").load()
+               .selectExpr("partition", "CAST(value AS STRING) AS value").collect())
+    assert sorted(r["value"] for r in records) == sorted(lines)
+    assert {r["partition"] for r in records} == {0, 1}
+
+
 def test_a_missing_topic_is_refused_before_the_lake_is_touched(
     spark: SparkSession, broker: KafkaBroker, tmp_path: Path
 ) -> None:
