@@ -99,6 +99,9 @@ def check_source(settings: Settings) -> str:
     if settings.kafka_max_offsets_per_trigger:
         raise ConfigError("--max-offsets-per-trigger goes with --source kafka; for a "
                           "folder use --max-files-per-trigger")
+    if settings.kafka_starting_offsets == "latest":
+        raise ConfigError("--starting-offsets latest goes with --source kafka; a folder's "
+                          "new stream reads every file already there")
     path = local_path(settings.source)
     if path is not None and not path.is_dir():
         raise ConfigError(

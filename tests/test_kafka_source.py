@@ -233,6 +233,7 @@ def test_a_broker_that_does_not_answer_is_named(spark: SparkSession) -> None:
       "--max-files-per-trigger", "2"], "--max-files-per-trigger is for a folder"),
     (["--source", "kafka", "--kafka-bootstrap", "h:1", "--topic", "t",
       "--max-offsets-per-trigger", "0"], "max-offsets-per-trigger must be a whole number"),
+    (["--source", ".", "--starting-offsets", "latest"], "--starting-offsets latest goes with"),
 ])
 def test_bad_kafka_flags_exit_2_before_spark_starts(
     flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
