@@ -59,6 +59,10 @@ DEFAULT_CONF: dict[str, str] = {
     # alternating): 54.3 and 57.0 s instead of 59.4 and 63.5. Files of either kind read
     # alike (Spark, and sessionlake.deltareader), so older files need no rewrite.
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    # The catalog holds only tables by location (``sessionlake sql``, ``serve``), yet its
+    # first use makes the warehouse folder: in the temporary folder, not an empty
+    # spark-warehouse/ in the user's working directory.
+    "spark.sql.warehouse.dir": str(Path(tempfile.gettempdir()) / "sessionlake-spark-warehouse"),
 }
 
 

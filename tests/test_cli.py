@@ -73,11 +73,11 @@ def test_sql_on_a_missing_lake_and_bad_sql_exit_2(
     assert "no sessionlake tables" in capsys.readouterr().err
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SESSIONLAKE_DRIVER_MEMORY": "1g"}
     return subprocess.run(
         [sys.executable, "-m", "sessionlake.cli", *args],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=600, check=False,
+        capture_output=True, text=True, cwd=cwd, env=env, timeout=600, check=False,
     )
 
 
@@ -103,6 +103,7 @@ def test_run_then_restart_on_another_master_then_query(tmp_path: Path) -> None:
     query = _cli("sql", "--lake", str(lake), "--output", "json",
                  "SELECT (SELECT sum(event_count) FROM sessions) + "
                  "(SELECT sum(event_count) FROM open_sessions) AS events, "
-                 "(SELECT count(*) FROM late_events) AS late")
+                 "(SELECT count(*) FROM late_events) AS late", cwd=tmp_path)
     assert query.returncode == 0, query.stderr
     assert json.loads(query.stdout) == {"events": 3000, "late": 0}
+    assert not (tmp_path / "spark-warehouse").exists()  # nothing left where it ran
