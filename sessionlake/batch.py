@@ -43,6 +43,7 @@ from sessionlake.sessionize import (
     as_closed_sessions,
     batch_sessions,
     closed_session_hits,
+    event_date,
     sessionize_batch,
     user_bucket,
 )
@@ -415,7 +416,7 @@ def _parse_figures(watermark: datetime | None, user_buckets: int) -> dict[str, C
     return {
         "input": F.count(F.lit(1)),
         "quarantined": F.count("reason"),
-        "days": F.collect_set(F.when(valid, F.unix_date(F.to_date("event_time")))),
+        "days": F.collect_set(F.when(valid, F.unix_date(event_date()))),
         "buckets": F.collect_set(F.when(valid, user_bucket("user_id", user_buckets))),
         "first_event_id": F.min(F.when(valid, F.col("event_id"))),
         "last_event_id": F.max(F.when(valid, F.col("event_id"))),
@@ -637,7 +638,7 @@ def _process_locked(
             (counts["late"], LATE_EVENTS, _stamp(late_rows, batch_id, "recorded_at", now)),
             (counts["accepted"], EVENTS,
              _stamp(accepted, batch_id, "ingested_at", now)
-             .withColumn("event_date", F.to_date("event_time"))),
+             .withColumn("event_date", event_date())),
             (counts["closed"], SESSIONS, closing),
             (counts["changes"], SESSION_CHANGELOG,
              changelog_rows(classified, expiring, batch_id, now)),
@@ -783,7 +784,7 @@ def _seen_before(
     earlier = read_table(spark, settings.lake, EVENTS, version).where(
         F.col("event_date").isin(dates) & F.col("event_id").between(first, last)
     ).select(*key)
-    batch = events.select("user_id", "event_id", F.to_date("event_time").alias("event_date"))
+    batch = events.select("user_id", "event_id", event_date().alias("event_date"))
     return earlier.join(F.broadcast(batch), key, "left_semi")
 
 

@@ -73,6 +73,12 @@ _STATE_ENDS: tuple[tuple[str, str], ...] = (
 )
 
 
+def event_date() -> Column:
+    """The UTC day of an event's time: the partition of ``events`` it is appended to, and
+    the day on which copies of it are looked for (same user, id and day)."""
+    return F.to_date("event_time")
+
+
 def events_as_fragments(events: DataFrame) -> DataFrame:
     """Each event as a one-point fragment (start = end = its time)."""
     t = F.unix_micros("event_time")
@@ -254,7 +260,7 @@ def sessionize_batch(
     # Copies of an event are its user's events with its id on its day (of event time), as
     # earlier batches are searched. Within the batch the first occurrence by (file, line) is
     # kept; an id seen in an earlier batch sorts before every occurrence, so none is kept.
-    first = Window.partitionBy("user_id", "event_id", F.to_date("event_time")).orderBy(
+    first = Window.partitionBy("user_id", "event_id", event_date()).orderBy(
         "kind", "source_file", "source_line")
     deduped = (
         rows.repartition("user_id")
@@ -414,7 +420,7 @@ def drop_duplicate_events(events: DataFrame) -> DataFrame:
     micro-batch counts as duplicates (:func:`sessionize_batch`), for a sessionization of
     the whole input at once that must give the stream's sessions."""
     day = "__event_day"
-    return events.withColumn(day, F.to_date("event_time")) \
+    return events.withColumn(day, event_date()) \
         .dropDuplicates(["user_id", "event_id", day]).drop(day)
 
 
