@@ -37,10 +37,11 @@ watermark has passed them to re-cut those days completely.
 
 One atomic commit, safe beside a running stream
 -----------------------------------------------
-The range is replaced by one ``overwrite`` commit with ``replaceWhere``: the dates FIRST to
-LAST, plus the spilled pieces (``session_date > LAST`` with this backfill's ``closed_at``,
-which no other row has). The predicate is built from validated :class:`~datetime.date`
-objects and an integer, never from user text. The rows to write are computed *inside*
+The range is replaced by one overwrite commit whose condition (Delta's ``replaceWhere``,
+given as a DataFrame filter) is the dates FIRST to LAST, plus the spilled pieces
+(``session_date > LAST`` with this backfill's ``closed_at``, which no other row has). The
+condition's values are literals of validated :class:`~datetime.date` objects and a
+timestamp, never SQL text. The rows to write are computed *inside*
 that write: its plan reads ``sessions`` without a pinned version, and Delta scans a table
 that a transaction is writing with that transaction's snapshot. So the rows removed are
 exactly the rows whose events were re-cut; a session the stream appends meanwhile is
@@ -91,6 +92,7 @@ from sessionlake.tables import (
     OPEN_SESSIONS,
     SESSION_CHANGELOG,
     SESSIONS,
+    path_identifier,
     read_table,
     table_exists,
     table_path,
@@ -264,21 +266,19 @@ def in_range(first: date, last: date) -> Column:
     return F.col("session_date").between(F.lit(_plain(first)), F.lit(_plain(last)))
 
 
-def replace_predicate(first: date, last: date, processing_time_us: int) -> str:
-    """The ``replaceWhere`` predicate of a backfill (built from validated values only).
+def replace_predicate(first: date, last: date, processing_time: datetime) -> Column:
+    """The rows of ``sessions`` a backfill replaces: its overwrite condition.
 
     The range's dates, plus the sessions this very backfill writes after ``last`` (pieces
     of a session that started on ``last`` and was split by a shorter gap): they are the
     only rows after ``last`` with ``closed_batch_id = -1`` and this ``closed_at``, so the
-    clause deletes nothing that exists before the commit.
+    condition deletes nothing that exists before the commit. Its values are literals of a
+    DataFrame filter, never SQL text.
     """
-    if not isinstance(processing_time_us, int) or isinstance(processing_time_us, bool):
-        raise TypeError(f"processing_time_us must be an int, got {processing_time_us!r}")
-    start, end = _plain(first).isoformat(), _plain(last).isoformat()
-    return (
-        f"(session_date >= DATE'{start}' AND session_date <= DATE'{end}')"
-        f" OR (session_date > DATE'{end}' AND closed_batch_id = {BACKFILL_BATCH_ID}"
-        f" AND closed_at = timestamp_micros({processing_time_us}))"
+    return in_range(first, last) | (
+        (F.col("session_date") > F.lit(_plain(last)))
+        & (F.col("closed_batch_id") == F.lit(BACKFILL_BATCH_ID))
+        & (F.col("closed_at") == F.lit(processing_time.astimezone(UTC)))
     )
 
 
@@ -421,14 +421,11 @@ def _replace_range(
     stamp = clock().astimezone(UTC)
     if previous is not None and stamp <= previous:
         stamp = previous + timedelta(microseconds=1)  # one commit, one processing time
-    stamp_us = micros_at(stamp)
-    assert stamp_us is not None
     (
         recut_sessions(spark, settings, first, last, until, stamp)
-        .write.format("delta").mode("overwrite")
-        .option("replaceWhere", replace_predicate(first, last, stamp_us))
+        .writeTo(path_identifier(table_path(lake, SESSIONS)))
         .option("userMetadata", _metadata(settings, first, last, stamp))
-        .save(table_path(lake, SESSIONS))
+        .overwrite(replace_predicate(first, last, stamp))
     )
     return _Replaced(stamp, False, rows)
 

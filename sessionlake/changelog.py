@@ -40,8 +40,7 @@ def classify_sessions(
     closes = (
         F.lit(False)
         if watermark_after is None
-        else F.col("session_end") + F.expr(f"INTERVAL {int(gap.total_seconds())} SECONDS")
-        <= F.lit(watermark_after)
+        else F.col("session_end") <= F.lit(watermark_after - gap).cast("timestamp")
     )
     return sessions.withColumn("change", change_kind()).withColumn("closes", closes)
 

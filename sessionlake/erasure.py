@@ -29,6 +29,7 @@ from sessionlake.tables import (
     USER_TABLES,
     commit_metrics_since,
     each_table,
+    path_identifier,
     read_table,
     table_exists,
     table_path,
@@ -71,10 +72,8 @@ def purge_deleted_rows(spark: SparkSession, lake: str, table: str) -> None:
     After this the deleted rows are only in files that the current version no longer uses,
     which a VACUUM can then remove.
     """
-    path = table_path(lake, table)
-    if "`" in path:
-        raise ValueError(f"a lake location must not contain a backtick: {path!r}")
-    retry_on_conflict(lambda: spark.sql(f"REORG TABLE delta.`{path}` APPLY (PURGE)"),
+    name = path_identifier(table_path(lake, table))
+    retry_on_conflict(lambda: spark.sql(f"REORG TABLE {name} APPLY (PURGE)"),
                       f"REORG {table}")
 
 

@@ -296,13 +296,12 @@ def _rebuild(spark: SparkSession, settings: Settings, clock: Clock) -> RebuildRe
         settings.max_session_duration, buckets, since,
     ).persist()
     try:
-        gap_s = int(settings.gap.total_seconds())
+        closes_by = None if watermark is None else watermark - settings.gap
         counts = rebuilt.agg(
             F.count(F.lit(1)).alias("sessions"),
             F.coalesce(F.sum("event_count"), F.lit(0)).alias("events"),
             F.count(F.when(
-                F.col("session_end") + F.expr(f"INTERVAL {gap_s} SECONDS")
-                <= F.lit(watermark).cast("timestamp"), 1,
+                F.col("session_end") <= F.lit(closes_by).cast("timestamp"), 1,
             )).alias("overdue"),
         ).head()
         assert counts is not None

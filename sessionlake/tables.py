@@ -85,6 +85,12 @@ def table_path(lake: str, table: str) -> str:
     return f"{lake.rstrip('/')}/{table}"
 
 
+def path_identifier(path: str) -> str:
+    """The Delta table at ``path`` as a SQL identifier (``delta.`path```), for the APIs
+    that take a table name: a backtick in the path is escaped, so it names that path."""
+    return "delta.`" + path.replace("`", "``") + "`"
+
+
 def _commit_versions(spark: SparkSession | None, lake: str, table: str) -> list[int]:
     """The versions of the commit files in ``table``'s log (empty when it has none)."""
     names = storage.list_names(spark, f"{table_path(lake, table)}/_delta_log")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterable, Sequence
-from datetime import date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +238,32 @@ def test_backfill_replaces_the_range_once_and_only_the_range(
         assert again.already_applied
         assert versions(spark, lake) == known
         assert everything(table(spark, lake, SESSIONS)) == everything(after)
+
+
+STAMP = datetime(2026, 1, 8, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("day", "closed_batch_id", "closed_at", "replaced"),
+    [
+        pytest.param(4, -1, STAMP, False, id="before-the-range"),
+        pytest.param(5, 3, STAMP, True, id="first-day"),
+        pytest.param(6, -1, datetime(2026, 1, 1, tzinfo=UTC), True, id="last-day"),
+        pytest.param(7, -1, STAMP, True, id="spilled-by-this-backfill"),
+        pytest.param(7, -1, STAMP + timedelta(microseconds=1), False,
+                     id="earlier-backfill-after-the-range"),
+        pytest.param(7, 3, STAMP, False, id="stream-session-after-the-range"),
+    ],
+)
+def test_the_overwrite_condition_names_the_range_and_this_backfills_spill(
+    spark: SparkSession, day: int, closed_batch_id: int, closed_at: datetime, replaced: bool
+) -> None:
+    row = spark.createDataFrame(
+        [(date(2026, 1, day), closed_batch_id, closed_at)],
+        "session_date date, closed_batch_id long, closed_at timestamp",
+    )
+    found = row.where(backfill.replace_predicate(FIRST, LAST, STAMP)).count()
+    assert found == (1 if replaced else 0)
 
 
 def test_open_sessions_are_left_to_the_stream_and_counted_once(
