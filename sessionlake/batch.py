@@ -44,7 +44,9 @@ from sessionlake.sessionize import (
     batch_sessions,
     closed_session_hits,
     event_date,
+    open_session_events,
     sessionize_batch,
+    straddles_a_cut,
     user_bucket,
 )
 from sessionlake.sources import adapter_for
@@ -572,17 +574,28 @@ def _process_locked(
         event = ~F.col("is_state")
         seen_before = _seen_before(spark, settings, inputs, events, dates,
                                    (stats["first_event_id"], stats["last_event_id"]))
-        sessionized, sessionize_seen = _observed(
-            sessionize_batch(events, state, seen_before, near_closed, watermark, gap,
-                             settings.max_session_duration),
-            valid=F.count(F.when(event, 1)),
-            unique=F.count(F.when(event & ~F.col("is_duplicate"), 1)),
-            accepted=F.count(F.when(event & accepting, 1)),
-            late=F.count(F.when(event, F.col("late_reason"))),
-            max_t=F.max(F.when(event & accepting, F.unix_micros("event_time"))),
-        )
-        assigned = keep(sessionized)
-        outcome = sessionize_seen.get
+
+        def sessionize(state: DataFrame | None) -> tuple[DataFrame, dict[str, Any]]:
+            sessionized, sessionize_seen = _observed(
+                sessionize_batch(events, state, seen_before, near_closed, watermark, gap,
+                                 settings.max_session_duration),
+                valid=F.count(F.when(event, 1)),
+                unique=F.count(F.when(event & ~F.col("is_duplicate"), 1)),
+                accepted=F.count(F.when(event & accepting, 1)),
+                late=F.count(F.when(event, F.col("late_reason"))),
+                max_t=F.max(F.when(event & accepting, F.unix_micros("event_time"))),
+                straddling=F.count(F.when(straddles_a_cut(settings.max_session_duration), 1)),
+            )
+            return keep(sessionized), sessionize_seen.get
+
+        assigned, outcome = sessionize(state)
+        split_ids: list[str] = []
+        if outcome["straddling"]:
+            assert state is not None  # only open sessions straddle
+            recut = _state_cut_anew(spark, settings, inputs, state, assigned)
+            if recut is not None:
+                assigned, outcome = sessionize(recut)
+                split_ids = _split_session_ids(assigned)
         sessions = batch_sessions(assigned)
         phase("sessionize")
         max_event_time = max(
@@ -592,7 +605,7 @@ def _process_locked(
         )
         watermark_after = watermark_of(max_event_time, settings.grace)
         classifying, classify_seen = _observed(
-            classify_sessions(sessions, watermark_after, gap),
+            classify_sessions(sessions, watermark_after, gap, split_ids),
             opened=F.count(F.when(F.col("change") == "open", 1)),
             changed=F.count(F.when(F.col("change") != "unchanged", 1)),
             closes=F.count(F.when(F.col("closes"), 1)),
@@ -611,7 +624,8 @@ def _process_locked(
 
         # Not materialized: a union of projections of materialized frames, which the MERGE
         # reads twice without a copy (state.MATERIALIZE_SOURCE).
-        source = merge_source(classified, expiring, settings.user_buckets, batch_id, now)
+        source = merge_source(classified, expiring, settings.user_buckets, batch_id, now,
+                              split=bool(split_ids))
         counts = _batch_counts(outcome, classified_counts, expiring_counts, buckets)
         phase("classify")
         late_keys = assigned.where(F.col("late_reason").isNotNull()).select(
@@ -786,6 +800,53 @@ def _seen_before(
     ).select(*key)
     batch = events.select("user_id", "event_id", event_date().alias("event_date"))
     return earlier.join(F.broadcast(batch), key, "left_semi")
+
+
+def _state_cut_anew(
+    spark: SparkSession,
+    settings: Settings,
+    inputs: BatchInputs,
+    state: DataFrame,
+    assigned: DataFrame,
+) -> DataFrame | None:
+    """The batch users' open sessions, those of users with a session that now straddles a
+    cut of its run (:func:`~sessionlake.sessionize.straddles_a_cut`) replaced by their
+    events from ``events``, for a second sessionization that cuts them where a batch
+    sessionization of the same events would.
+
+    Rare: it takes a run longer than the maximum duration whose start an accepted event
+    moves earlier. ``None`` (the sessions are kept whole, as before) when ``events`` no
+    longer holds every event of those sessions (retention deleted some): a cut made of
+    what is left would lose events.
+    """
+    users = [r["user_id"] for r in assigned.where(
+        straddles_a_cut(settings.max_session_duration)).select("user_id").distinct().collect()]
+    theirs = state.where(F.col("user_id").isin(users))
+    bounds = _one(theirs.agg(F.min(F.unix_micros("session_start")).alias("first"),
+                             F.max(F.unix_micros("session_end")).alias("last"),
+                             F.sum("event_count").alias("events")))
+    first, last = _moment(bounds["first"]), _moment(bounds["last"])
+    assert first is not None and last is not None
+    accepted = read_table(spark, settings.lake, EVENTS, inputs.table_versions[EVENTS]).where(
+        F.col("user_id").isin(users)
+        & F.col("event_date").between(F.lit(first.date()), F.lit(last.date())))
+    exploded = open_session_events(theirs, accepted)
+    found = exploded.count()
+    if found != bounds["events"]:
+        log.warning("open sessions of %d user(s) now span a cut of their run, but events "
+                    "holds %d of their %d events: kept whole", len(users), found,
+                    bounds["events"])
+        return None
+    columns = exploded.columns
+    return state.where(~F.col("user_id").isin(users)).select(*columns).unionByName(exploded)
+
+
+def _split_session_ids(assigned: DataFrame) -> list[str]:
+    """The open sessions whose events a sessionization divided between two or more
+    sessions (they were cut anew by :func:`_state_cut_anew`)."""
+    pieces = assigned.where(F.col("is_state")).groupBy("state_session_id").agg(
+        F.countDistinct("run_no", "chunk").alias("sessions"))
+    return sorted(r[0] for r in pieces.where(F.col("sessions") > 1).collect())
 
 
 def _closed_sessions_near(

@@ -2,8 +2,9 @@
 
 After sessionization every resulting session is one of: ``open`` (new), ``extend`` (an
 open session with new events, or whose start moved earlier), ``merge`` (two or more open
-sessions bridged into one) or ``unchanged``; any of them may also ``close`` once the
-watermark has advanced past ``end + gap``. Open sessions of users not in the batch can
+sessions bridged into one), ``split`` (it holds part of an open session that a cut of its
+run, moved by an earlier event, divided) or ``unchanged``; any of them may also ``close``
+once the watermark has advanced past ``end + gap``. Open sessions of users not in the batch can
 only close. This module turns that classification into
 
 * the ``session_changelog`` rows (one per change per session), and
@@ -13,6 +14,7 @@ only close. This module turns that classification into
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from pyspark.sql import Column, DataFrame
@@ -21,11 +23,18 @@ from pyspark.sql import functions as F
 from sessionlake.sessionize import as_open_sessions, user_bucket
 
 
-def change_kind() -> Column:
-    """``open``, ``extend``, ``merge`` or ``unchanged`` for an aggregated session."""
+def change_kind(split_ids: Sequence[str] = ()) -> Column:
+    """``open``, ``extend``, ``merge``, ``split`` or ``unchanged`` for an aggregated session.
+
+    :param split_ids: the open sessions whose events this batch divided between sessions.
+    """
     previous = F.col("previous_session_ids")
+    kind = F.when(F.size(previous) == 0, F.lit("open"))
+    if split_ids:
+        kind = kind.when(F.arrays_overlap(previous, F.array(*map(F.lit, sorted(split_ids)))),
+                         F.lit("split"))
     return (
-        F.when(F.size(previous) == 0, F.lit("open"))
+        kind
         .when(F.size(previous) > 1, F.lit("merge"))
         .when((previous[0] != F.col("session_id")) | (F.col("added_events") > 0),
               F.lit("extend"))
@@ -34,15 +43,17 @@ def change_kind() -> Column:
 
 
 def classify_sessions(
-    sessions: DataFrame, watermark_after: datetime | None, gap: timedelta
+    sessions: DataFrame, watermark_after: datetime | None, gap: timedelta,
+    split_ids: Sequence[str] = (),
 ) -> DataFrame:
-    """Add ``change`` and ``closes`` (``end + gap <= watermark``) to aggregated sessions."""
+    """Add ``change`` (see :func:`change_kind`) and ``closes`` (``end + gap <=
+    watermark``) to aggregated sessions."""
     closes = (
         F.lit(False)
         if watermark_after is None
         else F.col("session_end") <= F.lit(watermark_after - gap).cast("timestamp")
     )
-    return sessions.withColumn("change", change_kind()).withColumn("closes", closes)
+    return sessions.withColumn("change", change_kind(split_ids)).withColumn("closes", closes)
 
 
 def expiring_open_sessions(
@@ -92,18 +103,27 @@ def merge_source(
     buckets: int,
     batch_id: int,
     updated_at: datetime,
+    split: bool = False,
 ) -> DataFrame:
     """The rows the ``open_sessions`` MERGE applies: ``op`` is ``upsert`` or ``delete``.
 
     A session that changed and stays open is upserted; every open-session id it replaced
     (absorbed by a merge, or re-keyed because its start moved) is deleted; a session that
     closes is deleted under every id it had.
+
+    :param split: whether the batch divided an open session between sessions: then two
+        sessions can name the same replaced id, and one of them may keep it (upserted);
+        each id is then deleted once, and not where it is upserted.
     """
-    upserts = as_open_sessions(classified.where(_upserted()), buckets, batch_id, updated_at
+    upserted = classified.where(_upserted())
+    upserts = as_open_sessions(upserted, buckets, batch_id, updated_at
                                ).withColumn("op", F.lit("upsert"))
     replaced = classified.select(
         "user_id", F.explode(_replaced_ids()).alias("session_id"),
     ).unionByName(expiring.select("user_id", "session_id"))
+    if split:
+        replaced = replaced.join(upserted.select("session_id"), "session_id", "left_anti"
+                                 ).dropDuplicates(["session_id"])
     deletes = replaced.select(
         "session_id", "user_id", user_bucket("user_id", buckets).alias("user_bucket"),
         F.lit("delete").alias("op"),

@@ -112,6 +112,46 @@ def open_sessions_as_fragments(open_sessions: DataFrame) -> DataFrame:
     )
 
 
+def open_session_events(open_sessions: DataFrame, events: DataFrame) -> DataFrame:
+    """Each open session as its accepted events, one ``open_sessions``-shaped row per event
+    (keeping the session's id and run start), so that sessionization can cut it anew.
+
+    An open session is one fragment, cut where its run's start put the cuts when it was
+    written; a later event that starts the run earlier moves them (see
+    :func:`straddles_a_cut`), and only its events can say where the session splits.
+
+    :param events: ``events`` rows (``user_id``, ``event_id``, ``event_time``, ``page``).
+    """
+    s, e = open_sessions.alias("s"), events.alias("e")
+    page = F.col("e.page")
+    return s.join(
+        e,
+        (F.col("e.user_id") == F.col("s.user_id"))
+        & F.col("e.event_time").between(F.col("s.session_start"), F.col("s.session_end")),
+    ).select(
+        F.col("s.session_id").alias("session_id"),
+        F.col("s.user_id").alias("user_id"),
+        F.col("e.event_time").alias("session_start"),
+        F.col("e.event_time").alias("session_end"),
+        F.col("s.run_start").alias("run_start"),
+        F.lit(1).cast("long").alias("event_count"),
+        page.isNotNull().cast("long").alias("page_views"),
+        F.col("e.event_id").alias("entry_event_id"), page.alias("entry_page"),
+        F.col("e.event_id").alias("exit_event_id"), page.alias("exit_page"),
+        F.when(page.isNotNull(), F.array(page))
+        .otherwise(F.array().cast("array<string>")).alias("pages"),
+    )
+
+
+def straddles_a_cut(max_duration: timedelta) -> Column:
+    """On :func:`sessionize_batch`'s rows: an open session that now spans one of its run's
+    cuts (its run starts earlier than when it was written), so it must be cut anew from
+    its events (:func:`open_session_events`)."""
+    max_us = micros(max_duration)
+    end_chunk = F.floor((F.col("end_us") - F.col("run_start_us")) / F.lit(max_us))
+    return F.col("is_state") & (end_chunk != F.col("chunk"))
+
+
 def assign_sessions(
     fragments: DataFrame, gap: timedelta, max_duration: timedelta
 ) -> DataFrame:
@@ -359,7 +399,8 @@ def _session_parts(
         "entry": (F.min(of(entry)), _same),
         "exit": (F.max(of(exit_)), _same),
         "pages": (F.collect_list(of(pages)), distinct_sorted),
-        "previous_session_ids": (F.collect_list(of(F.col("state_session_id"))), F.sort_array),
+        "previous_session_ids": (F.collect_list(of(F.col("state_session_id"))),
+                                 lambda ids: F.sort_array(F.array_distinct(ids))),
         "added_events": (F.sum(of(F.when(~state, F.col("event_count")).otherwise(0))), _same),
     }
 

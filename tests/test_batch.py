@@ -309,6 +309,55 @@ def test_long_sessions_split_across_batches_like_in_one_batch(
     assert results[0] == results[1] == [(hm("10:00"), 6), (hm("12:00"), 6), (hm("14:00"), 3)]
 
 
+@pytest.mark.parametrize(
+    ("max_duration", "batches", "expected"),
+    [
+        pytest.param("10m", [["10:10", "10:15"], ["10:02"]],
+                     [("10:02", "10:10", 2), ("10:15", "10:15", 1)], id="earlier-event"),
+        pytest.param("20m", [["10:00", "10:12", "10:19", "10:26"], ["10:06"]],
+                     [("10:00", "10:19", 4), ("10:26", "10:26", 1)], id="bridge"),
+    ],
+)
+def test_an_open_session_is_cut_again_when_its_runs_start_moves_earlier(
+    spark: SparkSession, tmp_path: Path, max_duration: str, batches: list[list[str]],
+    expected: list[tuple[str, str, int]],
+) -> None:
+    """A later batch's event that starts the run earlier moves its cuts: an open session
+    that now spans a cut is split as a batch sessionization of the same events would."""
+    cfg = {"gap": "10m", "grace": "30m", "max_session_duration": max_duration}
+    split = [[event("bot", at, f"/{at}", event_id=at) for at in ats] for ats in batches]
+    results = []
+    for name, lines in (("one", [[line for b in split for line in b]]), ("many", split)):
+        lake = str(tmp_path / name)
+        reports = run_batches(spark, settings(lake, **cfg), lines)
+        assert sum(r.row["late"] for r in reports) == 0
+        results.append(rows(all_sessions(spark, lake), "session_start", "session_end",
+                            "event_count"))
+    assert results[0] == results[1] == [(hm(a), hm(b), n) for a, b, n in expected]
+    changes = read_table(spark, lake, "session_changelog").where("batch_id = 1")
+    assert {r[0] for r in changes.select("change").collect()} == {"split"}
+
+
+def test_a_session_cut_anew_keeps_its_gap_closed_to_later_events(
+    spark: SparkSession, lake: str
+) -> None:
+    """Once cut anew and closed, the pieces are what lateness rule 1 compares with: none
+    is longer than the maximum, so the closed sessions near an event are all found."""
+    cfg = settings(lake, gap="10m", grace="0m", max_session_duration="10m")
+    run_batches(spark, cfg, [
+        [event("u", "2026-01-06T00:07:00Z", event_id="a"),
+         event("u", "2026-01-06T00:12:00Z", event_id="b")],
+        [event("u", "23:59", event_id="c")],  # the run now starts the day before
+        [event("x", "2026-01-06T00:25:00Z", event_id="z")],  # W 00:25 closes u's sessions
+        [event("u", "2026-01-06T00:21:00Z", event_id="d")],  # within the gap of 00:12
+    ])
+    closed = rows(read_table(spark, lake, "sessions").where("user_id = 'u'"),
+                  "session_start", "session_end", "event_count")
+    assert closed == [(hm("23:59"), datetime(2026, 1, 6, 0, 7), 2),
+                      (datetime(2026, 1, 6, 0, 12), datetime(2026, 1, 6, 0, 12), 1)]
+    assert [r[0] for r in late_reasons(spark, lake)] == ["d"]
+
+
 def test_watermark_survives_a_new_checkpoint(spark: SparkSession, lake: str) -> None:
     cfg = settings(lake)
     run_batches(spark, cfg, [[event("x", "12:00")]], identity=StreamIdentity("first", 0))

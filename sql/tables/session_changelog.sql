@@ -1,9 +1,11 @@
 -- One row per change to a session per micro-batch: the audit trail and downstream feed.
--- change is open, extend, merge or close; a session opened and closed by one batch has both
--- an open and a close row. previous_session_ids lists the ids a merge or a re-keying replaced.
+-- change is open, extend, merge, split or close; a session opened and closed by one batch has
+-- both an open and a close row. previous_session_ids lists the ids a merge or a re-keying
+-- replaced, or the open session a split divided (split: an event that starts a long run
+-- earlier moves its max-duration cuts, and an open session across a new cut is divided).
 CREATE TABLE IF NOT EXISTS delta.`${location}` (
   batch_id             BIGINT    NOT NULL COMMENT 'Micro-batch of the change (-1 for a backfill)',
-  change               STRING    NOT NULL COMMENT 'open | extend | merge | close | backfill',
+  change               STRING    NOT NULL COMMENT 'open | extend | merge | split | close | backfill',
   session_id           STRING    NOT NULL COMMENT 'The session after the change',
   user_id              STRING    NOT NULL COMMENT 'Whose session',
   session_start        TIMESTAMP NOT NULL COMMENT 'After the change',
