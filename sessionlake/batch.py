@@ -819,23 +819,27 @@ def _state_cut_anew(
     longer holds every event of those sessions (retention deleted some): a cut made of
     what is left would lose events.
     """
-    users = [r["user_id"] for r in assigned.where(
-        straddles_a_cut(settings.max_session_duration)).select("user_id").distinct().collect()]
-    theirs = state.where(F.col("user_id").isin(users))
-    bounds = _one(theirs.agg(F.min(F.unix_micros("session_start")).alias("first"),
-                             F.max(F.unix_micros("session_end")).alias("last"),
-                             F.sum("event_count").alias("events")))
-    first, last = _moment(bounds["first"]), _moment(bounds["last"])
+    # The users to cut anew, with their open sessions' span and events, in one query of
+    # the state rows the sessionization already holds.
+    affected = assigned.where(F.col("is_state")).groupBy("user_id").agg(
+        F.max(straddles_a_cut(settings.max_session_duration)).alias("straddles"),
+        F.min("start_us").alias("first"), F.max("end_us").alias("last"),
+        F.sum("event_count").alias("events"),
+    ).where("straddles").collect()
+    users = [r["user_id"] for r in affected]
+    first = _moment(min(r["first"] for r in affected))
+    last = _moment(max(r["last"] for r in affected))
+    expected = sum(r["events"] for r in affected)
     assert first is not None and last is not None
     accepted = read_table(spark, settings.lake, EVENTS, inputs.table_versions[EVENTS]).where(
         F.col("user_id").isin(users)
         & F.col("event_date").between(F.lit(first.date()), F.lit(last.date())))
+    theirs = state.where(F.col("user_id").isin(users))
     exploded = open_session_events(theirs, accepted)
     found = exploded.count()
-    if found != bounds["events"]:
+    if found != expected:
         log.warning("open sessions of %d user(s) now span a cut of their run, but events "
-                    "holds %d of their %d events: kept whole", len(users), found,
-                    bounds["events"])
+                    "holds %d of their %d events: kept whole", len(users), found, expected)
         return None
     columns = exploded.columns
     return state.where(~F.col("user_id").isin(users)).select(*columns).unionByName(exploded)

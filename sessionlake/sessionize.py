@@ -147,9 +147,12 @@ def straddles_a_cut(max_duration: timedelta) -> Column:
     """On :func:`sessionize_batch`'s rows: an open session that now spans one of its run's
     cuts (its run starts earlier than when it was written), so it must be cut anew from
     its events (:func:`open_session_events`)."""
-    max_us = micros(max_duration)
-    end_chunk = F.floor((F.col("end_us") - F.col("run_start_us")) / F.lit(max_us))
-    return F.col("is_state") & (end_chunk != F.col("chunk"))
+    return F.col("is_state") & (_chunk(F.col("end_us"), micros(max_duration)) != F.col("chunk"))
+
+
+def _chunk(time_us: Column, max_us: int) -> Column:
+    """Which ``max_us``-long piece of its run (from ``run_start_us``) a time falls in."""
+    return F.floor((time_us - F.col("run_start_us")) / F.lit(max_us)).cast("long")
 
 
 def assign_sessions(
@@ -197,10 +200,7 @@ def _assign_runs(
         .withColumn("starts_run", starts_run)
         .withColumn("run_no", run_no)
         .withColumn("run_start_us", F.min(of_active(F.col("run_start_us"))).over(run))
-        .withColumn(
-            "chunk",
-            F.floor((F.col("start_us") - F.col("run_start_us")) / F.lit(max_us)).cast("long"),
-        )
+        .withColumn("chunk", _chunk(F.col("start_us"), max_us))
         .drop("starts_run", _TIE_BREAK)
     )
 
