@@ -160,21 +160,20 @@ def assign_sessions(
 ) -> DataFrame:
     """Give every fragment its session key (``user_id``, ``run_no``, ``chunk``).
 
-    Also adds, per session, ``session_end_us`` and ``session_has_state`` (whether an open
-    session from earlier batches is part of it), which the lateness rule needs.
+    Also adds, per session, ``session_has_state``: whether one of the fragments given as
+    sessions (``is_state``) is part of it.
     """
     session = Window.partitionBy("user_id", "run_no", "chunk")
-    return (
-        _assign_runs(fragments, gap, max_duration, None)
-        .withColumn("session_end_us", F.max("end_us").over(session))
-        .withColumn("session_has_state", F.max("is_state").over(session))
-    )
+    return _assign_runs(fragments, gap, max_duration, None).withColumn(
+        "session_has_state", F.max("is_state").over(session))
 
 
 def _assign_runs(
     fragments: DataFrame, gap: timedelta, max_duration: timedelta, active: Column | None
 ) -> DataFrame:
-    """Add ``run_no``, the run's ``run_start_us`` and ``chunk`` to every fragment.
+    """Add ``run_no``, the run's ``run_start_us``, ``run_end_us`` and ``run_has_state``
+    (whether an open session from earlier batches is part of it), and ``chunk`` to every
+    fragment.
 
     :param active: which fragments take part (``None``: all). The others ride along in the
         same partitions, so that a micro-batch decides duplicates and sessions in one
@@ -200,6 +199,8 @@ def _assign_runs(
         .withColumn("starts_run", starts_run)
         .withColumn("run_no", run_no)
         .withColumn("run_start_us", F.min(of_active(F.col("run_start_us"))).over(run))
+        .withColumn("run_end_us", F.max(of_active(F.col("end_us"))).over(run))
+        .withColumn("run_has_state", F.max(of_active(F.col("is_state"))).over(run))
         .withColumn("chunk", _chunk(F.col("start_us"), max_us))
         .drop("starts_run", _TIE_BREAK)
     )
@@ -275,7 +276,7 @@ def sessionize_batch(
     :param near_closed: rule 1's hits (:func:`closed_session_hits`), or ``None``.
     :return: one row per event and per open session (``is_state``): the fragment columns,
         ``is_duplicate``, ``late_reason`` (rule 1 or 2; set for events that are not
-        duplicates), the session key and columns of :func:`assign_sessions`, and on one
+        duplicates), the run and session columns of :func:`_assign_runs`, and on one
         row of each session (``is_head``) its aggregates: :func:`batch_sessions` reads
         the sessions from there.
     """
@@ -309,7 +310,6 @@ def sessionize_batch(
         .where(F.col("kind") != _SEEN)
     )
     pending = F.col("is_state") | (~F.col("is_duplicate") & F.col("late_1").isNull())
-    of_pending = _only(pending)
     # The session's aggregates come from the same sorted pass, on its first row (the head).
     session = Window.partitionBy("user_id", "run_no", "chunk").orderBy(
         F.when(pending, 0).otherwise(1), "start_us", "end_us",
@@ -319,8 +319,6 @@ def sessionize_batch(
     runs = _assign_runs(deduped, gap, max_duration, pending)
     assigned = mark_late_new_sessions(runs.select(
         *runs.columns,
-        F.max(of_pending(F.col("end_us"))).over(whole).alias("session_end_us"),
-        F.max(of_pending(F.col("is_state"))).over(whole).alias("session_has_state"),
         (pending & (F.row_number().over(session) == 1)).alias("is_head"),
         *[finish(aggregate.over(whole)).alias(_SESSION_PREFIX + name)
           for name, (aggregate, finish) in _session_parts(pending).items()],
@@ -349,12 +347,18 @@ def mark_late_new_sessions(
     A session made only of this batch's events whose ``end + gap <= W`` has missed its
     window: accepting it would add a session behind the watermark, after downstream
     consumers were told that period was final.
+
+    The session judged is the whole run (the gap session, before the maximum duration cuts
+    it), as Kafka Streams judges a merged session: a run that reaches an open session or
+    ends within the window is accepted whole, pieces cut off behind the watermark too. So a
+    late event never shares a run with an accepted one, and cannot move where an accepted
+    run is cut.
     """
     if watermark is None:
         return assigned.withColumn("late_reason", F.lit(None).cast("string"))
     w_us = micros_at(watermark)
-    too_late = (~F.col("session_has_state")) & (
-        F.col("session_end_us") + F.lit(micros(gap)) <= F.lit(w_us)
+    too_late = (~F.col("run_has_state")) & (
+        F.col("run_end_us") + F.lit(micros(gap)) <= F.lit(w_us)
     )
     return assigned.withColumn(
         "late_reason",

@@ -358,6 +358,44 @@ def test_a_session_cut_anew_keeps_its_gap_closed_to_later_events(
     assert [r[0] for r in late_reasons(spark, lake)] == ["d"]
 
 
+@pytest.mark.parametrize(
+    ("first_batch", "late_run"),
+    [
+        # The run reaches bot's open session (10:30-10:35); the cuts at 10:13, 10:23 and
+        # 10:33 leave three pieces behind W 10:40, and cut the open session.
+        pytest.param(["10:30", "10:35"], ["10:03", "10:08", "10:16", "10:24"],
+                     id="reaches-an-open-session"),
+        # The run's end, 10:32, is within the window; its first three pieces are not.
+        pytest.param([], ["10:00", "10:08", "10:16", "10:24", "10:32"],
+                     id="ends-within-the-window"),
+    ],
+)
+def test_a_run_that_is_not_late_is_accepted_whole_with_its_pieces_behind_the_watermark(
+    spark: SparkSession, tmp_path: Path, first_batch: list[str], late_run: list[str]
+) -> None:
+    """Rule 2 judges the gap session, before the maximum duration cuts it (as Kafka Streams
+    judges a merged session): a run is late whole or not at all, so a late event never
+    sets where an accepted run is cut, and the result is the one-batch result."""
+    cfg = {"gap": "10m", "grace": "0m", "max_session_duration": "10m"}
+    bot = {at: event("bot", at, f"/{at}", event_id=at) for at in first_batch + late_run}
+    batches = [[event("x", "10:40")] + [bot[at] for at in first_batch],
+               [bot[at] for at in late_run]]
+    results = []
+    for name, lines in (("one", [[line for b in batches for line in b]]), ("many", batches)):
+        lake = str(tmp_path / name)
+        reports = run_batches(spark, settings(lake, **cfg), lines)
+        assert sum(r.row["late"] for r in reports) == 0
+        results.append((
+            rows(all_sessions(spark, lake).where("user_id = 'bot'"),
+                 "session_start", "event_count"),
+            rows(read_table(spark, lake, "sessions"), "session_start"),
+        ))
+    assert results[0] == results[1]
+    sessions, closed = results[1]
+    assert [n for _, n in sessions] == ([2, 1, 2, 1] if first_batch else [2, 1, 1, 1])
+    assert len(closed) == 3  # the pieces that end with gap to spare before 10:40
+
+
 def test_watermark_survives_a_new_checkpoint(spark: SparkSession, lake: str) -> None:
     cfg = settings(lake)
     run_batches(spark, cfg, [[event("x", "12:00")]], identity=StreamIdentity("first", 0))
