@@ -495,6 +495,32 @@ def process_lines(
         return _process_locked(spark, lines, batch_id, settings, identity, clock)
 
 
+class _BatchWork:
+    """What one run of a micro-batch keeps while it works: its materialized frames (freed
+    at the end, see :func:`materialize`) and how long each phase took."""
+
+    def __init__(self) -> None:
+        self.kept: list[DataFrame] = []
+        self.phases_ms: dict[str, int] = {}
+        self._phase_start = time.monotonic()
+
+    def keep(self, frame: DataFrame) -> DataFrame:
+        """``frame`` computed now, once (:func:`materialize`), until :meth:`release`."""
+        self.kept.append(materialize(frame))
+        return self.kept[-1]
+
+    def phase(self, name: str) -> None:
+        """End the phase ``name`` (it began where the previous one ended)."""
+        now = time.monotonic()
+        self.phases_ms[name] = int((now - self._phase_start) * 1000)
+        self._phase_start = now
+
+    def release(self) -> None:
+        """Free every kept frame's blocks: the batch is done with them."""
+        for frame in self.kept:
+            release(frame)
+
+
 def _process_locked(
     spark: SparkSession,
     lines: DataFrame,
@@ -510,19 +536,7 @@ def _process_locked(
     now = inputs.processing_time
     lake, gap, key = settings.lake, settings.gap, (identity.app_id, batch_id)
     watermark = watermark_of(inputs.max_event_time_before, settings.grace)
-    kept: list[DataFrame] = []
-    phases: dict[str, int] = {}
-    clock_at = [time.monotonic()]
-
-    def phase(name: str) -> None:
-        now_at = time.monotonic()
-        phases[name] = int((now_at - clock_at[0]) * 1000)
-        clock_at[0] = now_at
-
-    def keep(frame: DataFrame) -> DataFrame:
-        kept.append(materialize(frame))
-        return kept[-1]
-
+    work = _BatchWork()
     ahead = ThreadPoolExecutor(max_workers=len(RESOLVED_AHEAD))
     resolving = resolve_ahead(ahead, spark, lake, inputs)
     try:
@@ -533,7 +547,7 @@ def _process_locked(
             adapter_for(settings.input_format).parse(cap_record_size(spread(lines))),
             now, settings.max_future_skew,
         ), **_parse_figures(watermark, settings.user_buckets))
-        guarded = keep(parsed)
+        guarded = work.keep(parsed)
         stats = parse_seen.get
         valid = valid_events(guarded)
         buckets = sorted(int(b) for b in stats["buckets"])
@@ -545,11 +559,11 @@ def _process_locked(
             return open_estimate * len(touched) // settings.user_buckets
 
         # The batch works through its records and the open sessions of its users' buckets.
-        work = int(stats["input"]) + open_sessions_in(buckets) // STATE_ROWS_PER_RECORD
-        fit_codegen_to_batch(spark, work)
+        size = int(stats["input"]) + open_sessions_in(buckets) // STATE_ROWS_PER_RECORD
+        fit_codegen_to_batch(spark, size)
         if lines.sparkSession is not spark:  # the stream's clone, owner of the batch's frames
-            fit_codegen_to_batch(lines.sparkSession, work)
-        phase("parse")
+            fit_codegen_to_batch(lines.sparkSession, size)
+        work.phase("parse")
         for snapshot in resolving:
             snapshot.result()
 
@@ -560,7 +574,7 @@ def _process_locked(
             spark, settings, inputs.table_versions[SESSIONS],
             _moment(stats["first_behind_watermark"]), _moment(stats["last_behind_watermark"]),
         )
-        near_closed = None if closed is None or watermark is None else keep(
+        near_closed = None if closed is None or watermark is None else work.keep(
             closed_session_hits(events, closed, watermark, gap))
         # The batch's users are shipped whole to every task: the state is not shuffled to
         # find theirs (nor read at all while the table holds no session).
@@ -569,35 +583,13 @@ def _process_locked(
         open_before = read_table(spark, lake, OPEN_SESSIONS, state_version)
         state = None if state_version <= 0 else open_before.where(
             F.col("user_bucket").isin(buckets)).join(users, "user_id", "left_semi")
-        phase("lateness_and_state")
-        accepting = ~F.col("is_duplicate") & F.col("late_reason").isNull()
-        event = ~F.col("is_state")
+        work.phase("lateness_and_state")
         seen_before = _seen_before(spark, settings, inputs, events, dates,
                                    (stats["first_event_id"], stats["last_event_id"]))
-
-        def sessionize(state: DataFrame | None) -> tuple[DataFrame, dict[str, Any]]:
-            sessionized, sessionize_seen = _observed(
-                sessionize_batch(events, state, seen_before, near_closed, watermark, gap,
-                                 settings.max_session_duration),
-                valid=F.count(F.when(event, 1)),
-                unique=F.count(F.when(event & ~F.col("is_duplicate"), 1)),
-                accepted=F.count(F.when(event & accepting, 1)),
-                late=F.count(F.when(event, F.col("late_reason"))),
-                max_t=F.max(F.when(event & accepting, F.unix_micros("event_time"))),
-                straddling=F.count(F.when(straddles_a_cut(settings.max_session_duration), 1)),
-            )
-            return keep(sessionized), sessionize_seen.get
-
-        assigned, outcome = sessionize(state)
-        split_ids: list[str] = []
-        if outcome["straddling"]:
-            assert state is not None  # only open sessions straddle
-            recut = _state_cut_anew(spark, settings, inputs, state, assigned)
-            if recut is not None:
-                assigned, outcome = sessionize(recut)
-                split_ids = _split_session_ids(assigned)
+        assigned, outcome, split_ids = _sessionize_cut_consistently(
+            spark, settings, inputs, work, events, state, seen_before, near_closed, watermark)
         sessions = batch_sessions(assigned)
-        phase("sessionize")
+        work.phase("sessionize")
         max_event_time = max(
             (t for t in (inputs.max_event_time_before, _moment(outcome["max_t"]))
              if t is not None),
@@ -611,7 +603,7 @@ def _process_locked(
             closes=F.count(F.when(F.col("closes"), 1)),
             merge_rows=merge_source_rows(),
         )
-        classified = keep(classifying)
+        classified = work.keep(classifying)
         classified_counts = classify_seen.get
         untouched = open_before.limit(0) if state is None else open_before.join(
             users, "user_id", "left_anti")
@@ -619,7 +611,7 @@ def _process_locked(
             expiring_open_sessions(untouched, watermark_after, gap),
             expired=F.count(F.lit(1)), buckets=F.collect_set("user_bucket"),
         )
-        expiring = keep(expiring_now)
+        expiring = work.keep(expiring_now)
         expiring_counts = expiring_seen.get
 
         # Not materialized: a union of projections of materialized frames, which the MERGE
@@ -627,37 +619,9 @@ def _process_locked(
         source = merge_source(classified, expiring, settings.user_buckets, batch_id, now,
                               split=bool(split_ids))
         counts = _batch_counts(outcome, classified_counts, expiring_counts, buckets)
-        phase("classify")
-        late_keys = assigned.where(F.col("late_reason").isNotNull()).select(
-            *RECORD_KEY, "late_reason")
-        late_rows = _records_of(valid, late_keys, counts["late"], "inner").select(
-            *EVENT_COLUMNS, F.col("late_reason").alias("reason"),
-            F.lit(watermark).cast("timestamp").alias("watermark"),
-        )
-        accepted = valid if counts["accepted"] == counts["valid"] else _records_of(
-            valid,
-            assigned.where(~F.col("is_state") & ~accepting).select(*RECORD_KEY),
-            counts["valid"] - counts["accepted"], "left_anti",
-        )
-        closing = as_closed_sessions(
-            classified.where("closes"), gap, batch_id, now
-        ).unionByName(as_closed_sessions(expiring, gap, batch_id, now))
-
-        # Writes, each at most once per batch. The tables are independent, so their
-        # commits run side by side; batch_metrics, whose row marks the batch as done and
-        # carries the watermark forward, is written only after all of them succeeded.
-        appends = [
-            (stats["quarantined"], QUARANTINE,
-             _stamp(quarantined(guarded), batch_id, "quarantined_at", now)),
-            (counts["late"], LATE_EVENTS, _stamp(late_rows, batch_id, "recorded_at", now)),
-            (counts["accepted"], EVENTS,
-             _stamp(accepted, batch_id, "ingested_at", now)
-             .withColumn("event_date", event_date())),
-            (counts["closed"], SESSIONS, closing),
-            (counts["changes"], SESSION_CHANGELOG,
-             changelog_rows(classified, expiring, batch_id, now)),
-        ]
-
+        work.phase("classify")
+        appends = _appends(guarded, valid, assigned, classified, expiring, stats, counts,
+                           settings, batch_id, now, watermark)
         open_count_before = open_sessions_known(spark, settings, identity, batch_id,
                                                 state_version, inputs.previous)
 
@@ -672,18 +636,7 @@ def _process_locked(
             return merged, count_open_sessions(spark, lake, open_count_before, state_version,
                                                merged)
 
-        with ThreadPoolExecutor(max_workers=len(appends) + 1) as pool:
-            state_update = pool.submit(update_state)
-            writes = [pool.submit(_append_once, frame, lake, table, key,
-                                  inputs.written_after(table))
-                      for rows, table, frame in appends if rows]
-            for write in writes:
-                write.result()
-            faults.point("after_sessions")
-            phase("appends")
-            merged, open_after = state_update.result()
-            phase("merge_wait")
-
+        merged, open_after = _write_tables(lake, key, inputs, appends, update_state, work)
         row = _metrics_row(
             identity, batch_id, inputs, stats, counts, merged, open_after.sessions,
             max_event_time, watermark, watermark_after, started,
@@ -694,13 +647,133 @@ def _process_locked(
         faults.point("after_metrics")
         mark_done(spark, settings, identity, batch_id, inputs.entry, max_event_time,
                   open_after, read_earlier_events=seen_before is not None)
-        phase("metrics")
-        log.debug("batch %s phases (ms): %s", batch_id, phases)
-        return BatchReport(row=row, phases_ms=phases)
+        work.phase("metrics")
+        log.debug("batch %s phases (ms): %s", batch_id, work.phases_ms)
+        return BatchReport(row=row, phases_ms=work.phases_ms)
     finally:
         ahead.shutdown(wait=True)
-        for frame in kept:
-            release(frame)
+        work.release()
+
+
+def _sessionize_cut_consistently(
+    spark: SparkSession,
+    settings: Settings,
+    inputs: BatchInputs,
+    work: _BatchWork,
+    events: DataFrame,
+    state: DataFrame | None,
+    seen_before: DataFrame | None,
+    near_closed: DataFrame | None,
+    watermark: datetime | None,
+) -> tuple[DataFrame, dict[str, Any], list[str]]:
+    """The batch sessionized with its users' open sessions (:func:`sessionize_batch`,
+    materialized), the figures observed on it, and the open sessions it split.
+
+    When an accepted event moved a run's cuts across an open session, that user's open
+    sessions are replaced by their events (:func:`_state_cut_anew`) and the batch is
+    sessionized again, so that the cuts fall where a batch sessionization puts them.
+    """
+    accepting = _accepted()
+    event = ~F.col("is_state")
+
+    def sessionize(state: DataFrame | None) -> tuple[DataFrame, dict[str, Any]]:
+        sessionized, sessionize_seen = _observed(
+            sessionize_batch(events, state, seen_before, near_closed, watermark, settings.gap,
+                             settings.max_session_duration),
+            valid=F.count(F.when(event, 1)),
+            unique=F.count(F.when(event & ~F.col("is_duplicate"), 1)),
+            accepted=F.count(F.when(event & accepting, 1)),
+            late=F.count(F.when(event, F.col("late_reason"))),
+            max_t=F.max(F.when(event & accepting, F.unix_micros("event_time"))),
+            straddling=F.count(F.when(straddles_a_cut(settings.max_session_duration), 1)),
+        )
+        return work.keep(sessionized), sessionize_seen.get
+
+    assigned, outcome = sessionize(state)
+    if outcome["straddling"]:
+        assert state is not None  # only open sessions straddle
+        recut = _state_cut_anew(spark, settings, inputs, state, assigned)
+        if recut is not None:
+            assigned, outcome = sessionize(recut)
+            return assigned, outcome, _split_session_ids(assigned)
+    return assigned, outcome, []
+
+
+def _accepted() -> Column:
+    """On the sessionization's rows: an event (or open session) neither duplicate nor late."""
+    return ~F.col("is_duplicate") & F.col("late_reason").isNull()
+
+
+def _appends(
+    guarded: DataFrame,
+    valid: DataFrame,
+    assigned: DataFrame,
+    classified: DataFrame,
+    expiring: DataFrame,
+    stats: dict[str, Any],
+    counts: dict[str, Any],
+    settings: Settings,
+    batch_id: int,
+    now: datetime,
+    watermark: datetime | None,
+) -> list[tuple[str, DataFrame]]:
+    """The batch's rows for each table it appends to (those it has rows for): its
+    quarantined records, late events, accepted events, closed sessions and changelog."""
+    accepting = _accepted()
+    late_keys = assigned.where(F.col("late_reason").isNotNull()).select(
+        *RECORD_KEY, "late_reason")
+    late_rows = _records_of(valid, late_keys, counts["late"], "inner").select(
+        *EVENT_COLUMNS, F.col("late_reason").alias("reason"),
+        F.lit(watermark).cast("timestamp").alias("watermark"),
+    )
+    accepted = valid if counts["accepted"] == counts["valid"] else _records_of(
+        valid,
+        assigned.where(~F.col("is_state") & ~accepting).select(*RECORD_KEY),
+        counts["valid"] - counts["accepted"], "left_anti",
+    )
+    gap = settings.gap
+    closing = as_closed_sessions(
+        classified.where("closes"), gap, batch_id, now
+    ).unionByName(as_closed_sessions(expiring, gap, batch_id, now))
+    appends = [
+        (stats["quarantined"], QUARANTINE,
+         _stamp(quarantined(guarded), batch_id, "quarantined_at", now)),
+        (counts["late"], LATE_EVENTS, _stamp(late_rows, batch_id, "recorded_at", now)),
+        (counts["accepted"], EVENTS,
+         _stamp(accepted, batch_id, "ingested_at", now).withColumn("event_date", event_date())),
+        (counts["closed"], SESSIONS, closing),
+        (counts["changes"], SESSION_CHANGELOG,
+         changelog_rows(classified, expiring, batch_id, now)),
+    ]
+    return [(table, frame) for rows, table, frame in appends if rows]
+
+
+def _write_tables(
+    lake: str,
+    key: BatchKey,
+    inputs: BatchInputs,
+    appends: list[tuple[str, DataFrame]],
+    update_state: Callable[[], tuple[MergeResult, OpenCount]],
+    work: _BatchWork,
+) -> tuple[MergeResult, OpenCount]:
+    """Write the batch's appends and its state MERGE, each at most once per batch.
+
+    The tables are independent, so their commits run side by side; ``batch_metrics``,
+    whose row marks the batch as done and carries the watermark forward, is written by
+    the caller only after all of them succeeded.
+    """
+    with ThreadPoolExecutor(max_workers=len(appends) + 1) as pool:
+        state_update = pool.submit(update_state)
+        writes = [pool.submit(_append_once, frame, lake, table, key,
+                              inputs.written_after(table))
+                  for table, frame in appends]
+        for write in writes:
+            write.result()
+        faults.point("after_sessions")
+        work.phase("appends")
+        merged, open_after = state_update.result()
+        work.phase("merge_wait")
+    return merged, open_after
 
 
 def spread(lines: DataFrame) -> DataFrame:
