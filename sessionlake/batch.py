@@ -621,7 +621,7 @@ def _process_locked(
         counts = _batch_counts(outcome, classified_counts, expiring_counts, buckets)
         work.phase("classify")
         appends = _appends(guarded, valid, assigned, classified, expiring, stats, counts,
-                           settings, batch_id, now, watermark)
+                           gap, batch_id, now, watermark)
         open_count_before = open_sessions_known(spark, settings, identity, batch_id,
                                                 state_version, inputs.previous)
 
@@ -712,7 +712,7 @@ def _appends(
     expiring: DataFrame,
     stats: dict[str, Any],
     counts: dict[str, Any],
-    settings: Settings,
+    gap: timedelta,
     batch_id: int,
     now: datetime,
     watermark: datetime | None,
@@ -731,7 +731,6 @@ def _appends(
         assigned.where(~F.col("is_state") & ~accepting).select(*RECORD_KEY),
         counts["valid"] - counts["accepted"], "left_anti",
     )
-    gap = settings.gap
     closing = as_closed_sessions(
         classified.where("closes"), gap, batch_id, now
     ).unionByName(as_closed_sessions(expiring, gap, batch_id, now))

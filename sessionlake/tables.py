@@ -73,11 +73,12 @@ def sql_dir() -> Path:
 
 
 def table_ddl(table: str, location: str, user_buckets: int = 16) -> str:
-    """The ``CREATE TABLE IF NOT EXISTS`` statement of ``table`` at ``location``."""
-    if "`" in location:
-        raise ValueError(f"a lake location must not contain a backtick: {location!r}")
+    """The ``CREATE TABLE IF NOT EXISTS`` statement of ``table`` at ``location``, named as
+    every other statement names it (:func:`path_identifier`), so that any path a run can
+    read and write, a backtick in it too, can also be created."""
     text = (sql_dir() / "tables" / f"{table}.sql").read_text(encoding="utf-8")
-    return text.replace("${location}", location).replace("${user_buckets}", str(user_buckets))
+    return (text.replace("delta.`${location}`", path_identifier(location))
+            .replace("${user_buckets}", str(user_buckets)))
 
 
 def table_path(lake: str, table: str) -> str:

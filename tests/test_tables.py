@@ -13,6 +13,7 @@ from pyspark.sql.types import StructType
 from pyspark.testing import assertDataFrameEqual
 
 from sessionlake.compaction import CLUSTER_COLUMN
+from sessionlake.config import settings_from
 from sessionlake.deltalog import commit_actions, commit_file
 from sessionlake.tables import (
     ALL_TABLES,
@@ -31,7 +32,7 @@ from sessionlake.tables import (
     table_exists,
     table_path,
 )
-from tests.helpers import first
+from tests.helpers import event, first, run_batches
 
 
 @pytest.mark.parametrize("half_created", [(OPEN_SESSIONS,), (EVENTS, OPEN_SESSIONS), ALL_TABLES])
@@ -50,6 +51,19 @@ def test_tables_a_kill_left_half_created_are_created_on_the_next_run(
 
     assert all(table_exists(spark, lake, table) for table in ALL_TABLES)
     assert read_table(spark, lake, OPEN_SESSIONS).count() == 0
+
+
+@pytest.mark.parametrize("name", ["odd `lake`", "``", "lake `; DROP TABLE x; --"])
+def test_a_lake_whose_path_holds_backticks_is_created_and_written(
+    spark: SparkSession, tmp_path: Path, name: str
+) -> None:
+    # Every statement names a table by its path in backticks: one in the path is escaped
+    # there, as in every other statement, so it names that path and nothing else.
+    settings = settings_from({"lake": str(tmp_path / name)}, env={})
+    ensure_tables(spark, settings.lake, settings.user_buckets)  # not run_batches' copy
+    assert all((tmp_path / name / table / "_delta_log").is_dir() for table in ALL_TABLES)
+    run_batches(spark, settings, [[event("u1", "10:00"), event("u1", "10:05")]])
+    assert first(read_table(spark, settings.lake, OPEN_SESSIONS)).event_count == 2
 
 
 def test_creating_tables_keeps_the_bucket_count_of_an_existing_lake(
