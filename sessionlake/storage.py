@@ -61,22 +61,9 @@ def exists(spark: SparkSession | None, uri: str) -> bool:
 
 
 def read_text(spark: SparkSession | None, uri: str) -> str | None:
-    """The text of the file at ``uri``, or ``None`` when there is none."""
-    local = local_path(uri)
-    if local is not None:
-        return local.read_text(encoding="utf-8") if local.exists() else None
-    fs, path = _fs_and_path(spark, uri)
-    if not fs.exists(path):
-        return None
-    assert spark is not None
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    stream = fs.open(path)
-    try:
-        data = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-    finally:
-        stream.close()
-    return str(data)
+    """The UTF-8 text of the file at ``uri``, or ``None`` when there is none."""
+    data = read_bytes(spark, uri)
+    return None if data is None else data.decode("utf-8")
 
 
 def read_bytes(spark: SparkSession | None, uri: str) -> bytes | None:
@@ -151,7 +138,8 @@ def write_text(spark: SparkSession, uri: str, text: str) -> None:
         stream.close()
     if fs.exists(path):
         fs.delete(path, False)
-    fs.rename(tmp, path)
+    if not fs.rename(tmp, path):
+        raise OSError(f"could not write {uri}: the rename of its temporary file failed")
 
 
 def delete(spark: SparkSession | None, uri: str) -> None:

@@ -1,0 +1,92 @@
+"""The file operations behave the same through Python's I/O and through Hadoop.
+
+Local lakes take the Python branch; every other scheme (``s3a://``, ``hdfs://``) takes
+Hadoop's FileSystem, which no other test reaches: here the ``hadoop`` case sends local
+``file:`` URIs through it (Hadoop's real local FileSystem, on disk), so that both branches
+are held to one contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from sessionlake import storage
+
+
+@pytest.fixture(params=["python", "hadoop"])
+def uri(request: pytest.FixtureRequest, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> Callable[[str], str]:
+    """``uri(name)``: the URI of ``name`` in a fresh folder, for the branch under test."""
+    if request.param == "hadoop":
+        monkeypatch.setattr(storage, "local_path", lambda _uri: None)
+    return lambda name: f"file://{tmp_path / name}"
+
+
+def _visible(names: list[str]) -> list[str]:
+    """Without Hadoop's checksum side files (``.name.crc``), which only its branch writes."""
+    return [n for n in names if not n.endswith(".crc")]
+
+
+def test_a_written_file_reads_back_whole(spark: SparkSession,
+                                         uri: Callable[[str], str]) -> None:
+    target = uri("a/b/ledger.json")
+    assert storage.read_text(spark, target) is None
+    assert storage.read_bytes(spark, target) is None
+    assert storage.file_size(spark, target) is None
+    assert not storage.exists(spark, target)
+
+    storage.write_text(spark, target, '{"é": 1}')
+    storage.write_text(spark, target, '{"é": 2}')  # replaced whole, not appended
+
+    assert storage.exists(spark, target)
+    assert storage.read_text(spark, target) == '{"é": 2}'
+    assert storage.read_bytes(spark, target) == '{"é": 2}'.encode()
+    assert storage.file_size(spark, target) == len('{"é": 2}'.encode())
+    assert storage.file_size(spark, uri("a/b")) is None  # a folder has no size
+    assert _visible(storage.list_names(spark, uri("a/b"))) == ["ledger.json"]
+
+
+def test_a_moved_file_is_gone_from_its_source_and_refuses_to_overwrite(
+        spark: SparkSession, uri: Callable[[str], str]) -> None:
+    storage.write_text(spark, uri("one"), "1")
+    storage.write_text(spark, uri("two"), "2")
+
+    storage.move(spark, uri("one"), uri("moved/one"))
+
+    assert storage.read_text(spark, uri("moved/one")) == "1"
+    assert not storage.exists(spark, uri("one"))
+    with pytest.raises(FileExistsError):
+        storage.move(spark, uri("two"), uri("moved/one"))
+    assert storage.read_text(spark, uri("moved/one")) == "1"
+
+
+def test_a_copied_tree_replaces_the_target_and_lists_the_same_files(
+        spark: SparkSession, uri: Callable[[str], str]) -> None:
+    storage.write_text(spark, uri("src/x.txt"), "x")
+    storage.write_text(spark, uri("src/sub/y.txt"), "yy")
+    storage.write_text(spark, uri("dst/stale.txt"), "old")
+
+    storage.copy_tree(spark, uri("src"), uri("dst"))
+
+    copied = {name: size for name, (size, _) in storage.tree_state(spark, uri("dst")).items()
+              if not name.endswith(".crc")}
+    assert copied == {"x.txt": 1, "sub/y.txt": 2}
+    assert storage.tree_state(spark, uri("absent")) == {}
+
+
+def test_delete_removes_files_and_folders_and_ignores_what_is_absent(
+        spark: SparkSession, uri: Callable[[str], str]) -> None:
+    storage.write_text(spark, uri("tree/a/b.txt"), "b")
+    storage.write_text(spark, uri("c.txt"), "c")
+
+    storage.delete(spark, uri("tree"))
+    storage.delete(spark, uri("c.txt"))
+    storage.delete(spark, uri("never"))
+
+    assert not storage.exists(spark, uri("tree"))
+    assert not storage.exists(spark, uri("c.txt"))
+    assert storage.list_names(spark, uri("never")) == []
