@@ -27,6 +27,7 @@ from sessionlake.tables import (
     ensure_tables,
     literal_row,
     never_written,
+    path_identifier,
     read_table,
     resolve_snapshot,
     table_exists,
@@ -178,3 +179,15 @@ def test_a_write_collects_statistics_only_where_they_can_skip_files(
     assert stats["numRecords"] == 1  # what the lake's reports count rows by
     assert set(stats["minValues"]) == set(stats["maxValues"]) == columns
     assert CLUSTER_COLUMN in columns  # OPTIMIZE ZORDER BY needs its statistics
+
+
+@pytest.mark.parametrize("table", ALL_TABLES)
+def test_the_tables_a_stream_writes_every_batch_checkpoint_their_log_every_100_commits(
+    spark: SparkSession, lake: str, table: str
+) -> None:
+    ensure_tables(spark, lake)
+    properties = {row["key"]: row["value"] for row in spark.sql(
+        f"SHOW TBLPROPERTIES {path_identifier(table_path(lake, table))}").collect()}
+
+    expected = None if table == RETENTION_AUDIT else "100"
+    assert properties.get("delta.checkpointInterval") == expected

@@ -26,3 +26,7 @@ CREATE TABLE IF NOT EXISTS delta.`${location}` (
   merge_files_removed   BIGINT    NOT NULL COMMENT 'Files the MERGE removed',
   merge_duration_ms     BIGINT    NOT NULL COMMENT 'Time spent in the MERGE'
 ) USING DELTA
+TBLPROPERTIES (
+  -- A log checkpoint every 100 commits (see events.sql).
+  'delta.checkpointInterval' = '100'
+)

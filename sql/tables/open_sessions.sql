@@ -20,6 +20,8 @@ CREATE TABLE IF NOT EXISTS delta.`${location}` (
 ) USING DELTA
 PARTITIONED BY (user_bucket)
 TBLPROPERTIES (
+  -- A log checkpoint every 100 commits (see events.sql).
+  'delta.checkpointInterval' = '100',
   'delta.enableDeletionVectors' = 'true',
   -- File statistics only where they can skip files (see events.sql): the MERGE's key
   -- session_id (a batch's MERGE names its ids), user_id (what compaction clusters by),

@@ -11,5 +11,7 @@ CREATE TABLE IF NOT EXISTS delta.`${location}` (
   quarantined_at  TIMESTAMP NOT NULL COMMENT 'Processing time of that batch'
 ) USING DELTA
 TBLPROPERTIES (
+  -- A log checkpoint every 100 commits (see events.sql).
+  'delta.checkpointInterval' = '100',
   'delta.enableDeletionVectors' = 'true'
 )

@@ -16,6 +16,8 @@ CREATE TABLE IF NOT EXISTS delta.`${location}` (
   changed_at           TIMESTAMP NOT NULL COMMENT 'Processing time of the batch'
 ) USING DELTA
 TBLPROPERTIES (
+  -- A log checkpoint every 100 commits (see events.sql).
+  'delta.checkpointInterval' = '100',
   'delta.enableDeletionVectors' = 'true',
   -- File statistics only where they can skip files (see events.sql): batches, times,
   -- and user_id, which compaction clusters by.

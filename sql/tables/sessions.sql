@@ -19,6 +19,8 @@ CREATE TABLE IF NOT EXISTS delta.`${location}` (
 ) USING DELTA
 PARTITIONED BY (session_date)
 TBLPROPERTIES (
+  -- A log checkpoint every 100 commits (see events.sql).
+  'delta.checkpointInterval' = '100',
   'delta.enableDeletionVectors' = 'true',
   -- File statistics only where they can skip files (see events.sql): times, batches,
   -- and user_id, which compaction clusters by.
