@@ -119,27 +119,39 @@ def move(spark: SparkSession | None, source: str, target: str) -> None:
 
 
 def write_text(spark: SparkSession, uri: str, text: str) -> None:
-    """Write ``text`` to ``uri`` whole: a temporary file renamed into place."""
+    """Write ``text`` to ``uri`` whole: a reader finds the old text or the new, never a
+    part of either nor no file at all, even if the writer is cut off.
+
+    Beyond this machine the write goes through Spark's ``CheckpointFileManager``, the one
+    its streaming checkpoints use: a temporary file renamed over the target in one step
+    where the file system can (HDFS, through ``FileContext``), and whatever
+    ``spark.sql.streaming.checkpointFileManagerClass`` names for object stores.
+    """
     local = local_path(uri)
     if local is not None:
         local.parent.mkdir(parents=True, exist_ok=True)
         tmp = local.with_name(f".{local.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
+        try:
+            tmp.write_text(text, encoding="utf-8")
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, local)
         return
-    fs, path = _fs_and_path(spark, uri)
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    tmp = jvm.org.apache.hadoop.fs.Path(path.getParent(), f".{path.getName()}.tmp")
-    stream = fs.create(tmp, True)
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    checkpointing = jvm.org.apache.spark.sql.execution.streaming.checkpointing
+    manager = checkpointing.CheckpointFileManager.create(
+        path.getParent(), spark.sparkContext._jsc.hadoopConfiguration())
+    manager.mkdirs(path.getParent())
+    stream = manager.createAtomic(path, True)
     try:
         stream.write(bytearray(text.encode("utf-8")))
-    finally:
-        stream.close()
-    if fs.exists(path):
-        fs.delete(path, False)
-    if not fs.rename(tmp, path):
-        raise OSError(f"could not write {uri}: the rename of its temporary file failed")
+    except BaseException:
+        stream.cancel()  # the temporary file goes; the target is untouched
+        raise
+    stream.close()  # renames the temporary file over the target
 
 
 def delete(spark: SparkSession | None, uri: str) -> None:

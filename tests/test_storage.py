@@ -50,6 +50,18 @@ def test_a_written_file_reads_back_whole(spark: SparkSession,
     assert _visible(storage.list_names(spark, uri("a/b"))) == ["ledger.json"]
 
 
+def test_a_write_that_fails_leaves_the_old_file_and_no_temporary_one(
+        spark: SparkSession, uri: Callable[[str], str]) -> None:
+    target = uri("ledger.json")
+    storage.write_text(spark, target, "old")
+
+    with pytest.raises(UnicodeEncodeError):
+        storage.write_text(spark, target, "new \ud800")  # a lone surrogate: no UTF-8
+
+    assert storage.read_text(spark, target) == "old"
+    assert _visible(storage.list_names(spark, uri(""))) == ["ledger.json"]
+
+
 def test_a_moved_file_is_gone_from_its_source_and_refuses_to_overwrite(
         spark: SparkSession, uri: Callable[[str], str]) -> None:
     storage.write_text(spark, uri("one"), "1")
