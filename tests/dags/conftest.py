@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -29,6 +30,9 @@ AIRFLOW_ENV = {
     "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
     "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    # Airflow signs its API tokens with HS512: a key of 64 bytes or more, as RFC 7518 asks
+    # (the one it generates itself is 16 bytes, and PyJWT warns at every token).
+    "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(64),
     "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[2]"}',
     # Submitted drivers beside the test process: keep them small.
     "SESSIONLAKE_DRIVER_MEMORY": "1g",
