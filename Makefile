@@ -143,8 +143,16 @@ airflow: setup
 # once every service is healthy. The UI is on http://localhost:8080, Spark's on :8081.
 .PHONY: docker-up docker-down
 COMPOSE := docker compose -f docker/compose.yaml
+# Airflow's API tokens are signed with SESSIONLAKE_JWT_SECRET, which the api-server and the
+# task runners share. A random one (64 bytes) is written once to docker/.env, where compose
+# looks for variables; one set in the environment wins over it.
+DOCKER_ENV ?= docker/.env
 
-docker-up:
+$(DOCKER_ENV):
+	umask 077 && printf 'SESSIONLAKE_JWT_SECRET=%s\n' \
+	  "$$(python3 -c 'import secrets; print(secrets.token_hex(64))')" > $@
+
+docker-up: $(DOCKER_ENV)
 	$(COMPOSE) up --detach --build --wait --wait-timeout 600
 
 docker-down:

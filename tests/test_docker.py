@@ -129,7 +129,29 @@ def test_the_images_install_requirements_lock_unchanged_and_only_add_packages() 
 
 def test_the_build_context_leaves_local_state_out() -> None:
     ignored = set((REPO / ".dockerignore").read_text().split())
-    assert {".git", ".venv", "jars", "demo"} <= ignored
+    assert {".git", ".venv", "jars", "demo", "docker/.env"} <= ignored
+
+
+def test_airflow_signs_its_tokens_with_a_secret_of_the_deployment_not_of_the_file(
+    compose: dict[str, Any],
+) -> None:
+    for name in (*AIRFLOW_SERVICES, "airflow-init"):
+        secret = _services(compose)[name]["environment"]["AIRFLOW__API_AUTH__JWT_SECRET"]
+        # Compose refuses to start without the variable: the file holds no default.
+        assert re.fullmatch(r"\$\{SESSIONLAKE_JWT_SECRET:\?[^}]+\}", secret), secret
+
+
+def test_make_writes_a_random_secret_once_readable_by_its_owner_only(tmp_path: Path) -> None:
+    def make_env(path: Path) -> str:
+        subprocess.run(["make", "-s", "-C", str(REPO), f"DOCKER_ENV={path}", str(path)],
+                       check=True, capture_output=True, timeout=60)
+        return path.read_text()
+
+    first = make_env(tmp_path / "a.env")
+    assert re.fullmatch(r"SESSIONLAKE_JWT_SECRET=[0-9a-f]{128}\n", first)
+    assert (tmp_path / "a.env").stat().st_mode & 0o777 == 0o600
+    assert make_env(tmp_path / "a.env") == first  # kept: running services keep working
+    assert make_env(tmp_path / "b.env") != first
 
 
 def test_make_targets_start_and_stop_the_deployment() -> None:
