@@ -144,7 +144,7 @@ def write_text(spark: SparkSession, uri: str, text: str) -> None:
     checkpointing = jvm.org.apache.spark.sql.execution.streaming.checkpointing
     manager = checkpointing.CheckpointFileManager.create(
         path.getParent(), spark.sparkContext._jsc.hadoopConfiguration())
-    manager.mkdirs(path.getParent())
+    manager.mkdirs(path.getParent())  # FileContext creates no missing parent folder
     stream = manager.createAtomic(path, True)
     try:
         stream.write(bytearray(text.encode("utf-8")))
