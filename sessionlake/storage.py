@@ -120,7 +120,9 @@ def move(spark: SparkSession | None, source: str, target: str) -> None:
 
 def write_text(spark: SparkSession, uri: str, text: str) -> None:
     """Write ``text`` to ``uri`` whole: a reader finds the old text or the new, never a
-    part of either nor no file at all, even if the writer is cut off.
+    part of either nor no file at all, even if the writer is cut off. On this machine's
+    disks the new text is synced before it replaces the old, and the rename after, so a
+    power cut does not leave an empty file under the name either.
 
     Beyond this machine the write goes through Spark's ``CheckpointFileManager``, the one
     its streaming checkpoints use: a temporary file renamed over the target in one step
@@ -132,11 +134,15 @@ def write_text(spark: SparkSession, uri: str, text: str) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)
         tmp = local.with_name(f".{local.name}.tmp")
         try:
-            tmp.write_text(text, encoding="utf-8")
+            with tmp.open("w", encoding="utf-8") as file:
+                file.write(text)
+                file.flush()
+                os.fsync(file.fileno())  # the bytes on disk before the name points at them
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
         os.replace(tmp, local)
+        _sync_folder(local.parent)
         return
     jvm = spark.sparkContext._jvm
     assert jvm is not None
@@ -152,6 +158,15 @@ def write_text(spark: SparkSession, uri: str, text: str) -> None:
         stream.cancel()  # the temporary file goes; the target is untouched
         raise
     stream.close()  # renames the temporary file over the target
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` survive a power cut, not only a killed process."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def delete(spark: SparkSession | None, uri: str) -> None:

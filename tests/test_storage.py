@@ -102,3 +102,27 @@ def test_delete_removes_files_and_folders_and_ignores_what_is_absent(
     assert not storage.exists(spark, uri("tree"))
     assert not storage.exists(spark, uri("c.txt"))
     assert storage.list_names(spark, uri("never")) == []
+
+
+def test_a_local_write_is_on_disk_before_its_name_and_the_rename_after(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A power cut after the rename must not leave an empty file under the name (a file
+    system may order the rename before the data), nor the old file after the call."""
+    steps: list[str] = []
+    real_fsync, real_replace = storage.os.fsync, storage.os.replace
+
+    def fsync(fd: int) -> None:
+        steps.append("sync folder" if Path(f"/proc/self/fd/{fd}").resolve().is_dir()
+                     else "sync file")
+        real_fsync(fd)
+
+    def replace(src: str, dst: str) -> None:
+        steps.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(storage.os, "fsync", fsync)
+    monkeypatch.setattr(storage.os, "replace", replace)
+    storage.write_text(spark, str(tmp_path / "ledger.json"), "new")
+
+    assert steps == ["sync file", "rename", "sync folder"]
+    assert (tmp_path / "ledger.json").read_text() == "new"
