@@ -119,14 +119,23 @@ clean:
 SESSIONLAKE_LAKE   ?= $(abspath $(DEMO))/lake
 SESSIONLAKE_SOURCE ?= $(abspath $(DEMO))/landing
 
+# Airflow signs its API tokens with a random 64-byte key written once to AIRFLOW_JWT_SECRET
+# (mode 600) and read by command, so it is in no process's environment: the key Airflow
+# generates itself is 16 bytes, which PyJWT warns is too short for HS512 at every token.
+AIRFLOW_JWT_SECRET ?= airflow_home/jwt_secret
+
 AIRFLOW_ENV = AIRFLOW_HOME=$(PWD)/airflow_home \
 	AIRFLOW__CORE__DAGS_FOLDER=$(PWD)/dags \
 	AIRFLOW__CORE__PLUGINS_FOLDER=$(PWD)/plugins \
-	AIRFLOW__CORE__LOAD_EXAMPLES=False
+	AIRFLOW__CORE__LOAD_EXAMPLES=False \
+	AIRFLOW__API_AUTH__JWT_SECRET_CMD="cat $(abspath $(AIRFLOW_JWT_SECRET))"
+
+$(AIRFLOW_JWT_SECRET):
+	mkdir -p $(@D) && umask 077 && python3 -c 'import secrets; print(secrets.token_hex(64))' > $@
 
 # The one-slot pool of the tasks that write the streaming checkpoint (see
 # docs/airflow-at-scale.md): without it the scheduler never starts those tasks.
-airflow: setup
+airflow: setup $(AIRFLOW_JWT_SECRET)
 	mkdir -p airflow_home $(SESSIONLAKE_SOURCE)
 	$(AIRFLOW_ENV) $(BIN)/airflow db migrate
 	$(AIRFLOW_ENV) $(BIN)/airflow pools set sessionlake_checkpoint 1 \

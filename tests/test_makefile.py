@@ -1,0 +1,56 @@
+"""The Makefile's `make airflow`: what its local standalone Airflow is started with.
+
+The standalone itself (a scheduler, an API server, a browser's login) is not started
+here; the DAGs' own tests run them through ``dag.test()``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+AIRFLOW = Path(sys.executable).with_name("airflow")
+
+
+def _make(*args: str) -> str:
+    done = subprocess.run(["make", "-s", "-C", str(REPO), *args],
+                          check=True, capture_output=True, text=True, timeout=60)
+    return done.stdout
+
+
+def _airflow_env(secret: Path) -> dict[str, str]:
+    """The variables `make airflow` starts Airflow with, as the recipe's shell reads them."""
+    line = _make(f"AIRFLOW_JWT_SECRET={secret}",
+                 "--eval=airflow-env: ; @printf '%s\\n' '$(AIRFLOW_ENV)'", "airflow-env")
+    return dict(word.split("=", 1) for word in shlex.split(line))
+
+
+def test_make_airflow_signs_tokens_with_a_random_64_byte_key_kept_from_run_to_run(
+        tmp_path: Path) -> None:
+    secret = tmp_path / "home" / "jwt_secret"
+    _make(f"AIRFLOW_JWT_SECRET={secret}", str(secret))
+    key = secret.read_text()
+    assert re.fullmatch(r"[0-9a-f]{128}\n", key)
+    assert secret.stat().st_mode & 0o777 == 0o600
+    _make(f"AIRFLOW_JWT_SECRET={secret}", str(secret))
+    assert secret.read_text() == key  # kept: tokens already issued stay valid
+
+    other = tmp_path / "other" / "jwt_secret"
+    _make(f"AIRFLOW_JWT_SECRET={other}", str(other))
+    assert other.read_text() != key
+
+    # Airflow reads it through the command, over the 16-byte key its airflow.cfg holds.
+    home = tmp_path / "airflow_home"
+    home.mkdir()
+    (home / "airflow.cfg").write_text("[api_auth]\njwt_secret = c2l4dGVlbiBieXRlcyE=\n")
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AIRFLOW")}
+    env |= {**_airflow_env(secret), "AIRFLOW_HOME": str(home)}
+    done = subprocess.run([str(AIRFLOW), "config", "get-value", "api_auth", "jwt_secret"],
+                          env=env, check=True, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == key.strip()
