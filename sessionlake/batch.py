@@ -234,8 +234,8 @@ def record_inputs(
     replay = entry is not None
     previous = previous_entry(spark, settings, identity, batch_id)
     if entry is None:
-        max_before = max_event_time_before(spark, settings, previous)
         versions = {table: table_version(spark, settings.lake, table) for table in STREAM_TABLES}
+        max_before = max_event_time_before(spark, settings, previous, versions[BATCH_METRICS])
         bound = eventids.events_id_bound(
             spark, settings.lake, eventids.from_json(previous.get(ID_BOUND_NOTE)),
             versions[EVENTS], from_log=ID_BOUND_NOTE not in previous,
@@ -286,21 +286,26 @@ def _versions_before(
 
 
 def max_event_time_before(
-    spark: SparkSession, settings: Settings, previous: Mapping[str, Any]
+    spark: SparkSession, settings: Settings, previous: Mapping[str, Any], metrics_version: int
 ) -> datetime | None:
     """The largest event time accepted before a batch: where its watermark stands.
 
     The previous batch of the same stream and epoch noted it in its ledger entry
     (``previous``, see :func:`previous_entry`) when it finished, so a batch reads one small
-    file instead of scanning ``batch_metrics``, whose files grow with every batch. Only the
-    first batch after a restore (a new epoch), or after a ledger without that note, takes
-    the maximum over ``batch_metrics``.
+    file instead of scanning ``batch_metrics``, whose files grow with every batch. The note
+    holds while that batch's row is the only commit to ``batch_metrics`` since the version
+    it read (``metrics_version`` is the table's version now). Otherwise another writer came
+    between: a stream on another checkpoint may have moved the lake's watermark on, so the
+    batch takes the maximum over ``batch_metrics``, as does the first batch after a restore
+    (a new epoch) or after a ledger without that note.
     """
-    if previous.get("done") and "max_event_time_after" in previous:
+    read_before = previous.get("table_versions", {}).get(BATCH_METRICS)
+    if (previous.get("done") and "max_event_time_after" in previous
+            and read_before is not None and metrics_version <= read_before + 1):
         return _parse_time(previous["max_event_time_after"])
     if never_written(spark, settings.lake, BATCH_METRICS):  # a new lake's first batch
         return None
-    return _as_utc(_one(read_table(spark, settings.lake, BATCH_METRICS).agg(
+    return _as_utc(_one(read_table(spark, settings.lake, BATCH_METRICS, metrics_version).agg(
         F.max("max_event_time")
     ))[0])
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ from sessionlake.batch import StreamIdentity
 from sessionlake.config import Settings, settings_from
 from sessionlake.deltalog import BatchKey
 from sessionlake.tables import (
+    BATCH_METRICS,
     PUBLIC_TABLES,
     STREAM_TABLES,
     read_table,
@@ -403,26 +404,61 @@ def test_watermark_survives_a_new_checkpoint(spark: SparkSession, lake: str) -> 
     assert len(late_reasons(spark, lake)) == 1
 
 
-
-def test_the_watermark_is_carried_in_the_ledger_and_read_from_batch_metrics_without_it(
+def test_a_stream_back_after_another_wrote_the_lake_is_judged_by_the_lakes_watermark(
     spark: SparkSession, lake: str
 ) -> None:
+    """Stream a, then a stream on another checkpoint that moves the watermark on, then a
+    again: a's next batch must not start from the watermark its own ledger noted, which
+    the other stream's batch has overtaken."""
+    cfg = settings(lake)
+    a = StreamIdentity("a", 0)
+    run_batches(spark, cfg, [[event("x", "10:00")]], identity=a)
+    run_batches(spark, cfg, [[event("y", "12:00")]], identity=StreamIdentity("b", 0))
+    [report] = run_batches(spark, cfg, [[event("u", "10:30", event_id="u1")]], identity=a,
+                             first_batch_id=1)
+
+    assert report.row["watermark_before"] == datetime(2026, 1, 5, 11, 55, tzinfo=UTC)
+    assert [event_id for event_id, _ in late_reasons(spark, lake)] == ["u1"]
+
+
+def test_the_watermark_is_carried_in_the_ledger_and_read_from_batch_metrics_without_it(
+    spark: SparkSession, lake: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A batch starts from the previous batch's ledger note; a batch with no such note (the
-    first after a restore: a new epoch) from ``batch_metrics``, where both agree."""
+    first after a restore: a new epoch), or after another commit to ``batch_metrics``, from
+    ``batch_metrics``, where both agree."""
     from sessionlake.batch import _ledger_uri, max_event_time_before, previous_entry
     from sessionlake.storage import delete
 
     cfg = settings(lake)
     identity = StreamIdentity("ledger", 0)
     run_batches(spark, cfg, [[event("x", "12:00")], [event("y", "11:00")]], identity=identity)
-    noted = max_event_time_before(spark, cfg, previous_entry(spark, cfg, identity, 2))
+    version = table_version(spark, lake, BATCH_METRICS)
+    previous = previous_entry(spark, cfg, identity, 2)
+    noted = max_event_time_before(spark, cfg, previous, version)
     assert noted is not None and noted.isoformat() == "2026-01-05T12:00:00+00:00"
+    # The note is not trusted once another commit came after the previous batch's row.
+    reads: list[str] = []
+
+    def read_table_noted(spark: SparkSession, lake: str, table: str,
+                         version: int | None = None) -> DataFrame:
+        reads.append(table)
+        return read_table(spark, lake, table, version)
+
+    monkeypatch.setattr(batch, "read_table", read_table_noted)
+    assert max_event_time_before(spark, cfg, previous, version) == noted
+    assert reads == []
+    read_earlier = {**previous["table_versions"], BATCH_METRICS: version - 2}
+    assert max_event_time_before(spark, cfg, {**previous, "table_versions": read_earlier},
+                                 version) == noted
+    assert reads == [BATCH_METRICS]
     # Without the note, the maximum over batch_metrics gives the same instant.
     delete(spark, _ledger_uri(cfg, identity, 1))
-    assert max_event_time_before(spark, cfg, previous_entry(spark, cfg, identity, 2)) == noted
+    assert max_event_time_before(spark, cfg, previous_entry(spark, cfg, identity, 2),
+                                 version) == noted
     new_epoch = previous_entry(spark, cfg, StreamIdentity("ledger", 1), 2)
     assert new_epoch == {}
-    assert max_event_time_before(spark, cfg, new_epoch) == noted
+    assert max_event_time_before(spark, cfg, new_epoch, version) == noted
 
 
 def test_a_new_lakes_first_batch_starts_without_a_watermark_and_without_a_query(
@@ -439,7 +475,7 @@ def test_a_new_lakes_first_batch_starts_without_a_watermark_and_without_a_query(
         raise AssertionError("batch_metrics was queried")
 
     monkeypatch.setattr(batch_module, "read_table", no_query)
-    assert batch_module.max_event_time_before(spark, settings(lake), {}) is None
+    assert batch_module.max_event_time_before(spark, settings(lake), {}, 0) is None
 
 
 def test_the_open_session_count_is_carried_in_the_ledger_for_the_next_batch(
