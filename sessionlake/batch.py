@@ -34,7 +34,7 @@ from sessionlake.changelog import (
     merge_source,
     merge_source_rows,
 )
-from sessionlake.checkpoint import IDENTITY_FILE, batch_lock
+from sessionlake.checkpoint import IDENTITY_FILE, batch_locks
 from sessionlake.config import Settings
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltalog import BatchKey
@@ -492,11 +492,11 @@ def process_lines(
 ) -> BatchReport:
     """Process one micro-batch of lines (``source_file``, ``source_line``, ``line``).
 
-    The batch holds the checkpoint's batch lock from pinning its input versions to its
-    last write, so that an erasure (which takes the lock too) happens before or after the
-    whole batch, never between its read of a user's state and its write of it.
+    The batch holds the checkpoint's and the lake's batch locks from pinning its input
+    versions to its last write, so that an erasure (which takes them too) happens before
+    or after the whole batch, never between its read of a user's state and its write of it.
     """
-    with batch_lock(storage.local_path(settings.checkpoint)):
+    with batch_locks(settings.lake, settings.checkpoint):
         return _process_locked(spark, lines, batch_id, settings, identity, clock)
 
 

@@ -29,6 +29,12 @@ LOCK_FILE = "sessionlake.lock"
 BATCH_LOCK_FILE = "sessionlake-batch.lock"
 #: The pid of the run holding the lock.
 PID_FILE = "sessionlake.pid"
+#: The lake's own stream lock, beside its default checkpoint: ``<lake>/_checkpoints/``
+#: ``lake.lock``, held by a run for its whole life whatever its checkpoint, with the pid
+#: and checkpoint of the run holding it in ``lake-holder.json``.
+LAKE_LOCK_DIR = "_checkpoints"
+LAKE_LOCK_FILE = "lake.lock"
+LAKE_HOLDER_FILE = "lake-holder.json"
 #: The stream's id and restore epoch (see ``sessionlake.batch.StreamIdentity``).
 IDENTITY_FILE = "sessionlake.json"
 #: Left by a restore that has not finished (see ``sessionlake.snapshots``).
@@ -102,6 +108,17 @@ def batch_lock(folder: Path | None, timeout: float | None = None) -> Iterator[No
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextmanager
+def batch_locks(lake: str, checkpoint: str, timeout: float | None = None) -> Iterator[None]:
+    """Hold the checkpoint's batch lock, then the lake's (``<lake>/_checkpoints/``), as
+    :func:`batch_lock` does each: a batch and an erasure take both, so that an erasure
+    waits for the batch in flight of whatever checkpoint writes the lake, and for the
+    stream of the checkpoint it was given."""
+    lake_folder = local_path(f"{lake.rstrip('/')}/{LAKE_LOCK_DIR}")
+    with batch_lock(local_path(checkpoint), timeout), batch_lock(lake_folder, timeout):
+        yield
 
 
 @dataclass(frozen=True)

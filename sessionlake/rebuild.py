@@ -62,7 +62,7 @@ from sessionlake.sessionize import (
     session_id,
 )
 from sessionlake.state import OPEN_SESSION_COLUMNS
-from sessionlake.stream import StreamAlreadyRunning, checkpoint_lock
+from sessionlake.stream import StreamAlreadyRunning, checkpoint_lock, lake_lock
 from sessionlake.tables import (
     BATCH_METRICS,
     BUCKETS_PROPERTY,
@@ -248,7 +248,7 @@ def rebuild_open_sessions(
     """Recompute ``open_sessions`` from ``events`` and ``sessions`` and write it.
 
     ``settings`` must carry the stream's gap, grace and maximum session duration. The
-    checkpoint's lock is held throughout, so no run can start half-way.
+    checkpoint's lock and the lake's are held throughout, so no run can start half-way.
 
     :return: what was rebuilt, and where a damaged table went.
     :raises RebuildError: before anything is written: a source table damaged, a stream
@@ -256,10 +256,11 @@ def rebuild_open_sessions(
     """
     _check_sources(spark, settings.lake)
     checkpoint = settings.checkpoint.rstrip("/")
-    # A checkpoint that does not exist has no stream to guard against (and is not created).
+    # A checkpoint that does not exist has no stream to guard against (and is not created);
+    # a stream on another checkpoint holds the lake's lock.
     guard = checkpoint_lock(checkpoint) if storage.exists(spark, checkpoint) else nullcontext()
     try:
-        with guard:
+        with guard, lake_lock(settings.lake, checkpoint):
             report = _rebuild(spark, settings, clock)
     except StreamAlreadyRunning as error:
         raise RebuildError(f"{error} (rebuild-state needs the stream stopped)") from None

@@ -31,7 +31,7 @@ from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake import storage
-from sessionlake.checkpoint import IDENTITY_FILE, LockTimeout, batch_lock
+from sessionlake.checkpoint import IDENTITY_FILE, LockTimeout, batch_locks
 from sessionlake.config import Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.erasure import delete_rows, erase, user_hash, users_named
@@ -166,15 +166,14 @@ def batches_held(
 
     A batch reads the state of its users at the versions it pinned when it started and
     writes it back at its end; a user erased in between would come back with it. So the
-    erasure waits for the batch in flight (the checkpoint's batch lock; local checkpoints
-    only) and refuses to start while a batch cut off by a crash is still to be replayed
-    from versions pinned before it.
+    erasure waits for the batch in flight (the batch locks of the checkpoint and of the
+    lake, which a batch of any checkpoint holds; local folders only) and refuses to start
+    while a batch cut off by a crash is still to be replayed from versions pinned before it.
 
     :raises RetentionError: the batch in flight outlasted ``timeout``, or a replay is due.
     """
-    folder = storage.local_path(settings.checkpoint)
     try:
-        with batch_lock(folder, timeout.total_seconds()):
+        with batch_locks(settings.lake, settings.checkpoint, timeout.total_seconds()):
             pending, _ = stream_needs_since(spark, settings.checkpoint)
             if pending is not None:
                 raise RetentionError(

@@ -58,7 +58,7 @@ from sessionlake.deltalog import (
     set_aside_log_from,
 )
 from sessionlake.erasure import reapply_erasures
-from sessionlake.stream import StreamAlreadyRunning, checkpoint_lock
+from sessionlake.stream import StreamAlreadyRunning, stream_locks
 from sessionlake.tables import (
     STREAM_TABLES,
     each_table,
@@ -409,7 +409,7 @@ def restore_snapshot(spark: SparkSession, settings: Settings, snapshot_id: str) 
     snapshot = find_snapshot(lake, snapshot_id, spark)
     _require_lake(spark, lake)
     try:
-        with checkpoint_lock(checkpoint):
+        with stream_locks(lake, checkpoint):
             # Checked before anything changes: a refusal leaves no restore half done.
             damaged = {t: d for t, v in snapshot.table_versions.items()
                        if (d := _damage_to_set_aside(spark, lake, t, v, snapshot)) is not None}

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -30,6 +31,9 @@ from pyspark.sql.streaming import StreamingQuery
 from sessionlake import faults, storage
 from sessionlake.batch import BatchReport, Clock, process_lines, stream_identity, utc_now
 from sessionlake.checkpoint import (
+    LAKE_HOLDER_FILE,
+    LAKE_LOCK_DIR,
+    LAKE_LOCK_FILE,
     LOCK_FILE,
     PID_FILE,
     RESTORING_MARKER,
@@ -52,7 +56,7 @@ log = logging.getLogger("sessionlake.stream")
 
 
 class StreamAlreadyRunning(RuntimeError):
-    """Another process runs a stream on the same checkpoint."""
+    """Another process runs a stream on the same checkpoint, or on the same lake."""
 
 
 class RestoreUnfinished(RuntimeError):
@@ -206,24 +210,67 @@ def checkpoint_lock(checkpoint: str) -> Iterator[None]:
     orchestrator, which runs one micro-batch DAG run at a time, is the guard.)
     """
     folder = local_path(checkpoint)
+    with _held_alone(folder, LOCK_FILE, PID_FILE, str(os.getpid()), lambda pid: (
+            f"another sessionlake run (pid {pid}) is using checkpoint {checkpoint}: "
+            "wait for it to finish, or stop it first")):
+        yield
+
+
+@contextmanager
+def lake_lock(lake: str, checkpoint: str) -> Iterator[None]:
+    """Hold the lake's stream lock for one stream at a time, whatever its checkpoint.
+
+    Two streams on one lake, on two checkpoints, would each MERGE the open sessions they
+    read before the other's commit, and judge lateness each by its own watermark; the
+    second is refused, naming the first's checkpoint. (Local lakes only, as above.)
+    """
+    folder = local_path(f"{lake.rstrip('/')}/{LAKE_LOCK_DIR}")
+    holder = json.dumps({"pid": os.getpid(), "checkpoint": checkpoint})
+
+    def refusal(text: str) -> str:
+        try:
+            other = json.loads(text)
+        except ValueError:
+            other = {}
+        return (f"another sessionlake run (pid {other.get('pid', '?')}) is writing lake {lake}"
+                f" from checkpoint {other.get('checkpoint', '?')}: one stream per lake;"
+                " stop it first, or run on its checkpoint")
+
+    with _held_alone(folder, LAKE_LOCK_FILE, LAKE_HOLDER_FILE, holder, refusal):
+        yield
+
+
+@contextmanager
+def stream_locks(lake: str, checkpoint: str) -> Iterator[None]:
+    """Hold both: the checkpoint's lock, then the lake's (see above): what a run holds,
+    and what a restore or a rebuild of the state needs, which no stream may write beside."""
+    with checkpoint_lock(checkpoint), lake_lock(lake, checkpoint):
+        yield
+
+
+@contextmanager
+def _held_alone(folder: Path | None, lock_file: str, holder_file: str, holder: str,
+                refusal: Callable[[str], str]) -> Iterator[None]:
+    """Hold the ``flock`` of ``folder/lock_file`` with ``holder`` written beside it, or
+    raise :class:`StreamAlreadyRunning` with ``refusal`` of the holder's text. The kernel
+    lets go when the process dies, even by SIGKILL. ``folder`` ``None``: not local, no lock.
+    """
     if folder is None:
         yield
         return
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / LOCK_FILE, "a+") as lock:
+    with open(folder / lock_file, "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            pid = (folder / PID_FILE).read_text().strip() if (folder / PID_FILE).exists() else "?"
-            raise StreamAlreadyRunning(
-                f"another sessionlake run (pid {pid}) is using checkpoint {checkpoint}: "
-                "wait for it to finish, or stop it first"
-            ) from None
-        (folder / PID_FILE).write_text(str(os.getpid()))
+            text = (folder / holder_file).read_text().strip() if (
+                folder / holder_file).exists() else "?"
+            raise StreamAlreadyRunning(refusal(text)) from None
+        (folder / holder_file).write_text(holder)
         try:
             yield
         finally:
-            (folder / PID_FILE).unlink(missing_ok=True)
+            (folder / holder_file).unlink(missing_ok=True)
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
@@ -286,7 +333,7 @@ def run_stream(
     if settings.reads_kafka:
         check_kafka_topic(spark, settings)
     summary = RunSummary()
-    with checkpoint_lock(settings.checkpoint):
+    with stream_locks(settings.lake, settings.checkpoint):
         check_no_restore_pending(spark, settings.checkpoint)
         if not settings.reads_kafka:
             check_source_not_moved(spark, settings)

@@ -29,7 +29,7 @@ from sessionlake.deltalog import clear_delta_cache, inspect_table, read_log
 from sessionlake.doctor import check_lake
 from sessionlake.rebuild import RebuildError, rebuild_open_sessions
 from sessionlake.snapshots import SnapshotError, create_snapshot, restore_snapshot
-from sessionlake.stream import checkpoint_lock, run_stream
+from sessionlake.stream import checkpoint_lock, lake_lock, run_stream
 from sessionlake.tables import OPEN_SESSIONS, read_table, table_path
 from tests.helpers import NOW, event, hm
 
@@ -268,13 +268,18 @@ def test_rebuild_state_gives_the_open_sessions_the_stream_had(
     assert check_lake(None, copy).healthy
 
 
-@pytest.mark.parametrize("cause", ["stream running", "batch unfinished", "events damaged"])
+@pytest.mark.parametrize("cause", ["stream running", "stream on another checkpoint",
+                                   "batch unfinished", "events damaged"])
 def test_rebuild_state_refuses_and_changes_nothing(
     spark: SparkSession, copy: Settings, cause: str
 ) -> None:
     before = sorted(os.listdir(Path(table_path(copy.lake, OPEN_SESSIONS)) / "_delta_log"))
     if cause == "stream running":
         with checkpoint_lock(copy.checkpoint), pytest.raises(RebuildError, match="stopped"):
+            rebuild_open_sessions(spark, copy)
+    elif cause == "stream on another checkpoint":
+        with lake_lock(copy.lake, f"{copy.checkpoint}-2"), \
+                pytest.raises(RebuildError, match="stopped"):
             rebuild_open_sessions(spark, copy)
     elif cause == "batch unfinished":
         identity = json.loads((Path(copy.checkpoint) / "sessionlake.json").read_text())

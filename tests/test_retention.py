@@ -194,15 +194,17 @@ def test_a_missing_lake_is_refused(spark: SparkSession, tmp_path: Path) -> None:
     assert not (tmp_path / "nowhere").exists()
 
 
+@pytest.mark.parametrize("stream_checkpoint", ["the erasure's", "another"])
 def test_an_erasure_waits_for_the_batch_in_flight_and_stays_erased(
     spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, tmp_path: Path, stream_checkpoint: str,
 ) -> None:
     """Erasing u2 while a batch that closes u2's session is in flight leaves no u2 behind.
 
     The batch is held at its start (its input versions pinned, nothing written) until the
     erasure has either finished (the race this guards against: the batch would then write
-    u2's session back) or is waiting for the batch.
+    u2's session back) or is waiting for the batch; also when the stream runs on another
+    checkpoint than the one the erasure was given.
     """
     caplog.set_level(logging.INFO, logger="sessionlake.checkpoint")
     done = threading.Event()
@@ -230,7 +232,9 @@ def test_an_erasure_waits_for_the_batch_in_flight_and_stays_erased(
         real_point(name)
 
     monkeypatch.setattr(faults, "point", erase_while_in_flight)
-    run_batches(spark, settings, [CLOSING_BATCH], first_batch_id=len(BATCHES))
+    stream = settings if stream_checkpoint == "the erasure's" else settings.with_overrides(
+        checkpoint=str(tmp_path / "another-checkpoint"))
+    run_batches(spark, stream, [CLOSING_BATCH], first_batch_id=len(BATCHES))
     eraser.join(timeout=600)
 
     assert not failures, failures

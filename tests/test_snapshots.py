@@ -20,7 +20,7 @@ from sessionlake.snapshots import (
     list_snapshots,
     restore_snapshot,
 )
-from sessionlake.stream import RestoreUnfinished, checkpoint_lock, run_stream
+from sessionlake.stream import RestoreUnfinished, checkpoint_lock, lake_lock, run_stream
 from sessionlake.tables import STREAM_TABLES, read_table, table_version
 from tests.helpers import NOW, event
 
@@ -142,7 +142,9 @@ def test_the_catalog_lists_snapshots_oldest_first(spark: SparkSession, tmp_path:
     assert "one" in first.summary() and "after batch 0" in first.summary()
 
 
-def test_restore_is_refused_while_a_stream_runs(spark: SparkSession, tmp_path: Path) -> None:
+@pytest.mark.parametrize("on", ["its checkpoint", "another checkpoint"])
+def test_restore_is_refused_while_a_stream_runs(spark: SparkSession, tmp_path: Path,
+                                                on: str) -> None:
     config = settings(tmp_path, "lake")
     land(Path(config.source or ""), 0)
     run(spark, config)
@@ -150,7 +152,9 @@ def test_restore_is_refused_while_a_stream_runs(spark: SparkSession, tmp_path: P
     land(Path(config.source or ""), 1)
     run(spark, config)
     versions = {t: table_version(spark, config.lake, t) for t in STREAM_TABLES}
-    with checkpoint_lock(config.checkpoint), pytest.raises(SnapshotError, match="stopped"):
+    running = (checkpoint_lock(config.checkpoint) if on == "its checkpoint"
+               else lake_lock(config.lake, str(tmp_path / "elsewhere")))
+    with running, pytest.raises(SnapshotError, match="stopped"):
         restore_snapshot(spark, config, snapshot.snapshot_id)
     assert versions == {t: table_version(spark, config.lake, t) for t in STREAM_TABLES}
 

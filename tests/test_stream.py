@@ -219,3 +219,32 @@ def test_a_second_run_on_a_held_checkpoint_is_refused_before_touching_the_lake(
         holder.kill()
         holder.wait()
     assert not lock_held(Path(settings.checkpoint))  # the kernel let go with the process
+
+
+def test_a_second_stream_on_a_lake_is_refused_whatever_its_checkpoint(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Two streams on one lake would each MERGE open sessions read before the other's
+    commit: a run on another checkpoint must not start beside one already writing."""
+    split_log(tmp_path / "landing", 1)
+    lake, elsewhere = tmp_path / "lake", tmp_path / "elsewhere" / "checkpoint"
+    settings = settings_from({"lake": str(lake), "source": str(tmp_path / "landing")}, env={})
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from sessionlake.stream import stream_locks\n"
+         "with stream_locks(sys.argv[1], sys.argv[2]):\n    print('held', flush=True); "
+         "time.sleep(600)", str(lake), str(elsewhere)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(StreamAlreadyRunning,
+                           match=f"pid {holder.pid}.* from checkpoint {elsewhere}"):
+            run_stream(spark, settings)
+        assert not (lake / "events").exists()
+        assert not lock_held(Path(settings.checkpoint))  # its own checkpoint let go
+    finally:
+        holder.kill()
+        holder.wait()
+    run_stream(spark, settings)  # the lake is free again
+    assert (lake / "events").exists()
