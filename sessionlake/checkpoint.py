@@ -35,6 +35,9 @@ PID_FILE = "sessionlake.pid"
 LAKE_LOCK_DIR = "_checkpoints"
 LAKE_LOCK_FILE = "lake.lock"
 LAKE_HOLDER_FILE = "lake-holder.json"
+#: The checkpoints that ever ran a stream on the lake, a file each in this folder of
+#: ``<lake>/_checkpoints/`` (see ``sessionlake.stream.register_stream``).
+STREAMS_DIR = "streams"
 #: The stream's id and restore epoch (see ``sessionlake.batch.StreamIdentity``).
 IDENTITY_FILE = "sessionlake.json"
 #: Left by a restore that has not finished (see ``sessionlake.snapshots``).
@@ -56,11 +59,12 @@ SOURCE_LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
 log = logging.getLogger("sessionlake.checkpoint")
 
 
-def lock_held(folder: Path) -> bool:
-    """Whether a run holds the lock of the local checkpoint ``folder``."""
-    if not (folder / LOCK_FILE).exists():
+def lock_held(folder: Path, name: str = LOCK_FILE) -> bool:
+    """Whether a run holds the lock of the local checkpoint ``folder`` (or the lock file
+    ``name`` there: :data:`LAKE_LOCK_FILE` in the lake's)."""
+    if not (folder / name).exists():
         return False
-    with open(folder / LOCK_FILE, "a+") as lock:
+    with open(folder / name, "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

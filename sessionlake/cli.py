@@ -277,6 +277,7 @@ def _spark(settings: Settings, app: str, *, kafka: bool = False,
 def cmd_run(args: argparse.Namespace) -> int:
     """``sessionlake run``: drain (or follow) the landing folder into the lake."""
     from sessionlake.stream import (
+        BatchUnfinishedElsewhere,
         RestoreUnfinished,
         StreamAlreadyRunning,
         check_source,
@@ -292,7 +293,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         with bar as step:
             summary = run_stream(spark, settings, on_batch=_batch_step(step))
-    except (StreamAlreadyRunning, RestoreUnfinished) as error:
+    except (StreamAlreadyRunning, RestoreUnfinished, BatchUnfinishedElsewhere) as error:
         raise UsageError(str(error)) from None
     rows = summary.processed
     totals = {k: sum(r[k] for r in rows) for k in (

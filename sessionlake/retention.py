@@ -16,7 +16,6 @@ say so, and until when.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import uuid
@@ -30,13 +29,18 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake import storage
-from sessionlake.checkpoint import IDENTITY_FILE, LockTimeout, batch_locks
+from sessionlake.checkpoint import LockTimeout, batch_locks
 from sessionlake.config import Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.erasure import delete_rows, erase, user_hash, users_named
 from sessionlake.snapshots import kept_since
-from sessionlake.stream import checkpoint_in_use
+from sessionlake.stream import (
+    checkpoint_in_use,
+    checkpoint_key,
+    lake_in_use,
+    lake_streams,
+    unfinished_batch_since,
+)
 from sessionlake.tables import (
     EVENTS,
     LATE_EVENTS,
@@ -132,30 +136,20 @@ def _hours_since(moment: datetime, now: datetime) -> float:
     return max(0.0, math.ceil((now - moment).total_seconds() / 36) / 100)
 
 
-def stream_needs_since(spark: SparkSession, checkpoint: str) -> tuple[datetime | None, bool]:
-    """Since when the stream may still read removed files, and whether it is running.
+def streams_need_since(spark: SparkSession, settings: Settings
+                       ) -> tuple[tuple[datetime, str] | None, bool]:
+    """Since when a stream of the lake may still read removed files (and on which
+    checkpoint), and whether a stream is running on it.
 
     A batch whose ledger entry is not marked done (in flight, or cut off by a crash) will
-    read the table versions it recorded; the oldest such entry bounds VACUUM.
+    read the table versions it recorded; the oldest such entry, over the checkpoint given
+    and every other that ran a stream on the lake, bounds VACUUM and holds erasures back.
     """
-    running = checkpoint_in_use(checkpoint)
-    text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{IDENTITY_FILE}")
-    if text is None:
-        return None, running
-    identity = json.loads(text)
-    prefix = f"{identity['stream_id']}-{identity['epoch']}-"
-    ledger = f"{checkpoint.rstrip('/')}/ledger"
-    batches = sorted(
-        (int(n[len(prefix):-5]) for n in storage.list_names(spark, ledger)
-         if n.startswith(prefix) and n.endswith(".json") and n[len(prefix):-5].isdigit()),
-        reverse=True,
-    )
-    oldest: datetime | None = None
-    for batch in batches[:3]:  # only the newest batches can be unfinished
-        entry = json.loads(storage.read_text(spark, f"{ledger}/{prefix}{batch}.json") or "{}")
-        if entry and not entry.get("done"):
-            oldest = datetime.fromisoformat(entry["processing_time"])
-    return oldest, running
+    checkpoints = {checkpoint_key(settings.checkpoint), *lake_streams(spark, settings.lake)}
+    pending = [(started, checkpoint) for checkpoint in sorted(checkpoints)
+               if (started := unfinished_batch_since(spark, checkpoint)) is not None]
+    running = checkpoint_in_use(settings.checkpoint) or lake_in_use(settings.lake)
+    return min(pending, default=None), running
 
 
 @contextmanager
@@ -174,12 +168,13 @@ def batches_held(
     """
     try:
         with batch_locks(settings.lake, settings.checkpoint, timeout.total_seconds()):
-            pending, _ = stream_needs_since(spark, settings.checkpoint)
+            pending, _ = streams_need_since(spark, settings)
             if pending is not None:
+                started, checkpoint = pending
                 raise RetentionError(
-                    f"a batch of the stream on {settings.checkpoint} started "
-                    f"{pending.isoformat()} and did not finish (its run was cut off): run "
-                    "the stream once, so that it replays that batch, then erase"
+                    f"a batch of the stream on {checkpoint} started {started.isoformat()} "
+                    "and did not finish (its run was cut off): run the stream once, so "
+                    "that it replays that batch, then erase"
                 )
             yield
     except LockTimeout:
@@ -204,10 +199,10 @@ def plan_vacuum(
     if snapshot_time is not None:
         needs.append((_hours_since(snapshot_time, now),
                       f"the oldest kept snapshot, taken {snapshot_time.isoformat()}"))
-    pending, running = stream_needs_since(spark, settings.checkpoint)
+    pending, running = streams_need_since(spark, settings)
     if pending is not None:
-        needs.append((_hours_since(pending, now),
-                      f"an unfinished batch that started {pending.isoformat()}"))
+        needs.append((_hours_since(pending[0], now),
+                      f"an unfinished batch that started {pending[0].isoformat()}"))
     if running:
         needs.append((RUNNING_STREAM_HOURS, "the running stream"))
     floor, why = max(needs, default=(0.0, None))

@@ -10,6 +10,7 @@ Spark stateful operator is used, so the checkpoint holds only source offsets:
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from types import FrameType
@@ -31,6 +33,7 @@ from pyspark.sql.streaming import StreamingQuery
 from sessionlake import faults, storage
 from sessionlake.batch import BatchReport, Clock, process_lines, stream_identity, utc_now
 from sessionlake.checkpoint import (
+    IDENTITY_FILE,
     LAKE_HOLDER_FILE,
     LAKE_LOCK_DIR,
     LAKE_LOCK_FILE,
@@ -40,6 +43,7 @@ from sessionlake.checkpoint import (
     SOURCE_LOG,
     SOURCE_LOG_ENTRY,
     SPARK_CHECKPOINT,
+    STREAMS_DIR,
     lock_held,
     source_log_files,
 )
@@ -78,6 +82,92 @@ def check_no_restore_pending(spark: SparkSession, checkpoint: str) -> None:
             f"a restore to snapshot {snapshot_id} did not finish on {checkpoint}: run "
             f"`sessionlake restore --snapshot {snapshot_id}` again before running the stream"
         )
+
+
+class BatchUnfinishedElsewhere(RuntimeError):
+    """A stream on another checkpoint of the lake was cut off in the middle of a batch."""
+
+
+def check_no_batch_cut_off_elsewhere(spark: SparkSession, settings: Settings) -> None:
+    """Refuse to run while a stream on another checkpoint of the lake has a batch that was
+    cut off and not replayed.
+
+    Such a batch may have committed some of its tables and not others (its MERGE, say, and
+    not its closed sessions); a stream that read the lake in between would judge its events
+    against half a batch. The cut-off stream's next run replays the batch whole.
+
+    :raises BatchUnfinishedElsewhere: naming the checkpoint to run once first.
+    """
+    ours = checkpoint_key(settings.checkpoint)
+    for checkpoint in lake_streams(spark, settings.lake):
+        started = unfinished_batch_since(spark, checkpoint) if checkpoint != ours else None
+        if started is not None:
+            raise BatchUnfinishedElsewhere(
+                f"a batch of the stream on checkpoint {checkpoint}, started "
+                f"{started.isoformat()}, was cut off and not replayed: run the stream on that "
+                "checkpoint once first (`sessionlake run --checkpoint "
+                f"{checkpoint}` with its --source), so that the lake holds whole batches"
+            )
+
+
+def checkpoint_key(checkpoint: str) -> str:
+    """One spelling of a checkpoint's folder: a local one absolute and resolved."""
+    local = local_path(checkpoint)
+    return str(local.resolve()) if local is not None else checkpoint.rstrip("/")
+
+
+def _streams_folder(lake: str) -> str:
+    return f"{lake.rstrip('/')}/{LAKE_LOCK_DIR}/{STREAMS_DIR}"
+
+
+def register_stream(spark: SparkSession, lake: str, checkpoint: str) -> None:
+    """Note ``checkpoint`` among the lake's streams, once, so that maintenance and the
+    lake's other streams find its unfinished batches (:func:`lake_streams`)."""
+    key = checkpoint_key(checkpoint)
+    name = hashlib.sha256(key.encode()).hexdigest()[:16]
+    uri = f"{_streams_folder(lake)}/{name}.json"
+    if not storage.exists(spark, uri):
+        storage.write_text(spark, uri, json.dumps({"checkpoint": key}))
+
+
+def lake_streams(spark: SparkSession | None, lake: str) -> list[str]:
+    """The checkpoints that ever ran a stream on ``lake`` (:func:`register_stream`)."""
+    folder = _streams_folder(lake)
+    found = []
+    for name in storage.list_names(spark, folder):
+        text = storage.read_text(spark, f"{folder}/{name}") if name.endswith(".json") else None
+        if text is not None:
+            found.append(str(json.loads(text)["checkpoint"]))
+    return sorted(found)
+
+
+def unfinished_batch_since(spark: SparkSession | None, checkpoint: str) -> datetime | None:
+    """When the oldest batch of the checkpoint's stream that is not marked done started
+    (in flight, or cut off by a crash): it will read the table versions it recorded.
+    ``None`` when every batch finished, or the checkpoint is gone."""
+    text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{IDENTITY_FILE}")
+    if text is None:
+        return None
+    identity = json.loads(text)
+    prefix = f"{identity['stream_id']}-{identity['epoch']}-"
+    ledger = f"{checkpoint.rstrip('/')}/ledger"
+    batches = sorted(
+        (int(n[len(prefix):-5]) for n in storage.list_names(spark, ledger)
+         if n.startswith(prefix) and n.endswith(".json") and n[len(prefix):-5].isdigit()),
+        reverse=True,
+    )
+    oldest: datetime | None = None
+    for batch in batches[:3]:  # only the newest batches can be unfinished
+        entry = json.loads(storage.read_text(spark, f"{ledger}/{prefix}{batch}.json") or "{}")
+        if entry and not entry.get("done"):
+            oldest = datetime.fromisoformat(entry["processing_time"])
+    return oldest
+
+
+def lake_in_use(lake: str) -> bool:
+    """Whether a run holds the local lake's stream lock (remote lakes: ``False``)."""
+    folder = local_path(f"{lake.rstrip('/')}/{LAKE_LOCK_DIR}")
+    return folder is not None and lock_held(folder, LAKE_LOCK_FILE)
 
 
 @dataclass
@@ -335,6 +425,8 @@ def run_stream(
     summary = RunSummary()
     with stream_locks(settings.lake, settings.checkpoint):
         check_no_restore_pending(spark, settings.checkpoint)
+        check_no_batch_cut_off_elsewhere(spark, settings)
+        register_stream(spark, settings.lake, settings.checkpoint)
         if not settings.reads_kafka:
             check_source_not_moved(spark, settings)
         # The stream's own queries (tables, ledger, Delta's log replays) are small:

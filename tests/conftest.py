@@ -130,6 +130,21 @@ def _forget_the_modules_delta_logs() -> Iterator[None]:
         context._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
 
 
+@pytest.fixture(autouse=True)
+def _no_cli_log_handler_left() -> Iterator[None]:
+    """Remove the root handler a test's ``sessionlake.cli.main`` set up (``basicConfig``).
+
+    It writes to the standard error of the moment, which pytest's capture closes after the
+    test; py4j's goodbye at the worker's exit then printed a "Logging error" traceback.
+    """
+    root = logging.getLogger()
+    before = set(root.handlers)
+    yield
+    for handler in [h for h in root.handlers if h not in before]:
+        if type(handler) is logging.StreamHandler:  # pytest's own handlers are subclasses
+            root.removeHandler(handler)
+
+
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
     """A real Spark standalone master with two one-core workers (tests/sparkcluster.py)."""

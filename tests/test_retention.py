@@ -18,8 +18,16 @@ from sessionlake import faults
 from sessionlake.batch import stream_identity
 from sessionlake.config import Settings, settings_from
 from sessionlake.erasure import user_hash, users_named
-from sessionlake.retention import RetentionError, RetentionRequest, enforce_retention
+from sessionlake.retention import (
+    RUNNING_STREAM_HOURS,
+    RetentionError,
+    RetentionRequest,
+    VacuumPlan,
+    enforce_retention,
+    plan_vacuum,
+)
 from sessionlake.snapshots import create_snapshot, restore_snapshot
+from sessionlake.stream import lake_lock, register_stream
 from sessionlake.tables import (
     STREAM_TABLES,
     USER_TABLES,
@@ -243,25 +251,59 @@ def test_an_erasure_waits_for_the_batch_in_flight_and_stays_erased(
     assert user_rows(spark, settings.lake, "u1")["events"] == 3
 
 
+@pytest.mark.parametrize("stream_checkpoint", ["the erasure's", "another"])
 def test_an_erasure_waits_for_a_cut_off_batch_to_be_replayed(
-    spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, stream_checkpoint: str,
 ) -> None:
-    """A batch cut off after its MERGE would replay u2's state from before an erasure."""
+    """A batch cut off after its MERGE would replay u2's state from before an erasure;
+    also when its stream ran on another checkpoint than the one the erasure was given."""
     def crash_after_merge(name: str) -> None:
         if name == "after_merge":
             raise RuntimeError("cut off")
 
-    identity = stream_identity(spark, settings.checkpoint)  # as a run keeps it
+    stream = settings if stream_checkpoint == "the erasure's" else settings.with_overrides(
+        checkpoint=str(tmp_path / "another-checkpoint"))
+    register_stream(spark, stream.lake, stream.checkpoint)  # as a run does
+    identity = stream_identity(spark, stream.checkpoint)  # as a run keeps it
     monkeypatch.setattr(faults, "point", crash_after_merge)
     with pytest.raises(RuntimeError, match="cut off"):
-        run_batches(spark, settings, [CLOSING_BATCH], identity, len(BATCHES))
+        run_batches(spark, stream, [CLOSING_BATCH], identity, len(BATCHES))
     monkeypatch.undo()
     before = user_rows(spark, settings.lake, "u2")
 
-    with pytest.raises(RetentionError, match="did not finish"):
+    with pytest.raises(RetentionError, match=f"on {Path(stream.checkpoint).resolve()} started"):
         enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
     assert user_rows(spark, settings.lake, "u2") == before
 
-    run_batches(spark, settings, [CLOSING_BATCH], identity, len(BATCHES))  # the replay
+    run_batches(spark, stream, [CLOSING_BATCH], identity, len(BATCHES))  # the replay
     enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
     assert user_rows(spark, settings.lake, "u2") == dict.fromkeys(USER_TABLES, 0)
+
+
+def test_vacuum_keeps_what_a_stream_on_another_checkpoint_may_still_read(
+    spark: SparkSession, settings: Settings, tmp_path: Path
+) -> None:
+    """The VACUUM floor counts the lake's streams, not only the checkpoint given: one
+    running on another checkpoint (the lake's lock), and a batch of another checkpoint cut
+    off and not yet replayed (the lake's register of streams)."""
+    now = datetime.now(UTC)
+    asked = RetentionRequest(vacuum_retain_hours=0)
+    assert plan_vacuum(spark, settings, asked, now) == VacuumPlan(0, 0)
+
+    elsewhere = settings.with_overrides(checkpoint=str(tmp_path / "another-checkpoint"))
+    with lake_lock(settings.lake, elsewhere.checkpoint):
+        plan = plan_vacuum(spark, settings, asked, now)
+    assert plan is not None and (plan.hours, plan.reason) == (
+        RUNNING_STREAM_HOURS, f"VACUUM kept {RUNNING_STREAM_HOURS:g}h instead of 0h for "
+        "the running stream")
+
+    register_stream(spark, elsewhere.lake, elsewhere.checkpoint)
+    identity = stream_identity(spark, elsewhere.checkpoint)
+    started = now - timedelta(hours=5)
+    (Path(elsewhere.checkpoint) / "ledger").mkdir()
+    (Path(elsewhere.checkpoint) / "ledger" / f"{identity.stream_id}-0-7.json").write_text(
+        json.dumps({"processing_time": started.isoformat(), "done": False}))
+    plan = plan_vacuum(spark, settings, asked, now)
+    assert plan is not None and plan.hours == 5 and plan.reason is not None
+    assert f"an unfinished batch that started {started.isoformat()}" in plan.reason

@@ -12,12 +12,18 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
+from sessionlake import faults
 from sessionlake.checkpoint import lock_held
 from sessionlake.config import ConfigError, settings_from
 from sessionlake.sessionize import sessionize_events
 from sessionlake.sources import ApacheAccessLogAdapter
-from sessionlake.stream import StreamAlreadyRunning, recorded_source_file, run_stream
-from sessionlake.tables import read_table
+from sessionlake.stream import (
+    BatchUnfinishedElsewhere,
+    StreamAlreadyRunning,
+    recorded_source_file,
+    run_stream,
+)
+from sessionlake.tables import STREAM_TABLES, read_table, table_version
 from sessionlake.validation import apply_guards, valid_events
 from tests.conftest import DATA
 from tests.helpers import NOW, SESSION_KEY, all_sessions, lines_frame
@@ -248,3 +254,34 @@ def test_a_second_stream_on_a_lake_is_refused_whatever_its_checkpoint(
         holder.wait()
     run_stream(spark, settings)  # the lake is free again
     assert (lake / "events").exists()
+
+
+def test_a_stream_waits_for_another_checkpoints_cut_off_batch_to_be_replayed(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch cut off after its MERGE has changed the state but not appended its closed
+    sessions: a stream on another checkpoint must not read the lake until it is replayed."""
+    split_log(tmp_path / "landing", 1)
+    (tmp_path / "other-landing").mkdir()
+    first = settings_from({"lake": str(tmp_path / "lake"), "source": str(tmp_path / "landing"),
+                           "checkpoint": str(tmp_path / "first")}, env={})
+    second = first.with_overrides(checkpoint=str(tmp_path / "second"),
+                                  source=str(tmp_path / "other-landing"))
+
+    def cut_off(name: str) -> None:
+        if name == "after_merge":
+            raise RuntimeError("cut off")
+
+    monkeypatch.setattr(faults, "point", cut_off)
+    with pytest.raises(Exception, match="cut off"):
+        run_stream(spark, first, clock=lambda: NOW)
+    monkeypatch.undo()
+    versions = {table: table_version(spark, first.lake, table) for table in STREAM_TABLES}
+
+    with pytest.raises(BatchUnfinishedElsewhere, match=f"checkpoint {tmp_path / 'first'}, "):
+        run_stream(spark, second, clock=lambda: NOW)
+    assert versions == {t: table_version(spark, first.lake, t) for t in STREAM_TABLES}
+
+    assert [r["batch_id"] for r in run_stream(spark, first, clock=lambda: NOW).processed] \
+        == [0]  # the replay
+    assert run_stream(spark, second, clock=lambda: NOW).processed == []  # free again
