@@ -122,22 +122,30 @@ def _streams_folder(lake: str) -> str:
 
 def register_stream(spark: SparkSession, lake: str, checkpoint: str) -> None:
     """Note ``checkpoint`` among the lake's streams, once, so that maintenance and the
-    lake's other streams find its unfinished batches (:func:`lake_streams`)."""
-    key = checkpoint_key(checkpoint)
-    name = hashlib.sha256(key.encode()).hexdigest()[:16]
+    lake's other streams find its unfinished batches (:func:`lake_streams`).
+
+    A checkpoint inside the lake (the default) is noted relative to it, so that a copy of
+    the lake names its own copy of the checkpoint, not the original's.
+    """
+    key, inside = checkpoint_key(checkpoint), f"{checkpoint_key(lake)}/"
+    noted = key[len(inside):] if key.startswith(inside) else key
+    name = hashlib.sha256(noted.encode()).hexdigest()[:16]
     uri = f"{_streams_folder(lake)}/{name}.json"
     if not storage.exists(spark, uri):
-        storage.write_text(spark, uri, json.dumps({"checkpoint": key}))
+        storage.write_text(spark, uri, json.dumps({"checkpoint": noted}))
 
 
 def lake_streams(spark: SparkSession | None, lake: str) -> list[str]:
-    """The checkpoints that ever ran a stream on ``lake`` (:func:`register_stream`)."""
+    """The checkpoints that ever ran a stream on ``lake`` (:func:`register_stream`), as
+    :func:`checkpoint_key` spells them."""
     folder = _streams_folder(lake)
-    found = []
+    found = set()
     for name in storage.list_names(spark, folder):
         text = storage.read_text(spark, f"{folder}/{name}") if name.endswith(".json") else None
         if text is not None:
-            found.append(str(json.loads(text)["checkpoint"]))
+            noted = str(json.loads(text)["checkpoint"])
+            absolute = noted.startswith("/") or "://" in noted
+            found.add(noted if absolute else f"{checkpoint_key(lake)}/{noted}")
     return sorted(found)
 
 

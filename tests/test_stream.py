@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from datetime import timedelta
@@ -20,7 +21,9 @@ from sessionlake.sources import ApacheAccessLogAdapter
 from sessionlake.stream import (
     BatchUnfinishedElsewhere,
     StreamAlreadyRunning,
+    lake_streams,
     recorded_source_file,
+    register_stream,
     run_stream,
 )
 from sessionlake.tables import STREAM_TABLES, read_table, table_version
@@ -285,3 +288,19 @@ def test_a_stream_waits_for_another_checkpoints_cut_off_batch_to_be_replayed(
     assert [r["batch_id"] for r in run_stream(spark, first, clock=lambda: NOW).processed] \
         == [0]  # the replay
     assert run_stream(spark, second, clock=lambda: NOW).processed == []  # free again
+
+
+def test_the_lakes_streams_are_noted_once_and_a_copy_names_its_own_checkpoint(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    lake, outside = tmp_path / "lake", tmp_path / "elsewhere" / "checkpoint"
+    for _ in range(2):  # noted once
+        register_stream(spark, str(lake), str(lake / "_checkpoints" / "stream"))
+        register_stream(spark, f"file://{lake}", f"file://{outside}/")
+    assert len(os.listdir(lake / "_checkpoints" / "streams")) == 2
+    assert lake_streams(None, str(lake)) == sorted(
+        [str(lake / "_checkpoints" / "stream"), str(outside)])
+
+    shutil.copytree(lake, tmp_path / "copy")
+    assert lake_streams(None, str(tmp_path / "copy")) == sorted(
+        [str(tmp_path / "copy" / "_checkpoints" / "stream"), str(outside)])
