@@ -59,12 +59,11 @@ SOURCE_LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
 log = logging.getLogger("sessionlake.checkpoint")
 
 
-def lock_held(folder: Path, name: str = LOCK_FILE) -> bool:
-    """Whether a run holds the lock of the local checkpoint ``folder`` (or the lock file
-    ``name`` there: :data:`LAKE_LOCK_FILE` in the lake's)."""
-    if not (folder / name).exists():
+def lock_held(folder: Path) -> bool:
+    """Whether a run holds the lock of the local checkpoint ``folder``."""
+    if not (folder / LOCK_FILE).exists():
         return False
-    with open(folder / name, "a+") as lock:
+    with open(folder / LOCK_FILE, "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

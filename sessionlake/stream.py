@@ -173,9 +173,21 @@ def unfinished_batch_since(spark: SparkSession | None, checkpoint: str) -> datet
 
 
 def lake_in_use(lake: str) -> bool:
-    """Whether a run holds the local lake's stream lock (remote lakes: ``False``)."""
+    """Whether the run named in the local lake's holder file is alive (remote lakes:
+    ``False``).
+
+    Read, not probed: taking the lake's lock even for a moment could turn away a run that
+    starts at that moment. A holder file left by a killed run names a dead process.
+    """
     folder = local_path(f"{lake.rstrip('/')}/{LAKE_LOCK_DIR}")
-    return folder is not None and lock_held(folder, LAKE_LOCK_FILE)
+    if folder is None:
+        return False
+    try:
+        pid = int(json.loads((folder / LAKE_HOLDER_FILE).read_text())["pid"])
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return "\nState:\tZ" not in status
 
 
 @dataclass
