@@ -145,6 +145,16 @@ def _no_cli_log_handler_left() -> Iterator[None]:
             root.removeHandler(handler)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _quiet_logging_at_exit() -> Iterator[None]:
+    """Once the worker's tests are done, a record logged at its exit (py4j closing its
+    connections) into a handler on a stream pytest has closed is dropped without a
+    traceback. With the CLI's handlers removed as above, a full run still printed one such
+    traceback, from a handler not found (a library's own logging set-up, likely Airflow's)."""
+    yield
+    logging.raiseExceptions = False
+
+
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
     """A real Spark standalone master with two one-core workers (tests/sparkcluster.py)."""
