@@ -113,13 +113,27 @@ def batch_lock(folder: Path | None, timeout: float | None = None) -> Iterator[No
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def lake_lock_folder(lake: str) -> str:
+    """Where the lake keeps its stream locks and its register of streams."""
+    return f"{lake.rstrip('/')}/{LAKE_LOCK_DIR}"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (a zombie does not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
 @contextmanager
 def batch_locks(lake: str, checkpoint: str, timeout: float | None = None) -> Iterator[None]:
     """Hold the checkpoint's batch lock, then the lake's (``<lake>/_checkpoints/``), as
     :func:`batch_lock` does each: a batch and an erasure take both, so that an erasure
     waits for the batch in flight of whatever checkpoint writes the lake, and for the
     stream of the checkpoint it was given."""
-    lake_folder = local_path(f"{lake.rstrip('/')}/{LAKE_LOCK_DIR}")
+    lake_folder = local_path(lake_lock_folder(lake))
     with batch_lock(local_path(checkpoint), timeout), batch_lock(lake_folder, timeout):
         yield
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sessionlake import deltareader
-from sessionlake.checkpoint import MANIFEST, PID_FILE, SNAPSHOTS_DIR
+from sessionlake.checkpoint import MANIFEST, PID_FILE, SNAPSHOTS_DIR, process_alive
 from sessionlake.config import Settings
 
 log = logging.getLogger("sessionlake.health")
@@ -280,10 +280,9 @@ def _stream_running(settings: Settings) -> bool:
         return False
     try:
         pid = int((folder / PID_FILE).read_text().strip())
-        status = Path(f"/proc/{pid}/status").read_text()
     except (OSError, ValueError):
         return False
-    return "\nState:\tZ" not in status
+    return process_alive(pid)
 
 
 def _batches(state: deltareader.TableState | None, problems: list[str]) -> list[BatchPoint]:

@@ -35,7 +35,6 @@ from sessionlake.batch import BatchReport, Clock, process_lines, stream_identity
 from sessionlake.checkpoint import (
     IDENTITY_FILE,
     LAKE_HOLDER_FILE,
-    LAKE_LOCK_DIR,
     LAKE_LOCK_FILE,
     LOCK_FILE,
     PID_FILE,
@@ -44,7 +43,9 @@ from sessionlake.checkpoint import (
     SOURCE_LOG_ENTRY,
     SPARK_CHECKPOINT,
     STREAMS_DIR,
+    lake_lock_folder,
     lock_held,
+    process_alive,
     source_log_files,
 )
 from sessionlake.config import ENV, ConfigError, Settings
@@ -117,7 +118,7 @@ def checkpoint_key(checkpoint: str) -> str:
 
 
 def _streams_folder(lake: str) -> str:
-    return f"{lake.rstrip('/')}/{LAKE_LOCK_DIR}/{STREAMS_DIR}"
+    return f"{lake_lock_folder(lake)}/{STREAMS_DIR}"
 
 
 def register_stream(spark: SparkSession, lake: str, checkpoint: str) -> None:
@@ -138,14 +139,14 @@ def register_stream(spark: SparkSession, lake: str, checkpoint: str) -> None:
 def lake_streams(spark: SparkSession | None, lake: str) -> list[str]:
     """The checkpoints that ever ran a stream on ``lake`` (:func:`register_stream`), as
     :func:`checkpoint_key` spells them."""
-    folder = _streams_folder(lake)
+    folder, lake_key = _streams_folder(lake), checkpoint_key(lake)
     found = set()
     for name in storage.list_names(spark, folder):
         text = storage.read_text(spark, f"{folder}/{name}") if name.endswith(".json") else None
         if text is not None:
             noted = str(json.loads(text)["checkpoint"])
             absolute = noted.startswith("/") or "://" in noted
-            found.add(noted if absolute else f"{checkpoint_key(lake)}/{noted}")
+            found.add(noted if absolute else f"{lake_key}/{noted}")
     return sorted(found)
 
 
@@ -179,15 +180,14 @@ def lake_in_use(lake: str) -> bool:
     Read, not probed: taking the lake's lock even for a moment could turn away a run that
     starts at that moment. A holder file left by a killed run names a dead process.
     """
-    folder = local_path(f"{lake.rstrip('/')}/{LAKE_LOCK_DIR}")
+    folder = local_path(lake_lock_folder(lake))
     if folder is None:
         return False
     try:
         pid = int(json.loads((folder / LAKE_HOLDER_FILE).read_text())["pid"])
-        status = Path(f"/proc/{pid}/status").read_text()
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return "\nState:\tZ" not in status
+    return process_alive(pid)
 
 
 @dataclass
@@ -334,7 +334,7 @@ def lake_lock(lake: str, checkpoint: str) -> Iterator[None]:
     read before the other's commit, and judge lateness each by its own watermark; the
     second is refused, naming the first's checkpoint. (Local lakes only, as above.)
     """
-    folder = local_path(f"{lake.rstrip('/')}/{LAKE_LOCK_DIR}")
+    folder = local_path(lake_lock_folder(lake))
     holder = json.dumps({"pid": os.getpid(), "checkpoint": checkpoint})
 
     def refusal(text: str) -> str:
