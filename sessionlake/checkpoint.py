@@ -59,11 +59,22 @@ SOURCE_LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
 log = logging.getLogger("sessionlake.checkpoint")
 
 
-def lock_held(folder: Path) -> bool:
-    """Whether a run holds the lock of the local checkpoint ``folder``."""
-    if not (folder / LOCK_FILE).exists():
+#: How long a starting run keeps trying for its lock before it calls the lock taken: long
+#: enough to ride out a reader's probe (:func:`lock_held`), short for a refusal to wait.
+LOCK_PATIENCE_S = 1.0
+
+
+def lock_held(folder: Path, lock_file: str = LOCK_FILE) -> bool:
+    """Whether a process holds ``folder/lock_file`` (the run's lock of the local checkpoint
+    ``folder`` by default).
+
+    A probe: a free lock is taken for a moment, which a run starting then rides out (it
+    keeps trying for :data:`LOCK_PATIENCE_S`). Unlike a pid file, it sees a run in another
+    container sharing the folder, and a killed run's lock goes with it.
+    """
+    if not (folder / lock_file).exists():
         return False
-    with open(folder / LOCK_FILE, "a+") as lock:
+    with open(folder / lock_file, "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -116,15 +127,6 @@ def batch_lock(folder: Path | None, timeout: float | None = None) -> Iterator[No
 def lake_lock_folder(lake: str) -> str:
     """Where the lake keeps its stream locks and its register of streams."""
     return f"{lake.rstrip('/')}/{LAKE_LOCK_DIR}"
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this machine (a zombie does not)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return "\nState:\tZ" not in status
 
 
 @contextmanager

@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from sessionlake import deltareader
-from sessionlake.checkpoint import MANIFEST, PID_FILE, SNAPSHOTS_DIR, process_alive
+from sessionlake.checkpoint import (
+    LAKE_HOLDER_FILE,
+    LAKE_LOCK_FILE,
+    MANIFEST,
+    PID_FILE,
+    SNAPSHOTS_DIR,
+    lake_lock_folder,
+    lock_held,
+)
 from sessionlake.config import Settings
 
 log = logging.getLogger("sessionlake.health")
@@ -145,6 +153,9 @@ class Health:
     generated_at: datetime
     lake_exists: bool
     stream_running: bool
+    #: The running stream's pid and checkpoint, when its lock's holder file names them.
+    stream_pid: int | None
+    stream_checkpoint: str | None
     open_sessions: int | None
     closed_sessions: int | None
     last_batch: BatchPoint | None
@@ -184,6 +195,8 @@ class Health:
             "generated_at": self.generated_at,
             "lake_exists": self.lake_exists,
             "stream_running": self.stream_running,
+            "stream_pid": self.stream_pid,
+            "stream_checkpoint": self.stream_checkpoint,
             "open_sessions": self.open_sessions,
             "closed_sessions": self.closed_sessions,
             "last_batch_id": last.batch_id if last else None,
@@ -231,11 +244,14 @@ def collect_health(settings: Settings, now: datetime | None = None) -> Health:
     states = _table_states(lake, problems) if lake.is_dir() else {}
     batches = _batches(states.get("batch_metrics"), problems)
     totals = {key: sum(getattr(b, key) for b in batches) for key in _COUNTED}
+    running = running_stream(settings)
     return Health(
         lake=settings.lake,
         generated_at=now,
         lake_exists=lake.is_dir(),
-        stream_running=_stream_running(settings),
+        stream_running=running is not None,
+        stream_pid=running[0] if running else None,
+        stream_checkpoint=running[1] if running else None,
         open_sessions=_rows(states.get("open_sessions")),
         closed_sessions=_rows(states.get("sessions")),
         last_batch=batches[-1] if batches else None,
@@ -266,23 +282,30 @@ def _rows(state: deltareader.TableState | None) -> int | None:
     return None if state is None else state.row_count()
 
 
-def _stream_running(settings: Settings) -> bool:
-    """Whether the process named in the checkpoint's pid file is alive.
+def running_stream(settings: Settings) -> tuple[int | None, str | None] | None:
+    """The pid and checkpoint of the stream running on the lake (or on the checkpoint of
+    ``settings``), ``None`` when none runs; either may be ``None`` when not noted.
 
-    Deliberately not a probe of the checkpoint's lock: taking the lock, even for a moment,
-    could make a run that starts at that moment refuse to start. A pid file left by a
-    killed run names a dead process (or, rarely, a reused pid: then "running" is wrong
-    until the next run replaces the file).
+    Found by the locks a run holds, not by pids alone: a lock is seen from another container
+    sharing the lake's volume (the health page runs in Airflow's API server, the streams
+    in its workers) and goes with a killed run, where a pid file would name a dead or
+    reused process.
     """
     try:
+        lake_folder = deltareader.local_table_path(lake_lock_folder(settings.lake))
+        if lock_held(lake_folder, LAKE_LOCK_FILE):
+            try:
+                holder = json.loads((lake_folder / LAKE_HOLDER_FILE).read_text())
+            except (OSError, ValueError):
+                holder = {}
+            return holder.get("pid"), holder.get("checkpoint")
         folder = deltareader.local_table_path(settings.checkpoint)
     except deltareader.DeltaReadError:
-        return False
-    try:
-        pid = int((folder / PID_FILE).read_text().strip())
-    except (OSError, ValueError):
-        return False
-    return process_alive(pid)
+        return None
+    if not lock_held(folder):  # a run of a version before the lake's lock
+        return None
+    text = (folder / PID_FILE).read_text().strip() if (folder / PID_FILE).exists() else ""
+    return (int(text) if text.isdigit() else None), settings.checkpoint
 
 
 def _batches(state: deltareader.TableState | None, problems: list[str]) -> list[BatchPoint]:

@@ -100,8 +100,18 @@ def _cards(health: Health) -> str:
         _card("Watermark", fmt_time(health.watermark), "watermark"),
         _card("Open sessions", _cell(health.open_sessions), "open-sessions"),
         _card("Closed sessions", _cell(health.closed_sessions), "closed-sessions"),
-        _card("Stream", "running" if health.stream_running else "not running", "stream"),
+        _card("Stream", _stream_text(health), "stream"),
     ]) + "</div>"
+
+
+def _stream_text(health: Health) -> str:
+    """Whether a stream runs on the lake, with its pid and checkpoint: what to stop, or
+    where to run, when a second run is refused."""
+    if not health.stream_running:
+        return "not running"
+    pid = f"pid {health.stream_pid}" if health.stream_pid is not None else "pid unknown"
+    checkpoint = health.stream_checkpoint
+    return f"running ({pid}, checkpoint {checkpoint})" if checkpoint else f"running ({pid})"
 
 
 def _charts(batches: Sequence[BatchPoint]) -> str:

@@ -37,6 +37,7 @@ from sessionlake.checkpoint import (
     LAKE_HOLDER_FILE,
     LAKE_LOCK_FILE,
     LOCK_FILE,
+    LOCK_PATIENCE_S,
     PID_FILE,
     RESTORING_MARKER,
     SOURCE_LOG,
@@ -45,7 +46,6 @@ from sessionlake.checkpoint import (
     STREAMS_DIR,
     lake_lock_folder,
     lock_held,
-    process_alive,
     source_log_files,
 )
 from sessionlake.config import ENV, ConfigError, Settings
@@ -174,20 +174,10 @@ def unfinished_batch_since(spark: SparkSession | None, checkpoint: str) -> datet
 
 
 def lake_in_use(lake: str) -> bool:
-    """Whether the run named in the local lake's holder file is alive (remote lakes:
-    ``False``).
-
-    Read, not probed: taking the lake's lock even for a moment could turn away a run that
-    starts at that moment. A holder file left by a killed run names a dead process.
-    """
+    """Whether a run holds the local lake's stream lock, whatever its checkpoint (remote
+    lakes: ``False``)."""
     folder = local_path(lake_lock_folder(lake))
-    if folder is None:
-        return False
-    try:
-        pid = int(json.loads((folder / LAKE_HOLDER_FILE).read_text())["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return process_alive(pid)
+    return folder is not None and lock_held(folder, LAKE_LOCK_FILE)
 
 
 @dataclass
@@ -369,13 +359,19 @@ def _held_alone(folder: Path | None, lock_file: str, holder_file: str, holder: s
         yield
         return
     folder.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + LOCK_PATIENCE_S
     with open(folder / lock_file, "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            text = (folder / holder_file).read_text().strip() if (
-                folder / holder_file).exists() else "?"
-            raise StreamAlreadyRunning(refusal(text)) from None
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:  # perhaps a reader's probe: try again
+                    time.sleep(0.05)
+                    continue
+                text = (folder / holder_file).read_text().strip() if (
+                    folder / holder_file).exists() else "?"
+                raise StreamAlreadyRunning(refusal(text)) from None
         (folder / holder_file).write_text(holder)
         try:
             yield

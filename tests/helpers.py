@@ -5,8 +5,11 @@ from __future__ import annotations
 import atexit
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
@@ -114,3 +117,23 @@ def hm(at: str) -> datetime:
     """A naive UTC datetime on 2026-01-05 (as Spark returns timestamps)."""
     hours, minutes, *rest = (int(x) for x in at.split(":"))
     return datetime(2026, 1, 5, hours, minutes, rest[0] if rest else 0)
+
+
+@contextmanager
+def held_by_another_process(locks: str, *paths: str | Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding ``locks`` (a lock context manager of ``sessionlake.stream``,
+    e.g. ``stream_locks``) of ``paths``, as a running stream does, until the block ends;
+    then it is killed, so the kernel lets go of its locks and its holder files stay."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         f"import sys, time; from sessionlake.stream import {locks}\n"
+         f"with {locks}(*sys.argv[1:]):\n    print('held', flush=True); time.sleep(600)",
+         *map(str, paths)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()

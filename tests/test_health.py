@@ -1,4 +1,4 @@
-"""Health read without Spark: a missing lake, the stream's pid, compaction debt, the audit."""
+"""Health read without Spark: a missing lake, the running stream, compaction debt, the audit."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from pathlib import Path
 
 from pyspark.sql import Row, SparkSession
 
-from sessionlake.checkpoint import PID_FILE
+from sessionlake.checkpoint import LAKE_HOLDER_FILE, PID_FILE
 from sessionlake.config import settings_from
 from sessionlake.deltareader import DataFile, DeletionVector, TableState
 from sessionlake.health import COMPACT_MIN_FILES, collect_health, table_health
 from sessionlake.tables import append, read_table, table_ddl, table_path
+from tests.helpers import held_by_another_process
 
 
 def test_a_missing_lake_is_a_problem_not_an_error(tmp_path: Path) -> None:
@@ -24,15 +25,26 @@ def test_a_missing_lake_is_a_problem_not_an_error(tmp_path: Path) -> None:
     assert data["problems"][0].startswith(f"no lake at {tmp_path / 'none'}")
 
 
-def test_stream_running_follows_the_pid_in_the_checkpoint(tmp_path: Path) -> None:
-    checkpoint = tmp_path / "checkpoint"
-    checkpoint.mkdir()
-    settings = settings_from({"lake": str(tmp_path / "lake"), "checkpoint": str(checkpoint)},
-                             env={})
-    assert collect_health(settings).stream_running is False  # no pid file
-    (checkpoint / PID_FILE).write_text(str(os.getpid()))
-    assert collect_health(settings).stream_running is True
-    (checkpoint / PID_FILE).write_text("999999999")  # a run killed long ago
+def test_the_running_stream_is_found_by_its_locks_with_its_pid_and_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """The page names the stream writing the lake whatever its checkpoint, and not a dead
+    run's files: a killed run leaves its holder file, and a pid may be reused."""
+    lake, elsewhere = tmp_path / "lake", tmp_path / "elsewhere"
+    settings = settings_from({"lake": str(lake)}, env={})
+    assert collect_health(settings).stream_running is False  # no lake, no lock
+
+    for locks, checkpoint in [("stream_locks", elsewhere), ("checkpoint_lock", None)]:
+        paths = (lake, elsewhere) if checkpoint else (Path(settings.checkpoint),)
+        with held_by_another_process(locks, *paths) as holder:
+            health = collect_health(settings)
+            assert (health.stream_running, health.stream_pid, health.stream_checkpoint) == (
+                True, holder.pid, str(checkpoint or settings.checkpoint))
+            assert health.as_json()["stream_pid"] == holder.pid
+        assert collect_health(settings).stream_running is False
+
+    assert (lake / "_checkpoints" / LAKE_HOLDER_FILE).exists()  # left by the killed run
+    (Path(settings.checkpoint) / PID_FILE).write_text(str(os.getpid()))  # a live pid
     assert collect_health(settings).stream_running is False
 
 

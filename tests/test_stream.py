@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
-import subprocess
-import sys
+import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -14,13 +14,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from sessionlake import faults
-from sessionlake.checkpoint import lock_held
+from sessionlake.checkpoint import LOCK_FILE, PID_FILE, lock_held
 from sessionlake.config import ConfigError, settings_from
 from sessionlake.sessionize import sessionize_events
 from sessionlake.sources import ApacheAccessLogAdapter
 from sessionlake.stream import (
     BatchUnfinishedElsewhere,
     StreamAlreadyRunning,
+    checkpoint_lock,
     lake_streams,
     recorded_source_file,
     register_stream,
@@ -29,7 +30,7 @@ from sessionlake.stream import (
 from sessionlake.tables import STREAM_TABLES, read_table, table_version
 from sessionlake.validation import apply_guards, valid_events
 from tests.conftest import DATA
-from tests.helpers import NOW, SESSION_KEY, all_sessions, lines_frame
+from tests.helpers import NOW, SESSION_KEY, all_sessions, held_by_another_process, lines_frame
 
 pytestmark = pytest.mark.slow
 LOG = DATA / "apache_access_2015_head3000.log"
@@ -212,22 +213,30 @@ def test_a_second_run_on_a_held_checkpoint_is_refused_before_touching_the_lake(
     split_log(tmp_path / "landing", 1)
     settings = settings_from({"lake": str(tmp_path / "lake"),
                               "source": str(tmp_path / "landing")}, env={})
-    holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time; from sessionlake.stream import checkpoint_lock\n"
-         "with checkpoint_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)",
-         settings.checkpoint],
-        stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with held_by_another_process("checkpoint_lock", settings.checkpoint) as holder:
         with pytest.raises(StreamAlreadyRunning, match=f"pid {holder.pid}"):
             run_stream(spark, settings)
         assert not (tmp_path / "lake" / "events").exists()
-    finally:
-        holder.kill()
-        holder.wait()
     assert not lock_held(Path(settings.checkpoint))  # the kernel let go with the process
+
+
+def test_a_run_starting_while_a_reader_probes_its_lock_waits_the_probe_out(
+    tmp_path: Path,
+) -> None:
+    """The health page, `doctor`, VACUUM's plan and the restart DAG ask whether a stream
+    runs by taking its lock for a moment; a run starting in that moment must not be refused."""
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    with open(checkpoint / LOCK_FILE, "a+") as probe:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        probe_ends = threading.Timer(0.3, fcntl.flock, (probe, fcntl.LOCK_UN))
+        probe_ends.start()
+        try:
+            with checkpoint_lock(str(checkpoint)):
+                assert (checkpoint / PID_FILE).read_text() == str(os.getpid())
+                assert lock_held(checkpoint)
+        finally:
+            probe_ends.join()
 
 
 def test_a_second_stream_on_a_lake_is_refused_whatever_its_checkpoint(
@@ -238,23 +247,12 @@ def test_a_second_stream_on_a_lake_is_refused_whatever_its_checkpoint(
     split_log(tmp_path / "landing", 1)
     lake, elsewhere = tmp_path / "lake", tmp_path / "elsewhere" / "checkpoint"
     settings = settings_from({"lake": str(lake), "source": str(tmp_path / "landing")}, env={})
-    holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time; from sessionlake.stream import stream_locks\n"
-         "with stream_locks(sys.argv[1], sys.argv[2]):\n    print('held', flush=True); "
-         "time.sleep(600)", str(lake), str(elsewhere)],
-        stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with held_by_another_process("stream_locks", lake, elsewhere) as holder:
         with pytest.raises(StreamAlreadyRunning,
                            match=f"pid {holder.pid}.* from checkpoint {elsewhere}"):
             run_stream(spark, settings)
         assert not (lake / "events").exists()
         assert not lock_held(Path(settings.checkpoint))  # its own checkpoint let go
-    finally:
-        holder.kill()
-        holder.wait()
     run_stream(spark, settings)  # the lake is free again
     assert (lake / "events").exists()
 

@@ -26,6 +26,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from tests.conftest import REPO, ObservedLake
+from tests.helpers import held_by_another_process
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
 
@@ -210,7 +211,9 @@ def _text(driver: Any, css: str) -> str:
 def test_the_page_in_chromium(
     browser: Any, server: str, token: str, observed_lake: ObservedLake
 ) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.wait import WebDriverWait
 
     browser.get(f"{server}/sessionlake/")
     assert "Not authenticated" in browser.find_element(By.TAG_NAME, "body").text
@@ -238,11 +241,20 @@ def test_the_page_in_chromium(
     assert "No retention run yet" in _text(browser, "#retention")
     charts = browser.find_elements(By.CSS_SELECTOR, "svg.chart")
     assert len(charts) == 3
+
     duration = charts[0].find_element(By.CSS_SELECTOR, "polyline.series")
     assert len(duration.get_attribute("points").split()) == 3
     assert charts[0].size["width"] > 300 and charts[0].size["height"] > 100
     link = browser.find_element(By.LINK_TEXT, "/sessionlake/api/health")
     assert link.get_attribute("href") == f"{server}/sessionlake/api/health"
+
+    # A stream writing the lake (a process holding its locks) is named on the next load.
+    settings = observed_lake.settings
+    with held_by_another_process("stream_locks", settings.lake, settings.checkpoint) as run:
+        browser.refresh()
+        running = f"running (pid {run.pid}, checkpoint {settings.checkpoint})"
+        WebDriverWait(browser, 30, ignored_exceptions=[StaleElementReferenceException]).until(
+            lambda page: _text(page, "#stream .value") == running)
 
 
 def test_the_nav_entry_shows_the_page_in_the_airflow_ui(
