@@ -33,11 +33,19 @@ from sessionlake.checkpoint import IDENTITY_FILE, PID_FILE, RESTORING_MARKER, lo
 from sessionlake.config import Settings
 from sessionlake.deltalog import TableLog, inspect_table
 from sessionlake.snapshots import Snapshot, list_snapshots, snapshots_root
-from sessionlake.stream import MOVED_SOURCE_WHY, SOURCE_LOG, source_moved_from
+from sessionlake.stream import (
+    MOVED_SOURCE_WHY,
+    SOURCE_LOG,
+    checkpoint_key,
+    lake_streams,
+    source_moved_from,
+)
 from sessionlake.tables import BATCH_METRICS, OPEN_SESSIONS, STREAM_TABLES, table_path
 
 CHECKPOINT = "checkpoint"
 SNAPSHOTS = "snapshots"
+#: A checkpoint missing where the lake's streams (its register) say they ran elsewhere.
+OTHER_CHECKPOINT_WHY = "is not here; the lake's stream ran on"
 #: Spark's own checkpoint parts that a stream which has run cannot do without.
 SPARK_PARTS = ("offsets", "commits", "metadata")
 _VERSION_LINE = re.compile(r"^v\d+$")
@@ -254,17 +262,24 @@ def unfinished_batch(spark: SparkSession | None, checkpoint: str) -> int | None:
 
 
 def check_checkpoint(
-    spark: SparkSession | None, checkpoint: str, batches_ran: bool
+    spark: SparkSession | None, checkpoint: str, batches_ran: bool,
+    elsewhere: Sequence[str] = (),
 ) -> list[Finding]:
     """The streaming checkpoint: present when the lake holds batches, and every file whole.
 
     :param batches_ran: whether ``batch_metrics`` holds rows, so a checkpoint must exist.
+    :param elsewhere: the other checkpoints the lake's streams ran on that still exist: a
+        checkpoint missing here is then most likely the wrong one, not a lost one, and the
+        finding names them instead of advising a restore.
     """
     root = checkpoint.rstrip("/")
     if not storage.exists(spark, root) or not storage.exists(spark, f"{root}/spark"):
         if not batches_ran:
             return [Finding(CHECKPOINT, None, f"{root}: none yet, and no batch has run")]
         what = root if not storage.exists(spark, root) else f"{root}/spark"
+        if elsewhere:
+            return [Finding(CHECKPOINT, f"{OTHER_CHECKPOINT_WHY}: {', '.join(elsewhere)}",
+                            what, lost=elsewhere[0])]
         return [Finding(CHECKPOINT, "is missing while batch_metrics holds processed batches "
                         "(if the stream runs with --checkpoint DIR, pass the same "
                         "--checkpoint)", what, lost=_CHECKPOINT_LOST)]
@@ -377,6 +392,10 @@ def advise(
             run = _run_command(settings.with_overrides(source=finding.lost))
             recovery = (f"recover: `{run}` (a symbolic link at {finding.lost} to the moved "
                         "folder lets Spark find its files)")
+        elif (finding.problem or "").startswith(OTHER_CHECKPOINT_WHY):
+            again = _command(settings.with_overrides(checkpoint=finding.lost), "doctor")
+            recovery = (f"recover: `{again}` (and the same --checkpoint for every command "
+                        "on this lake)")
         elif finding.detail == RESTORING_MARKER:
             again = _command(settings, "restore", "--snapshot", finding.lost)
             recovery = f"recover: run `{again}` again"
@@ -417,8 +436,11 @@ def check_lake(spark: SparkSession | None, settings: Settings) -> HealthReport:
     for table in STREAM_TABLES:
         logs[table], table_findings = check_table(spark, lake, table)
         findings += table_findings
+    given = checkpoint_key(settings.checkpoint)
+    elsewhere = [checkpoint for checkpoint in lake_streams(spark, lake)
+                 if checkpoint != given and storage.exists(spark, f"{checkpoint}/spark")]
     findings = check_checkpoint(spark, settings.checkpoint,
-                                _batches_ran(logs[BATCH_METRICS])) \
+                                _batches_ran(logs[BATCH_METRICS]), elsewhere) \
         + check_source_folder(spark, settings) + findings
     try:
         # A snapshot older than a table's creation cannot restore it (restore refuses).

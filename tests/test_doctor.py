@@ -29,7 +29,7 @@ from sessionlake.deltalog import clear_delta_cache, inspect_table, read_log
 from sessionlake.doctor import check_lake
 from sessionlake.rebuild import RebuildError, rebuild_open_sessions
 from sessionlake.snapshots import SnapshotError, create_snapshot, restore_snapshot
-from sessionlake.stream import checkpoint_lock, lake_lock, run_stream
+from sessionlake.stream import checkpoint_lock, lake_lock, register_stream, run_stream
 from sessionlake.tables import OPEN_SESSIONS, read_table, table_path
 from tests.helpers import NOW, event, hm
 
@@ -220,6 +220,23 @@ def test_a_moved_landing_folder_is_named_with_the_run_that_still_works(
     assert f"recover: `{command}` (a symbolic link" in finding.line()
     assert report.lines()[-1] == f"damaged: 1 problem(s); recover with: {command}"
     assert check_lake(None, copy).healthy
+
+
+def test_a_stream_on_another_checkpoint_is_named_not_taken_for_a_lost_one(
+    spark: SparkSession, copy: Settings, tmp_path: Path
+) -> None:
+    """Asked without the `--checkpoint` the stream ran with, the doctor finds the lake's
+    stream where the lake noted it, and says to look there, not to restore."""
+    elsewhere = str(tmp_path / "elsewhere")
+    shutil.move(copy.checkpoint, elsewhere)
+    register_stream(spark, copy.lake, elsewhere)  # as a run there did
+    report = check_lake(None, copy)
+    [finding] = [f for f in report.findings if not f.ok]
+    assert (finding.subject, finding.detail) == ("checkpoint", copy.checkpoint)
+    assert finding.problem == f"is not here; the lake's stream ran on: {elsewhere}"
+    command = f"sessionlake doctor --lake {copy.lake} --checkpoint {elsewhere}"
+    assert report.lines()[-1] == f"damaged: 1 problem(s); recover with: {command}"
+    assert check_lake(None, copy.with_overrides(checkpoint=elsewhere)).healthy
 
 
 def test_a_snapshot_of_a_half_written_log_is_refused_naming_the_doctor(
