@@ -271,6 +271,32 @@ def check_source_not_moved(spark: SparkSession, settings: Settings) -> None:
         )
 
 
+def check_source_not_read_elsewhere(spark: SparkSession, settings: Settings) -> None:
+    """Refuse a new checkpoint on a landing folder that a stream of the lake on another
+    checkpoint has read.
+
+    Spark's file source knows what it read only from its own checkpoint, so the new stream
+    would read every file again: its events judged late against the lake's watermark or
+    dropped as duplicates, its malformed lines quarantined twice. Forgetting the
+    ``--checkpoint`` a stream ran with is the usual way there.
+
+    :raises ConfigError: naming the checkpoint that read the folder.
+    """
+    root = storage.path_part(spark, settings.source or "").rstrip("/")
+    ours = checkpoint_key(settings.checkpoint)
+    if any(c in root for c in "*?[{") or recorded_source_file(spark, ours) is not None:
+        return  # a glob is left to the operator; a stream that has read is not new
+    for checkpoint in lake_streams(spark, settings.lake):
+        recorded = recorded_source_file(spark, checkpoint) if checkpoint != ours else None
+        if recorded is not None and recorded.startswith(f"{root}/"):
+            raise ConfigError(
+                f"the landing folder {settings.source} was read by the lake's stream on "
+                f"checkpoint {checkpoint}; a stream on the new checkpoint "
+                f"{settings.checkpoint} would read all its files again (their events late or "
+                f"duplicates). Run with --checkpoint {checkpoint}"
+            )
+
+
 def _check_kafka_settings(settings: Settings) -> str:
     """The Kafka flags of ``--source kafka``: both brokers and topic, no folder-only flag."""
     if not settings.kafka_bootstrap:
@@ -442,9 +468,10 @@ def run_stream(
     with stream_locks(settings.lake, settings.checkpoint):
         check_no_restore_pending(spark, settings.checkpoint)
         check_no_batch_cut_off_elsewhere(spark, settings)
-        register_stream(spark, settings.lake, settings.checkpoint)
         if not settings.reads_kafka:
             check_source_not_moved(spark, settings)
+            check_source_not_read_elsewhere(spark, settings)
+        register_stream(spark, settings.lake, settings.checkpoint)
         # The stream's own queries (tables, ledger, Delta's log replays) are small:
         # interpreted until a batch big enough to repay compiled code comes.
         fit_to_stream(spark)

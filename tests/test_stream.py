@@ -257,6 +257,25 @@ def test_a_second_stream_on_a_lake_is_refused_whatever_its_checkpoint(
     assert (lake / "events").exists()
 
 
+def test_a_new_checkpoint_on_a_folder_another_checkpoint_read_is_refused(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A run that forgot the `--checkpoint` its stream ran with would read every landing
+    file again into the same lake: refused before touching it, naming that checkpoint."""
+    split_log(tmp_path / "landing", 1)
+    first = settings_from({"lake": str(tmp_path / "lake"), "source": str(tmp_path / "landing"),
+                           "checkpoint": str(tmp_path / "first")}, env={})
+    run_stream(spark, first)
+    versions = {t: table_version(spark, first.lake, t) for t in STREAM_TABLES}
+    forgot = settings_from({"lake": first.lake, "source": first.source}, env={})
+    with pytest.raises(ConfigError, match=f"read by the lake's stream on checkpoint "
+                                          f"{tmp_path / 'first'}.*--checkpoint {tmp_path}/first"):
+        run_stream(spark, forgot)
+    assert {t: table_version(spark, first.lake, t) for t in STREAM_TABLES} == versions
+    assert lake_streams(spark, first.lake) == [str(tmp_path / "first")]  # not noted
+    run_stream(spark, first)  # its own checkpoint still runs
+
+
 def test_a_stream_waits_for_another_checkpoints_cut_off_batch_to_be_replayed(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
