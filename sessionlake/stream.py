@@ -121,9 +121,11 @@ def _streams_folder(lake: str) -> str:
     return f"{lake_lock_folder(lake)}/{STREAMS_DIR}"
 
 
-def register_stream(spark: SparkSession, lake: str, checkpoint: str) -> None:
-    """Note ``checkpoint`` among the lake's streams, once, so that maintenance and the
-    lake's other streams find its unfinished batches (:func:`lake_streams`).
+def register_stream(spark: SparkSession, lake: str, checkpoint: str,
+                    source: str | None = None) -> None:
+    """Note ``checkpoint`` among the lake's streams, once, with the ``source`` it reads
+    (:func:`source_key`), so that maintenance and the lake's other streams find its
+    unfinished batches (:func:`lake_streams`) and a new checkpoint on its source is told.
 
     A checkpoint inside the lake (the default) is noted relative to it, so that a copy of
     the lake names its own copy of the checkpoint, not the original's.
@@ -133,21 +135,37 @@ def register_stream(spark: SparkSession, lake: str, checkpoint: str) -> None:
     name = hashlib.sha256(noted.encode()).hexdigest()[:16]
     uri = f"{_streams_folder(lake)}/{name}.json"
     if not storage.exists(spark, uri):
-        storage.write_text(spark, uri, json.dumps({"checkpoint": noted}))
+        storage.write_text(spark, uri, json.dumps({"checkpoint": noted, "source": source}))
+
+
+def lake_stream_sources(spark: SparkSession | None, lake: str) -> dict[str, str | None]:
+    """The checkpoints that ever ran a stream on ``lake``, as :func:`checkpoint_key` spells
+    them, each with the source it noted (``None``: noted before sources were)."""
+    folder, lake_key = _streams_folder(lake), checkpoint_key(lake)
+    found = {}
+    for name in storage.list_names(spark, folder):
+        text = storage.read_text(spark, f"{folder}/{name}") if name.endswith(".json") else None
+        if text is not None:
+            entry = json.loads(text)
+            noted = str(entry["checkpoint"])
+            absolute = noted.startswith("/") or "://" in noted
+            found[noted if absolute else f"{lake_key}/{noted}"] = entry.get("source")
+    return found
 
 
 def lake_streams(spark: SparkSession | None, lake: str) -> list[str]:
     """The checkpoints that ever ran a stream on ``lake`` (:func:`register_stream`), as
     :func:`checkpoint_key` spells them."""
-    folder, lake_key = _streams_folder(lake), checkpoint_key(lake)
-    found = set()
-    for name in storage.list_names(spark, folder):
-        text = storage.read_text(spark, f"{folder}/{name}") if name.endswith(".json") else None
-        if text is not None:
-            noted = str(json.loads(text)["checkpoint"])
-            absolute = noted.startswith("/") or "://" in noted
-            found.add(noted if absolute else f"{lake_key}/{noted}")
-    return sorted(found)
+    return sorted(lake_stream_sources(spark, lake))
+
+
+def source_key(settings: Settings) -> str:
+    """The stream's source in one spelling: ``kafka://<brokers, sorted>/<topic>``, or the
+    landing folder as given."""
+    if settings.reads_kafka:
+        brokers = ",".join(sorted(b.strip() for b in (settings.kafka_bootstrap or "").split(",")))
+        return f"kafka://{brokers}/{settings.kafka_topic}"
+    return (settings.source or "").rstrip("/")
 
 
 def unfinished_batch_since(spark: SparkSession | None, checkpoint: str) -> datetime | None:
@@ -294,6 +312,31 @@ def check_source_not_read_elsewhere(spark: SparkSession, settings: Settings) -> 
                 f"checkpoint {checkpoint}; a stream on the new checkpoint "
                 f"{settings.checkpoint} would read all its files again (their events late or "
                 f"duplicates). Run with --checkpoint {checkpoint}"
+            )
+
+
+def check_topic_not_read_elsewhere(spark: SparkSession, settings: Settings) -> None:
+    """Refuse a new checkpoint on a Kafka topic that a stream of the lake on another
+    checkpoint has read from the same brokers.
+
+    The offsets a stream has read live in its checkpoint only, so the new stream would
+    start again from ``--starting-offsets``: the topic's retained records read a second
+    time (their events late or duplicates), or, from ``latest``, the records since the
+    other stream's last batch never read.
+
+    :raises ConfigError: naming the checkpoint that read the topic.
+    """
+    ours, source = checkpoint_key(settings.checkpoint), source_key(settings)
+    if storage.list_names(spark, f"{ours}/{SPARK_CHECKPOINT}/offsets"):
+        return  # a stream that has read is not new
+    for checkpoint, noted in lake_stream_sources(spark, settings.lake).items():
+        if checkpoint != ours and noted == source and storage.list_names(
+                spark, f"{checkpoint}/{SPARK_CHECKPOINT}/offsets"):
+            raise ConfigError(
+                f"topic {settings.kafka_topic} on {settings.kafka_bootstrap} was read by the "
+                f"lake's stream on checkpoint {checkpoint}; a stream on the new checkpoint "
+                f"{settings.checkpoint} would start again from --starting-offsets "
+                f"{settings.kafka_starting_offsets}. Run with --checkpoint {checkpoint}"
             )
 
 
@@ -468,10 +511,12 @@ def run_stream(
     with stream_locks(settings.lake, settings.checkpoint):
         check_no_restore_pending(spark, settings.checkpoint)
         check_no_batch_cut_off_elsewhere(spark, settings)
-        if not settings.reads_kafka:
+        if settings.reads_kafka:
+            check_topic_not_read_elsewhere(spark, settings)
+        else:
             check_source_not_moved(spark, settings)
             check_source_not_read_elsewhere(spark, settings)
-        register_stream(spark, settings.lake, settings.checkpoint)
+        register_stream(spark, settings.lake, settings.checkpoint, source_key(settings))
         # The stream's own queries (tables, ledger, Delta's log replays) are small:
         # interpreted until a batch big enough to repay compiled code comes.
         fit_to_stream(spark)

@@ -50,8 +50,8 @@ from sessionlake.kafkaadmin import (
     topic_partitions,
 )
 from sessionlake.snapshots import create_snapshot, restore_snapshot
-from sessionlake.stream import run_stream
-from sessionlake.tables import read_table
+from sessionlake.stream import lake_streams, run_stream
+from sessionlake.tables import STREAM_TABLES, read_table, table_version
 from tests.conftest import REPO
 
 TOPIC = "clicks"
@@ -184,6 +184,27 @@ def test_kill_restart_and_new_partitions_end_as_a_file_run(
     sources = {r[0] for r in read_table(spark, str(lake), "events")
                .select("source_file").distinct().collect()}
     assert sources == {f"kafka://{TOPIC}/{p}" for p in range(5)}
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_new_checkpoint_on_a_topic_another_checkpoint_read_is_refused(
+    spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path
+) -> None:
+    """A run that forgot the `--checkpoint` its stream ran with would start the topic again
+    from --starting-offsets: refused before touching the lake, naming that checkpoint."""
+    create_topic(spark, broker.bootstrap, "forgotten", 1)
+    produce_lines(spark, broker.bootstrap, "forgotten", _lines(landing)[0][:20], 1)
+    lake = tmp_path / "lake"
+    forgot = kafka_settings(lake, broker.bootstrap).with_overrides(kafka_topic="forgotten")
+    first = forgot.with_overrides(checkpoint=str(tmp_path / "first"))
+    run_stream(spark, first)
+    versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+    with pytest.raises(ConfigError, match=f"topic forgotten on {broker.bootstrap} was read by "
+                       f"the lake's stream on checkpoint {tmp_path / 'first'}.*--checkpoint"):
+        run_stream(spark, forgot)
+    assert {t: table_version(spark, str(lake), t) for t in STREAM_TABLES} == versions
+    assert lake_streams(spark, str(lake)) == [str(tmp_path / "first")]  # not noted
 
 
 @pytest.mark.kafka

@@ -229,7 +229,7 @@ def test_a_run_starting_while_a_reader_probes_its_lock_waits_the_probe_out(
     checkpoint.mkdir()
     with open(checkpoint / LOCK_FILE, "a+") as probe:
         fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        probe_ends = threading.Timer(0.3, fcntl.flock, (probe, fcntl.LOCK_UN))
+        probe_ends = threading.Timer(0.2, fcntl.flock, (probe, fcntl.LOCK_UN))
         probe_ends.start()
         try:
             with checkpoint_lock(str(checkpoint)):
