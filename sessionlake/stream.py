@@ -128,13 +128,15 @@ def register_stream(spark: SparkSession, lake: str, checkpoint: str,
     unfinished batches (:func:`lake_streams`) and a new checkpoint on its source is told.
 
     A checkpoint inside the lake (the default) is noted relative to it, so that a copy of
-    the lake names its own copy of the checkpoint, not the original's.
+    the lake names its own copy of the checkpoint, not the original's. A note written
+    before sources were noted gets its source at the stream's next run.
     """
     key, inside = checkpoint_key(checkpoint), f"{checkpoint_key(lake)}/"
     noted = key[len(inside):] if key.startswith(inside) else key
     name = hashlib.sha256(noted.encode()).hexdigest()[:16]
     uri = f"{_streams_folder(lake)}/{name}.json"
-    if not storage.exists(spark, uri):
+    before = storage.read_text(spark, uri)
+    if before is None or (source is not None and json.loads(before).get("source") is None):
         storage.write_text(spark, uri, json.dumps({"checkpoint": noted, "source": source}))
 
 

@@ -22,6 +22,7 @@ from sessionlake.stream import (
     BatchUnfinishedElsewhere,
     StreamAlreadyRunning,
     checkpoint_lock,
+    lake_stream_sources,
     lake_streams,
     recorded_source_file,
     register_stream,
@@ -311,12 +312,15 @@ def test_the_lakes_streams_are_noted_once_and_a_copy_names_its_own_checkpoint(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     lake, outside = tmp_path / "lake", tmp_path / "elsewhere" / "checkpoint"
-    for _ in range(2):  # noted once
-        register_stream(spark, str(lake), str(lake / "_checkpoints" / "stream"))
-        register_stream(spark, f"file://{lake}", f"file://{outside}/")
+    inside = lake / "_checkpoints" / "stream"
+    register_stream(spark, str(lake), str(inside))  # as a run before sources were noted
+    for _ in range(2):  # noted once, the source added to the older note
+        register_stream(spark, str(lake), str(inside), "/landing")
+        register_stream(spark, f"file://{lake}", f"file://{outside}/", "kafka://b:9092/t")
     assert len(os.listdir(lake / "_checkpoints" / "streams")) == 2
-    assert lake_streams(None, str(lake)) == sorted(
-        [str(lake / "_checkpoints" / "stream"), str(outside)])
+    assert lake_stream_sources(None, str(lake)) == {
+        str(inside): "/landing", str(outside): "kafka://b:9092/t"}
+    assert lake_streams(None, str(lake)) == sorted([str(inside), str(outside)])
 
     shutil.copytree(lake, tmp_path / "copy")
     assert lake_streams(None, str(tmp_path / "copy")) == sorted(
