@@ -60,6 +60,7 @@ from sessionlake.deltalog import (
 from sessionlake.erasure import reapply_erasures
 from sessionlake.stream import StreamAlreadyRunning, stream_locks
 from sessionlake.tables import (
+    PROPERTIES_NOTE,
     STREAM_TABLES,
     each_table,
     table_exists,
@@ -439,6 +440,8 @@ def _restore_locked(
     )
     # Whoever was erased after the snapshot was taken stays erased.
     reapply_erasures(spark, lake, snapshot.created)
+    # The tables' properties are back to the snapshot's: the next run looks at them again.
+    storage.delete(spark, f"{lake.rstrip('/')}/{PROPERTIES_NOTE}")
     log.info("restored %s (tables changed: %s; stream %s)", snapshot.snapshot_id,
              ", ".join(restored) or "none", identity)
 

@@ -54,7 +54,7 @@ from sessionlake.monitor import BatchMonitor
 from sessionlake.sources import kafka_lines, split_lines
 from sessionlake.spark import fit_to_stream
 from sessionlake.storage import local_path
-from sessionlake.tables import ensure_tables
+from sessionlake.tables import ensure_tables, upgrade_table_properties
 
 log = logging.getLogger("sessionlake.stream")
 
@@ -523,6 +523,7 @@ def run_stream(
         # interpreted until a batch big enough to repay compiled code comes.
         fit_to_stream(spark)
         buckets = ensure_tables(spark, settings.lake, settings.user_buckets)
+        upgrade_table_properties(spark, settings.lake)
         if buckets != settings.user_buckets:
             log.warning("the lake's open_sessions has %s user buckets: using that, not %s",
                         buckets, settings.user_buckets)

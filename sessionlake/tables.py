@@ -11,7 +11,10 @@ and skips it instead of writing it twice.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -45,6 +48,15 @@ RETENTION_AUDIT = "retention_audit"
 
 #: The property of ``open_sessions`` that fixes its bucket count (set at its creation).
 BUCKETS_PROPERTY = "sessionlake.userBuckets"
+#: Properties of the DDL (``sql/tables/``) that tables created before they were added get
+#: at the lake's next run (:func:`upgrade_table_properties`). Each changes how Delta writes
+#: the table, never what it holds.
+UPGRADABLE_PROPERTIES = ("delta.checkpointInterval", "delta.dataSkippingStatsColumns")
+#: Which of them the lake's tables were given: ``{"properties": [...]}``.
+PROPERTIES_NOTE = "_checkpoints/table-properties.json"
+_DDL_PROPERTY = re.compile(r"'([\w.]+)'\s*=\s*'([^']*)'")
+
+log = logging.getLogger("sessionlake.tables")
 
 #: The tables the stream writes, in the order a micro-batch writes them: together they are
 #: the state a snapshot captures and a restore returns to.
@@ -150,7 +162,60 @@ def ensure_tables(spark: SparkSession, lake: str, user_buckets: int = 16) -> int
     if missing:
         create(missing[0])
     each_table(create, missing[1:])
+    if len(missing) == len(ALL_TABLES):  # a new lake: its tables have every property
+        _note_properties(spark, lake)
     return configured_user_buckets(spark, lake) or user_buckets
+
+
+def ddl_properties(table: str) -> dict[str, str]:
+    """The ``TBLPROPERTIES`` that ``table``'s DDL sets (comments aside)."""
+    text = (sql_dir() / "tables" / f"{table}.sql").read_text(encoding="utf-8")
+    code = "\n".join(line.split("--", 1)[0] for line in text.splitlines())
+    start = code.find("TBLPROPERTIES")
+    return dict(_DDL_PROPERTY.findall(code[start:])) if start >= 0 else {}
+
+
+def _note_properties(spark: SparkSession, lake: str) -> None:
+    storage.write_text(spark, f"{lake.rstrip('/')}/{PROPERTIES_NOTE}",
+                       json.dumps({"properties": sorted(UPGRADABLE_PROPERTIES)}))
+
+
+def upgrade_table_properties(spark: SparkSession, lake: str) -> list[str]:
+    """Give each table the :data:`UPGRADABLE_PROPERTIES` its DDL sets and it lacks, once
+    per lake (a note in the lake says so); the tables changed.
+
+    A lake created before such a property was added to the DDL would otherwise keep
+    Delta's default (a log checkpoint every 10 commits, statistics of every column) until
+    someone ran the ``ALTER TABLE`` by hand. A value already set, by an operator say, is
+    kept. A table whose log is damaged is left to ``sessionlake doctor`` and checked again
+    at the next run. Called by a run, which holds the lake's lock: the change is a commit
+    of each table, and no stream may write beside it.
+    """
+    note = f"{lake.rstrip('/')}/{PROPERTIES_NOTE}"
+    text = storage.read_text(spark, note)
+    done = set(json.loads(text).get("properties", [])) if text else set()
+    if set(UPGRADABLE_PROPERTIES) <= done:
+        return []
+    changed, damaged = [], False
+    for table in ALL_TABLES:
+        wanted = {k: v for k, v in ddl_properties(table).items()
+                  if k in UPGRADABLE_PROPERTIES and k not in done}
+        if not wanted or not table_exists(spark, lake, table):
+            continue
+        table_log = read_log(spark, table_path(lake, table))
+        if table_log.log_damaged_from is not None:
+            damaged = True
+            continue
+        missing = {k: v for k, v in wanted.items() if k not in table_log.configuration}
+        if missing:
+            settings = ", ".join(f"'{k}' = '{v}'" for k, v in missing.items())
+            spark.sql(f"ALTER TABLE {path_identifier(table_path(lake, table))} "
+                      f"SET TBLPROPERTIES ({settings})")
+            log.info("table %s given %s, which tables created since have", table, settings)
+            changed.append(table)
+    if not damaged:
+        _note_properties(spark, lake)
+    return changed
 
 
 def configured_user_buckets(spark: SparkSession, lake: str) -> int | None:

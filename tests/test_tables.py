@@ -14,16 +14,19 @@ from pyspark.testing import assertDataFrameEqual
 
 from sessionlake.compaction import CLUSTER_COLUMN
 from sessionlake.config import settings_from
-from sessionlake.deltalog import commit_actions, commit_file
+from sessionlake.deltalog import commit_actions, commit_file, read_log
 from sessionlake.tables import (
     ALL_TABLES,
     BATCH_METRICS,
     EVENTS,
     OPEN_SESSIONS,
+    PROPERTIES_NOTE,
     RETENTION_AUDIT,
     SESSION_CHANGELOG,
     SESSIONS,
+    UPGRADABLE_PROPERTIES,
     append,
+    ddl_properties,
     ensure_tables,
     literal_row,
     never_written,
@@ -32,11 +35,42 @@ from sessionlake.tables import (
     resolve_snapshot,
     table_exists,
     table_path,
+    table_version,
+    upgrade_table_properties,
 )
 from tests.helpers import event, first, run_batches
 
 
 @pytest.mark.parametrize("half_created", [(OPEN_SESSIONS,), (EVENTS, OPEN_SESSIONS), ALL_TABLES])
+def test_a_lake_made_before_a_property_was_added_gets_it_once_at_its_next_run(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Tables created before the DDL set a property get it, once; an operator's own value
+    stays."""
+    lake = str(tmp_path / "lake")
+    ensure_tables(spark, lake)
+    assert upgrade_table_properties(spark, lake) == []  # a new lake has them, and notes it
+    given = {t: {k: v for k, v in ddl_properties(t).items() if k in UPGRADABLE_PROPERTIES}
+             for t in ALL_TABLES}
+    assert given[EVENTS]["delta.checkpointInterval"] == "100"
+    # The lake as an older version left it: neither property, no note.
+    for table in (t for t in ALL_TABLES if given[t]):
+        spark.sql(f"ALTER TABLE {path_identifier(table_path(lake, table))} UNSET "
+                  f"TBLPROPERTIES ({', '.join(repr(k) for k in given[table])})")
+    spark.sql(f"ALTER TABLE {path_identifier(table_path(lake, EVENTS))} "
+              "SET TBLPROPERTIES ('delta.checkpointInterval' = '50')")
+    (tmp_path / "lake" / PROPERTIES_NOTE).unlink()
+
+    assert sorted(upgrade_table_properties(spark, lake)) == sorted(t for t in given if given[t])
+    for table, wanted in given.items():
+        configuration = read_log(None, table_path(lake, table)).configuration
+        assert {k: configuration.get(k) for k in wanted} == (
+            {**wanted, "delta.checkpointInterval": "50"} if table == EVENTS else wanted)
+    versions = {t: table_version(spark, lake, t) for t in ALL_TABLES}
+    assert upgrade_table_properties(spark, lake) == []
+    assert {t: table_version(spark, lake, t) for t in ALL_TABLES} == versions
+
+
 def test_tables_a_kill_left_half_created_are_created_on_the_next_run(
     spark: SparkSession, lake: str, half_created: tuple[str, ...]
 ) -> None:
