@@ -41,7 +41,6 @@ from sessionlake.tables import (
 from tests.helpers import event, first, run_batches
 
 
-@pytest.mark.parametrize("half_created", [(OPEN_SESSIONS,), (EVENTS, OPEN_SESSIONS), ALL_TABLES])
 def test_a_lake_made_before_a_property_was_added_gets_it_once_at_its_next_run(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -71,6 +70,7 @@ def test_a_lake_made_before_a_property_was_added_gets_it_once_at_its_next_run(
     assert {t: table_version(spark, lake, t) for t in ALL_TABLES} == versions
 
 
+@pytest.mark.parametrize("half_created", [(OPEN_SESSIONS,), (EVENTS, OPEN_SESSIONS), ALL_TABLES])
 def test_tables_a_kill_left_half_created_are_created_on_the_next_run(
     spark: SparkSession, lake: str, half_created: tuple[str, ...]
 ) -> None:
