@@ -29,9 +29,10 @@ from dataclasses import dataclass, replace
 from pyspark.sql import SparkSession
 
 from sessionlake import storage
-from sessionlake.checkpoint import IDENTITY_FILE, PID_FILE, RESTORING_MARKER, lock_held
+from sessionlake.checkpoint import IDENTITY_FILE, RESTORING_MARKER
 from sessionlake.config import Settings
 from sessionlake.deltalog import TableLog, inspect_table
+from sessionlake.health import running_stream
 from sessionlake.snapshots import Snapshot, list_snapshots, snapshots_root
 from sessionlake.stream import (
     MOVED_SOURCE_WHY,
@@ -263,7 +264,7 @@ def unfinished_batch(spark: SparkSession | None, checkpoint: str) -> int | None:
 
 def check_checkpoint(
     spark: SparkSession | None, checkpoint: str, batches_ran: bool,
-    elsewhere: Sequence[str] = (),
+    elsewhere: Sequence[str] = (), running: tuple[int | None, str | None] | None = None,
 ) -> list[Finding]:
     """The streaming checkpoint: present when the lake holds batches, and every file whole.
 
@@ -271,6 +272,8 @@ def check_checkpoint(
     :param elsewhere: the other checkpoints the lake's streams ran on that still exist: a
         checkpoint missing here is then most likely the wrong one, not a lost one, and the
         finding names them instead of advising a restore.
+    :param running: the pid and checkpoint of a stream running on the lake
+        (:func:`sessionlake.health.running_stream`), named in the finding.
     """
     root = checkpoint.rstrip("/")
     if not storage.exists(spark, root) or not storage.exists(spark, f"{root}/spark"):
@@ -301,10 +304,12 @@ def check_checkpoint(
     pending = unfinished_batch(spark, root)
     if pending is not None:
         notes.append(f"batch {pending} unfinished (the next run replays it)")
-    local = storage.local_path(root)
-    if local is not None and lock_held(local):
-        pid = (local / PID_FILE).read_text().strip() if (local / PID_FILE).exists() else "?"
-        notes.append(f"in use by a running stream (pid {pid}): files may change while read")
+    if running is not None:
+        pid, where = running
+        on = f" on checkpoint {where}" if where and checkpoint_key(where) != \
+            checkpoint_key(root) else ""
+        notes.append(f"in use by a running stream (pid {'?' if pid is None else pid}{on}): "
+                     "files may change while read")
     return [Finding(CHECKPOINT, None, f"{root}: offsets, commits, metadata, identity and "
                                       f"ledger readable; {'; '.join(notes)}")]
 
@@ -440,7 +445,8 @@ def check_lake(spark: SparkSession | None, settings: Settings) -> HealthReport:
     elsewhere = [checkpoint for checkpoint in lake_streams(spark, lake)
                  if checkpoint != given and storage.exists(spark, f"{checkpoint}/spark")]
     findings = check_checkpoint(spark, settings.checkpoint,
-                                _batches_ran(logs[BATCH_METRICS]), elsewhere) \
+                                _batches_ran(logs[BATCH_METRICS]), elsewhere,
+                                running_stream(settings)) \
         + check_source_folder(spark, settings) + findings
     try:
         # A snapshot older than a table's creation cannot restore it (restore refuses).

@@ -31,7 +31,7 @@ from sessionlake.rebuild import RebuildError, rebuild_open_sessions
 from sessionlake.snapshots import SnapshotError, create_snapshot, restore_snapshot
 from sessionlake.stream import checkpoint_lock, lake_lock, register_stream, run_stream
 from sessionlake.tables import OPEN_SESSIONS, read_table, table_path
-from tests.helpers import NOW, event, hm
+from tests.helpers import NOW, event, held_by_another_process, hm
 
 #: Batch 0 closes c's session and the bot's first one-hour chunk (watermark 10:35); the
 #: bot's second chunk, both of b's sessions and s's stay open. Batch 1 bridges b's two
@@ -237,6 +237,19 @@ def test_a_stream_on_another_checkpoint_is_named_not_taken_for_a_lost_one(
     command = f"sessionlake doctor --lake {copy.lake} --checkpoint {elsewhere}"
     assert report.lines()[-1] == f"damaged: 1 problem(s); recover with: {command}"
     assert check_lake(None, copy.with_overrides(checkpoint=elsewhere)).healthy
+
+
+def test_a_stream_writing_the_lake_is_named_whatever_its_checkpoint(
+    copy: Settings, tmp_path: Path
+) -> None:
+    """Files may change while the doctor reads them: it says which stream is writing."""
+    elsewhere = tmp_path / "elsewhere"
+    with held_by_another_process("stream_locks", copy.lake, elsewhere) as run:
+        report = check_lake(None, copy)
+    assert report.healthy
+    assert (f"in use by a running stream (pid {run.pid} on checkpoint {elsewhere}): files "
+            "may change while read") in report.findings[0].detail
+    assert "in use" not in check_lake(None, copy).findings[0].detail  # and no longer
 
 
 def test_a_snapshot_of_a_half_written_log_is_refused_naming_the_doctor(
