@@ -273,42 +273,39 @@ def source_moved_from(
     return os.path.dirname(recorded)
 
 
-def check_source_not_moved(spark: SparkSession, settings: Settings) -> None:
-    """Refuse a landing folder other than the one the stream's checkpoint read from.
+def check_landing_folder(spark: SparkSession, settings: Settings) -> None:
+    """Refuse a landing folder that does not go with the checkpoint, reading its file
+    source log once.
 
-    Spark would fail the next batch with a bare "Wrong basePath" (it checks each recorded
-    path against the source), after the run had started.
+    A checkpoint that has read files must go on with the folder it read them from: Spark
+    would fail the next batch with a bare "Wrong basePath" (it checks each recorded path
+    against the source), after the run had started. A new checkpoint must not take a folder
+    that a stream of the lake on another checkpoint has read: Spark's file source knows
+    what it read only from its own checkpoint, so the new stream would read every file
+    again (its events judged late against the lake's watermark or dropped as duplicates,
+    its malformed lines quarantined twice); forgetting the ``--checkpoint`` a stream ran
+    with is the usual way there. A glob is left to Spark and the operator.
 
-    :raises ConfigError: naming the folder the checkpoint knows and how to keep using it.
-    """
-    root = storage.path_part(spark, settings.source or "")
-    before = source_moved_from(spark, settings.checkpoint, root)
-    if before is not None:
-        raise ConfigError(
-            f"the stream's checkpoint {settings.checkpoint} read its files from {before}, "
-            f"not from --source {settings.source}: {MOVED_SOURCE_WHY}. Run with "
-            f"--source {before} (a symbolic link there to the moved folder will do)"
-        )
-
-
-def check_source_not_read_elsewhere(spark: SparkSession, settings: Settings) -> None:
-    """Refuse a new checkpoint on a landing folder that a stream of the lake on another
-    checkpoint has read.
-
-    Spark's file source knows what it read only from its own checkpoint, so the new stream
-    would read every file again: its events judged late against the lake's watermark or
-    dropped as duplicates, its malformed lines quarantined twice. Forgetting the
-    ``--checkpoint`` a stream ran with is the usual way there.
-
-    :raises ConfigError: naming the checkpoint that read the folder.
+    :raises ConfigError: naming the folder the checkpoint knows, or the checkpoint that
+        read the folder, and what to run instead.
     """
     root = storage.path_part(spark, settings.source or "").rstrip("/")
+    if any(c in root for c in "*?[{"):
+        return
     ours = checkpoint_key(settings.checkpoint)
-    if any(c in root for c in "*?[{") or recorded_source_file(spark, ours) is not None:
-        return  # a glob is left to the operator; a stream that has read is not new
+    recorded = recorded_source_file(spark, ours)
+    if recorded is not None:
+        if not recorded.startswith(f"{root}/"):
+            before = os.path.dirname(recorded)
+            raise ConfigError(
+                f"the stream's checkpoint {settings.checkpoint} read its files from {before}, "
+                f"not from --source {settings.source}: {MOVED_SOURCE_WHY}. Run with "
+                f"--source {before} (a symbolic link there to the moved folder will do)"
+            )
+        return
     for checkpoint in lake_streams(spark, settings.lake):
-        recorded = recorded_source_file(spark, checkpoint) if checkpoint != ours else None
-        if recorded is not None and recorded.startswith(f"{root}/"):
+        theirs = recorded_source_file(spark, checkpoint) if checkpoint != ours else None
+        if theirs is not None and theirs.startswith(f"{root}/"):
             raise ConfigError(
                 f"the landing folder {settings.source} was read by the lake's stream on "
                 f"checkpoint {checkpoint}; a stream on the new checkpoint "
@@ -516,8 +513,7 @@ def run_stream(
         if settings.reads_kafka:
             check_topic_not_read_elsewhere(spark, settings)
         else:
-            check_source_not_moved(spark, settings)
-            check_source_not_read_elsewhere(spark, settings)
+            check_landing_folder(spark, settings)
         register_stream(spark, settings.lake, settings.checkpoint, source_key(settings))
         # The stream's own queries (tables, ledger, Delta's log replays) are small:
         # interpreted until a batch big enough to repay compiled code comes.

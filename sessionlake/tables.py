@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from sessionlake import storage
+from sessionlake.checkpoint import LAKE_LOCK_DIR
 from sessionlake.deltalog import (
     BatchKey,
     batch_keys,
@@ -53,7 +54,7 @@ BUCKETS_PROPERTY = "sessionlake.userBuckets"
 #: the table, never what it holds.
 UPGRADABLE_PROPERTIES = ("delta.checkpointInterval", "delta.dataSkippingStatsColumns")
 #: Which of them the lake's tables were given: ``{"properties": [...]}``.
-PROPERTIES_NOTE = "_checkpoints/table-properties.json"
+PROPERTIES_NOTE = f"{LAKE_LOCK_DIR}/table-properties.json"
 _DDL_PROPERTY = re.compile(r"'([\w.]+)'\s*=\s*'([^']*)'")
 
 log = logging.getLogger("sessionlake.tables")
