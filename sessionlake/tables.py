@@ -53,7 +53,17 @@ BUCKETS_PROPERTY = "sessionlake.userBuckets"
 #: at the lake's next run (:func:`upgrade_table_properties`). Each changes how Delta writes
 #: the table, never what it holds.
 UPGRADABLE_PROPERTIES = ("delta.checkpointInterval", "delta.dataSkippingStatsColumns")
-#: Which of them the lake's tables were given: ``{"properties": [...]}``.
+#: Values of those properties that an earlier release's DDL set and the DDL has since
+#: replaced: a table holding one gets the DDL's value, like a table lacking the property.
+#: ``events`` was created with this list between 16c45a0 and 1ce5698, which added
+#: ``event_id`` so that the duplicate check can skip files by their ids.
+SUPERSEDED_PROPERTY_VALUES: dict[tuple[str, str], tuple[str, ...]] = {
+    (EVENTS, "delta.dataSkippingStatsColumns"): ("event_time,user_id,batch_id,ingested_at",),
+}
+#: Raised whenever the upgrade has something new to give: a lake whose note holds a lower
+#: revision is checked again (a note without one was written at revision 1).
+PROPERTIES_REVISION = 2
+#: That the lake's tables were given them: ``{"revision": n, "properties": [...]}``.
 PROPERTIES_NOTE = f"{LAKE_LOCK_DIR}/table-properties.json"
 _DDL_PROPERTY = re.compile(r"'([\w.]+)'\s*=\s*'([^']*)'")
 
@@ -178,36 +188,39 @@ def ddl_properties(table: str) -> dict[str, str]:
 
 def _note_properties(spark: SparkSession, lake: str) -> None:
     storage.write_text(spark, f"{lake.rstrip('/')}/{PROPERTIES_NOTE}",
-                       json.dumps({"properties": sorted(UPGRADABLE_PROPERTIES)}))
+                       json.dumps({"revision": PROPERTIES_REVISION,
+                                   "properties": sorted(UPGRADABLE_PROPERTIES)}))
 
 
 def upgrade_table_properties(spark: SparkSession, lake: str) -> list[str]:
-    """Give each table the :data:`UPGRADABLE_PROPERTIES` its DDL sets and it lacks, once
-    per lake (a note in the lake says so); the tables changed.
+    """Give each table the :data:`UPGRADABLE_PROPERTIES` its DDL sets and it lacks or holds
+    at a :data:`SUPERSEDED_PROPERTY_VALUES` value, once per lake (a note in the lake says
+    so); the tables changed.
 
-    A lake created before such a property was added to the DDL would otherwise keep
-    Delta's default (a log checkpoint every 10 commits, statistics of every column) until
-    someone ran the ``ALTER TABLE`` by hand. A value already set, by an operator say, is
-    kept. A table whose log is damaged is left to ``sessionlake doctor`` and checked again
-    at the next run. Called by a run, which holds the lake's lock: the change is a commit
-    of each table, and no stream may write beside it.
+    A lake created before such a property was added to, or changed in, the DDL would
+    otherwise keep Delta's default (a log checkpoint every 10 commits, statistics of every
+    column) or the older value until someone ran the ``ALTER TABLE`` by hand. Any other
+    value already set, by an operator say, is kept. A table whose log is damaged is left to
+    ``sessionlake doctor`` and checked again at the next run. Called by a run, which holds
+    the lake's lock: the change is a commit of each table, and no stream may write beside
+    it.
     """
     note = f"{lake.rstrip('/')}/{PROPERTIES_NOTE}"
     text = storage.read_text(spark, note)
-    done = set(json.loads(text).get("properties", [])) if text else set()
-    if set(UPGRADABLE_PROPERTIES) <= done:
+    if text and json.loads(text).get("revision", 1) >= PROPERTIES_REVISION:
         return []
     changed, damaged = [], False
     for table in ALL_TABLES:
-        wanted = {k: v for k, v in ddl_properties(table).items()
-                  if k in UPGRADABLE_PROPERTIES and k not in done}
+        wanted = {k: v for k, v in ddl_properties(table).items() if k in UPGRADABLE_PROPERTIES}
         if not wanted or not table_exists(spark, lake, table):
             continue
         table_log = read_log(spark, table_path(lake, table))
         if table_log.log_damaged_from is not None:
             damaged = True
             continue
-        missing = {k: v for k, v in wanted.items() if k not in table_log.configuration}
+        held = table_log.configuration
+        missing = {k: v for k, v in wanted.items()
+                   if k not in held or held[k] in SUPERSEDED_PROPERTY_VALUES.get((table, k), ())}
         if missing:
             settings = ", ".join(f"'{k}' = '{v}'" for k, v in missing.items())
             spark.sql(f"ALTER TABLE {path_identifier(table_path(lake, table))} "

@@ -24,6 +24,7 @@ from sessionlake.tables import (
     RETENTION_AUDIT,
     SESSION_CHANGELOG,
     SESSIONS,
+    SUPERSEDED_PROPERTY_VALUES,
     UPGRADABLE_PROPERTIES,
     append,
     ddl_properties,
@@ -65,6 +66,32 @@ def test_a_lake_made_before_a_property_was_added_gets_it_once_at_its_next_run(
         configuration = read_log(None, table_path(lake, table)).configuration
         assert {k: configuration.get(k) for k in wanted} == (
             {**wanted, "delta.checkpointInterval": "50"} if table == EVENTS else wanted)
+    versions = {t: table_version(spark, lake, t) for t in ALL_TABLES}
+    assert upgrade_table_properties(spark, lake) == []
+    assert {t: table_version(spark, lake, t) for t in ALL_TABLES} == versions
+
+
+def test_a_value_an_earlier_ddl_set_is_replaced_at_the_next_run_and_an_operators_kept(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A lake upgraded by the release before the DDL changed a value gets the new one."""
+    lake = str(tmp_path / "lake")
+    ensure_tables(spark, lake)
+    stats = "delta.dataSkippingStatsColumns"
+    ((table, key), (older, *_)), = SUPERSEDED_PROPERTY_VALUES.items()
+    assert (table, key) == (EVENTS, stats) and "event_id" not in older.split(",")
+    # events as created between 16c45a0 and 1ce5698, an operator's own list on sessions,
+    # and the note that the release before the revision wrote.
+    for name, value in ((EVENTS, older), (SESSIONS, "user_id")):
+        spark.sql(f"ALTER TABLE {path_identifier(table_path(lake, name))} "
+                  f"SET TBLPROPERTIES ('{stats}' = '{value}')")
+    (tmp_path / "lake" / PROPERTIES_NOTE).write_text(
+        json.dumps({"properties": sorted(UPGRADABLE_PROPERTIES)}))
+
+    assert upgrade_table_properties(spark, lake) == [EVENTS]
+    held = {t: read_log(None, table_path(lake, t)).configuration[stats] for t in (EVENTS, SESSIONS)}
+    assert held == {EVENTS: ddl_properties(EVENTS)[stats], SESSIONS: "user_id"}
+    assert "event_id" in held[EVENTS].split(",")
     versions = {t: table_version(spark, lake, t) for t in ALL_TABLES}
     assert upgrade_table_properties(spark, lake) == []
     assert {t: table_version(spark, lake, t) for t in ALL_TABLES} == versions
