@@ -258,17 +258,25 @@ def test_a_second_stream_on_a_lake_is_refused_whatever_its_checkpoint(
     assert (lake / "events").exists()
 
 
+@pytest.mark.parametrize("spelling", ["as first given", "through a symbolic link",
+                                      "with a .. in it"])
 def test_a_new_checkpoint_on_a_folder_another_checkpoint_read_is_refused(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, spelling: str
 ) -> None:
     """A run that forgot the `--checkpoint` its stream ran with would read every landing
-    file again into the same lake: refused before touching it, naming that checkpoint."""
+    file again into the same lake, however the folder is spelled: refused before touching
+    it, naming that checkpoint."""
     split_log(tmp_path / "landing", 1)
     first = settings_from({"lake": str(tmp_path / "lake"), "source": str(tmp_path / "landing"),
                            "checkpoint": str(tmp_path / "first")}, env={})
     run_stream(spark, first)
     versions = {t: table_version(spark, first.lake, t) for t in STREAM_TABLES}
-    forgot = settings_from({"lake": first.lake, "source": first.source}, env={})
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "mnt" / "landing").symlink_to(tmp_path / "landing")
+    source = {"as first given": first.source,
+              "through a symbolic link": str(tmp_path / "mnt" / "landing"),
+              "with a .. in it": str(tmp_path / "mnt" / ".." / "landing")}[spelling]
+    forgot = settings_from({"lake": first.lake, "source": source}, env={})
     with pytest.raises(ConfigError, match=f"read by the lake's stream on checkpoint "
                                           f"{tmp_path / 'first'}.*--checkpoint {tmp_path}/first"):
         run_stream(spark, forgot)
