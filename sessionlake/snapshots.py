@@ -440,7 +440,8 @@ def _restore_locked(
     )
     # Whoever was erased after the snapshot was taken stays erased.
     reapply_erasures(spark, lake, snapshot.created)
-    # The tables' properties are back to the snapshot's: the next run looks at them again.
+    # Delta's RESTORE returns the tables' properties to the snapshot's too (checked with
+    # Delta 4.4): the next run looks at them again.
     storage.delete(spark, f"{lake.rstrip('/')}/{PROPERTIES_NOTE}")
     log.info("restored %s (tables changed: %s; stream %s)", snapshot.snapshot_id,
              ", ".join(restored) or "none", identity)

@@ -30,6 +30,16 @@ def local_path(uri: str) -> Path | None:
     return None
 
 
+def within(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies under it: local paths compared resolved
+    (symbolic links, ``..``, relative to the working folder), others as spelled."""
+    local, local_folder = local_path(path), local_path(folder)
+    if local is not None and local_folder is not None:
+        path, folder = os.path.realpath(local), os.path.realpath(local_folder)
+    path, folder = path.rstrip("/"), folder.rstrip("/")
+    return path == folder or path.startswith(f"{folder}/")
+
+
 def _fs_and_path(spark: SparkSession | None, uri: str) -> tuple[Any, Any]:
     if spark is None:
         raise ValueError(f"{uri} is not a local path: a Spark session is needed to reach it")

@@ -232,6 +232,13 @@ def check_source(settings: Settings) -> str:
             f"source folder {settings.source} does not exist or is not a folder: "
             "create it, or point --source at the landing folder"
         )
+    for flag, folder in (("--lake", settings.lake), ("--checkpoint", settings.checkpoint)):
+        if folder and storage.within(folder, settings.source):
+            raise ConfigError(
+                f"{flag} {folder} lies in the landing folder {settings.source}: the stream "
+                "would read its own files as events. Put the lake and the checkpoint "
+                "outside the landing folder"
+            )
     return settings.source
 
 
@@ -303,25 +310,15 @@ def check_landing_folder(spark: SparkSession, settings: Settings) -> None:
                 f"--source {before} (a symbolic link there to the moved folder will do)"
             )
         return
-    local = storage.local_path(settings.source or "") is not None
     for checkpoint in lake_streams(spark, settings.lake):
         theirs = recorded_source_file(spark, checkpoint) if checkpoint != ours else None
-        if theirs is not None and _lies_under(theirs, root, resolve_links=local):
+        if theirs is not None and storage.within(theirs, root):
             raise ConfigError(
                 f"the landing folder {settings.source} was read by the lake's stream on "
                 f"checkpoint {checkpoint}; a stream on the new checkpoint "
                 f"{settings.checkpoint} would read all its files again (their events late or "
                 f"duplicates). Run with --checkpoint {checkpoint}"
             )
-
-
-def _lies_under(path: str, folder: str, resolve_links: bool) -> bool:
-    """Whether ``path`` lies under ``folder``; with ``resolve_links`` (local paths) also
-    when either is spelled through a symbolic link or with ``..``."""
-    if path.startswith(f"{folder}/"):
-        return True
-    return resolve_links and os.path.realpath(path).startswith(
-        f"{os.path.realpath(folder).rstrip('/')}/")
 
 
 def check_topic_not_read_elsewhere(spark: SparkSession, settings: Settings) -> None:

@@ -126,3 +126,24 @@ def test_a_local_write_is_on_disk_before_its_name_and_the_rename_after(
 
     assert steps == ["sync file", "rename", "sync folder"]
     assert (tmp_path / "ledger.json").read_text() == "new"
+
+
+@pytest.mark.parametrize(("path", "folder", "inside"), [
+    ("landing", "landing", True),
+    ("landing/lake", "landing/", True),
+    ("link/lake", "landing", True),  # through a symbolic link to the folder
+    ("other/../landing/lake", "landing", True),
+    ("landing2/lake", "landing", False),  # a sibling whose name starts alike
+    ("lake", "landing", False),
+    ("s3a://bucket/landing/lake", "s3a://bucket/landing", True),
+    ("s3a://bucket/lake", "s3a://bucket/landing", False),
+    ("s3a://bucket/landing", "landing", False),
+])
+def test_within_tells_a_path_in_a_folder_however_either_is_spelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str, folder: str, inside: bool
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "landing").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "landing")
+    assert storage.within(path, folder) is inside
