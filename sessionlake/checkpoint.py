@@ -55,6 +55,9 @@ SPARK_SOURCE_LOG = "sources/0"
 SOURCE_LOG = f"{SPARK_CHECKPOINT}/{SPARK_SOURCE_LOG}"
 #: Entries of that log: ``N`` or ``N.compact``.
 SOURCE_LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
+#: In a checkpoint: whether its stream reads the landing folder's subfolders,
+#: ``{"subfolders": true}`` (:func:`reads_subfolders`).
+LANDING_NOTE = "landing.json"
 
 log = logging.getLogger("sessionlake.checkpoint")
 
@@ -178,8 +181,8 @@ def unread_input(source: str, checkpoint: str) -> UnreadInput | None:
 
 
 def unread_files(folder: Path, spark_checkpoint: Path) -> UnreadInput:
-    """The files in ``folder`` (but hidden ones) that no committed batch of the Spark
-    checkpoint ``spark_checkpoint`` read: how many, and their bytes."""
+    """The files in ``folder`` and its subfolders (but hidden ones) that no committed batch
+    of the Spark checkpoint ``spark_checkpoint`` read: how many, and their bytes."""
     read = files_read(spark_checkpoint)
     folder = folder.absolute()  # as Spark qualifies it: symbolic links stay as named
     total = files = 0

@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --trigger continuous: time between micro-batches (default 10s)")
     run.add_argument("--max-files-per-trigger", type=int, dest="max_files_per_trigger",
                      help="at most this many files per micro-batch")
+    run.add_argument("--read-subfolders", action="store_true", dest="read_subfolders",
+                     help="a stream begun before sessionlake read the landing folder's "
+                          "subfolders reads them from now on (newer streams do)")
     run.add_argument("--kafka-bootstrap", dest="kafka_bootstrap",
                      help="with --source kafka: the brokers, HOST:PORT[,HOST:PORT...] "
                           "(default $SESSIONLAKE_KAFKA_BOOTSTRAP)")
@@ -254,7 +257,8 @@ def _add_maintenance(commands: Any) -> None:
 def _settings(args: argparse.Namespace) -> Settings:
     keys = ("lake", "source", "checkpoint", "input_format", "gap", "grace",
             "max_session_duration", "max_future_skew", "trigger", "processing_interval",
-            "shuffle_partitions", "max_files_per_trigger", "master", "alert_batch_duration",
+            "shuffle_partitions", "max_files_per_trigger", "read_subfolders", "master",
+            "alert_batch_duration",
             "alert_late_fraction", "kafka_bootstrap", "kafka_topic", "kafka_starting_offsets",
             "kafka_max_offsets_per_trigger")
     return settings_from({k: getattr(args, k, None) for k in keys})

@@ -175,6 +175,9 @@ class Settings:
     processing_interval: timedelta = timedelta(seconds=10)
     shuffle_partitions: int = 4
     max_files_per_trigger: int | None = None
+    #: Switch a stream begun before sessionlake read the landing folder's subfolders to
+    #: reading them (see :func:`sessionlake.stream.reads_subfolders`); newer ones do.
+    read_subfolders: bool = False
     master: str = "local[*]"
     user_buckets: int = 16
     #: A batch that takes longer than this logs an ``ALERT`` line (see sessionlake.monitor).
@@ -270,6 +273,8 @@ def settings_from(
         if key in current:
             name = key.removeprefix("kafka_").replace("_", "-")
             updates[key] = _positive_int(current[key], name)
+    if "read_subfolders" in current:
+        updates["read_subfolders"] = bool(current["read_subfolders"])
     if "alert_late_fraction" in current:
         updates["alert_late_fraction"] = _fraction(
             current["alert_late_fraction"], "alert-late-fraction"

@@ -36,6 +36,7 @@ from sessionlake.checkpoint import (
     IDENTITY_FILE,
     LAKE_HOLDER_FILE,
     LAKE_LOCK_FILE,
+    LANDING_NOTE,
     LOCK_FILE,
     LOCK_PATIENCE_S,
     PID_FILE,
@@ -461,9 +462,57 @@ def checkpoint_in_use(checkpoint: str) -> bool:
     return folder is not None and lock_held(folder)
 
 
-def landing_files(spark: SparkSession, settings: Settings) -> DataFrame:
-    """The streaming DataFrame of whole files (``content``, ``file_path``) in the source."""
+def reads_subfolders(spark: SparkSession, settings: Settings) -> bool:
+    """Whether the stream reads the files in the landing folder's subfolders too, at any
+    depth (as a Firehose or a Kafka Connect sink lays them out: ``2026/01/05/...``); noted
+    in the checkpoint at its first run.
+
+    Every stream begun since sessionlake reads them does. A stream that read files before
+    noted nothing, and keeps reading only the folder's own files (and Spark's ``key=value``
+    partition folders): its subfolders may hold what nobody meant it to read, an archive
+    of files already read say, which it would take in all at once. ``--read-subfolders``
+    switches it; until then a run says which subfolders hold files it does not read.
+    Hidden files and folders (``.``, ``_``) are never read.
+    """
+    checkpoint = settings.checkpoint.rstrip("/")
+    text = storage.read_text(spark, f"{checkpoint}/{LANDING_NOTE}")
+    if text is not None and json.loads(text).get("subfolders"):
+        return True
+    if settings.read_subfolders or not storage.list_names(spark, f"{checkpoint}/{SOURCE_LOG}"):
+        storage.write_text(spark, f"{checkpoint}/{LANDING_NOTE}",
+                           json.dumps({"subfolders": True}))
+        return True
+    skipped = unread_subfolders(settings.source or "")
+    if skipped:
+        log.warning("files in subfolders of the landing folder %s are not read: %s. This "
+                    "stream began before sessionlake read subfolders; `sessionlake run "
+                    "--read-subfolders` reads them from now on (what they hold now too)",
+                    settings.source, ", ".join(skipped))
+    return False
+
+
+def unread_subfolders(source: str, most: int = 5) -> list[str]:
+    """Up to ``most`` subfolders of a local landing folder that hold a file, Spark's
+    ``key=value`` partition folders and hidden ones aside."""
+    folder = local_path(source)
+    if folder is None or not folder.is_dir():
+        return []
+    found = []
+    for sub in sorted(folder.iterdir()):
+        if (sub.is_dir() and not sub.name.startswith((".", "_")) and "=" not in sub.name
+                and any(f.is_file() for f in sub.rglob("*"))):
+            found.append(sub.name)
+            if len(found) == most:
+                break
+    return found
+
+
+def landing_files(spark: SparkSession, settings: Settings, subfolders: bool = True) -> DataFrame:
+    """The streaming DataFrame of whole files (``content``, ``file_path``) in the source,
+    and in its subfolders (:func:`reads_subfolders`)."""
     reader = spark.readStream.format("text").option("wholetext", "true")
+    if subfolders:
+        reader = reader.option("recursiveFileLookup", "true")
     if settings.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
     return reader.load(settings.source).select(
@@ -537,7 +586,7 @@ def run_stream(
             stream, to_lines = kafka_records(spark, settings), kafka_lines
         else:
             root = storage.path_part(spark, source)
-            stream = landing_files(spark, settings)
+            stream = landing_files(spark, settings, reads_subfolders(spark, settings))
             to_lines = partial(split_lines, source_root_path=root)
 
         in_batch = threading.Event()

@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from sessionlake import faults
-from sessionlake.checkpoint import LOCK_FILE, PID_FILE, lock_held
+from sessionlake.checkpoint import LANDING_NOTE, LOCK_FILE, PID_FILE, lock_held
 from sessionlake.config import ConfigError, settings_from
 from sessionlake.sessionize import sessionize_events
 from sessionlake.sources import ApacheAccessLogAdapter
@@ -31,7 +31,15 @@ from sessionlake.stream import (
 from sessionlake.tables import STREAM_TABLES, read_table, table_version
 from sessionlake.validation import apply_guards, valid_events
 from tests.conftest import DATA
-from tests.helpers import NOW, SESSION_KEY, all_sessions, held_by_another_process, lines_frame
+from tests.helpers import (
+    NOW,
+    SESSION_KEY,
+    all_sessions,
+    event,
+    held_by_another_process,
+    lines_frame,
+    rows,
+)
 
 pytestmark = pytest.mark.slow
 LOG = DATA / "apache_access_2015_head3000.log"
@@ -283,6 +291,53 @@ def test_a_new_checkpoint_on_a_folder_another_checkpoint_read_is_refused(
     assert {t: table_version(spark, first.lake, t) for t in STREAM_TABLES} == versions
     assert lake_streams(spark, first.lake) == [str(tmp_path / "first")]  # not noted
     run_stream(spark, first)  # its own checkpoint still runs
+
+
+def _land(landing: Path, files: dict[str, str]) -> None:
+    """One event of each user into each named file, subfolders made as needed."""
+    for name, user in files.items():
+        (landing / name).parent.mkdir(parents=True, exist_ok=True)
+        (landing / name).write_text(event(user, "10:00") + "\n")
+
+
+def test_a_new_stream_reads_the_landing_folders_subfolders_but_hidden_ones(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Files laid out by date (as a Firehose or a Kafka Connect sink writes them) and
+    `key=value` folders beside the folder's own files are read; hidden ones are not."""
+    _land(tmp_path / "landing", {
+        "top.jsonl": "u1", "2026/01/05/10/firehose.jsonl": "u2", "dt=2026-01-05/part.jsonl": "u3",
+        "_archive/old.jsonl": "u4", ".staging/partial.jsonl": "u5", "2026/.part.jsonl": "u6",
+    })
+    settings = settings_from({"lake": str(tmp_path / "lake"),
+                              "source": str(tmp_path / "landing")}, env={})
+    run_stream(spark, settings, clock=lambda: NOW)
+    assert rows(read_table(spark, settings.lake, "events"), "source_file", "user_id") == [
+        ("2026/01/05/10/firehose.jsonl", "u2"), ("dt=2026-01-05/part.jsonl", "u3"),
+        ("top.jsonl", "u1")]
+
+
+def test_a_stream_begun_before_subfolders_were_read_keeps_to_its_folders_own_files_until_told(
+    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Reading subfolders all at once could take in an archive nobody meant to be read."""
+    landing = tmp_path / "landing"
+    _land(landing, {"top.jsonl": "u1"})
+    settings = settings_from({"lake": str(tmp_path / "lake"), "source": str(landing)}, env={})
+    run_stream(spark, settings, clock=lambda: NOW)
+    (Path(settings.checkpoint) / LANDING_NOTE).unlink()  # as a release before left it
+    _land(landing, {"processed/top.jsonl": "u1", "later.jsonl": "u2"})
+
+    run_stream(spark, settings, clock=lambda: NOW)
+    events = read_table(spark, settings.lake, "events")
+    assert rows(events, "source_file") == [("later.jsonl",), ("top.jsonl",)]
+    assert "subfolders of the landing folder" in caplog.text and "processed" in caplog.text
+    assert "--read-subfolders" in caplog.text
+
+    run_stream(spark, settings.with_overrides(read_subfolders=True), clock=lambda: NOW)
+    run_stream(spark, settings, clock=lambda: NOW)  # noted: it stays so
+    assert rows(events, "source_file") == [
+        ("later.jsonl",), ("processed/top.jsonl",), ("top.jsonl",)]
 
 
 def test_a_stream_waits_for_another_checkpoints_cut_off_batch_to_be_replayed(
