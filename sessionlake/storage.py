@@ -194,12 +194,16 @@ def delete(spark: SparkSession | None, uri: str) -> None:
 
 
 def copy_tree(spark: SparkSession, source: str, target: str) -> None:
-    """Copy the folder ``source`` to ``target``, replacing whatever was there."""
+    """Copy the folder (or file) ``source`` to ``target``, replacing whatever was there."""
     src_local, dst_local = local_path(source), local_path(target)
     if src_local is not None and dst_local is not None:
-        if dst_local.exists():
+        if dst_local.is_dir():
             shutil.rmtree(dst_local)
-        shutil.copytree(src_local, dst_local)
+        dst_local.unlink(missing_ok=True)
+        if src_local.is_dir():
+            shutil.copytree(src_local, dst_local)
+        else:
+            shutil.copy2(src_local, dst_local)
         return
     src_fs, src = _fs_and_path(spark, source)
     dst_fs, dst = _fs_and_path(spark, target)

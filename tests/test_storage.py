@@ -88,6 +88,9 @@ def test_a_copied_tree_replaces_the_target_and_lists_the_same_files(
               if not name.endswith(".crc")}
     assert copied == {"x.txt": 1, "sub/y.txt": 2}
     assert storage.tree_state(spark, uri("absent")) == {}
+    storage.copy_tree(spark, uri("src/x.txt"), uri("dst/x.txt"))  # a file, over a file
+    storage.copy_tree(spark, uri("src/x.txt"), uri("one.txt"))
+    assert [storage.read_text(spark, uri(n)) for n in ("dst/x.txt", "one.txt")] == ["x", "x"]
 
 
 def test_delete_removes_files_and_folders_and_ignores_what_is_absent(
