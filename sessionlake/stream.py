@@ -507,10 +507,19 @@ def unread_subfolders(source: str, most: int = 5) -> list[str]:
     return found
 
 
+#: How much older than the newest file read a landing file may be and still be read:
+#: Spark's file source ignores older ones (``maxFileAge``, a week by default), without a
+#: word, so a file copied in with its time kept (``cp -p``) a week after newer ones was
+#: never read. A hundred years: every file is read. What it costs is memory: the source
+#: keeps every file it read in a map (a path and a time each), where it kept a week's.
+MAX_FILE_AGE = "36500d"
+
+
 def landing_files(spark: SparkSession, settings: Settings, subfolders: bool = True) -> DataFrame:
     """The streaming DataFrame of whole files (``content``, ``file_path``) in the source,
-    and in its subfolders (:func:`reads_subfolders`)."""
-    reader = spark.readStream.format("text").option("wholetext", "true")
+    and in its subfolders (:func:`reads_subfolders`), however old (:data:`MAX_FILE_AGE`)."""
+    reader = (spark.readStream.format("text").option("wholetext", "true")
+              .option("maxFileAge", MAX_FILE_AGE))
     if subfolders:
         reader = reader.option("recursiveFileLookup", "true")
     if settings.max_files_per_trigger:

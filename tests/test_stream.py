@@ -340,6 +340,24 @@ def test_a_stream_begun_before_subfolders_were_read_keeps_to_its_folders_own_fil
         ("later.jsonl",), ("processed/top.jsonl",), ("top.jsonl",)]
 
 
+def test_a_file_landing_with_a_time_long_before_the_files_read_is_read(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A backfilled file copied in with its own time kept (`cp -p`), weeks older than the
+    files already read: Spark's file source ignores such a file unless told otherwise."""
+    landing = tmp_path / "landing"
+    _land(landing, {"today.jsonl": "u1"})
+    settings = settings_from({"lake": str(tmp_path / "lake"), "source": str(landing)}, env={})
+    run_stream(spark, settings, clock=lambda: NOW)
+    _land(landing, {"backfill.jsonl": "u2"})
+    month_ago = (landing / "today.jsonl").stat().st_mtime - 30 * 86400
+    os.utime(landing / "backfill.jsonl", (month_ago, month_ago))
+
+    run_stream(spark, settings, clock=lambda: NOW)
+    assert rows(read_table(spark, settings.lake, "events"), "source_file") == [
+        ("backfill.jsonl",), ("today.jsonl",)]
+
+
 def test_a_stream_waits_for_another_checkpoints_cut_off_batch_to_be_replayed(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
