@@ -194,6 +194,38 @@ def unread_files(folder: Path, spark_checkpoint: Path) -> UnreadInput:
     return UnreadInput(bytes=total, files=files)
 
 
+def changed_since_read(spark_checkpoint: Path, batches: int = 3) -> list[Path]:
+    """The local files of the stream's newest ``batches`` batches whose modification time
+    is now later than when Spark's file source listed them.
+
+    Spark reads a file once, whole as it was then: lines appended to it later (a log still
+    being written, a copy not finished) are never read. Only the newest batches are looked
+    at: a file still being written is among them, and a run should not stat every file
+    ever read.
+    """
+    folder = spark_checkpoint / SPARK_SOURCE_LOG
+    entries = sorted(
+        ((int(m.group(1)), p) for p in (folder.iterdir() if folder.is_dir() else [])
+         if (m := SOURCE_LOG_ENTRY.match(p.name))),
+        reverse=True,
+    )
+    since = entries[0][0] - batches if entries else 0
+    changed = []
+    for number, entry in entries:
+        if number <= since:
+            break
+        for line in entry.read_text().splitlines()[1:]:
+            record = json.loads(line) if line.strip() else {}
+            if int(record.get("batchId", -1)) > since:
+                path = Path(unquote(urlsplit(record["path"]).path))
+                try:
+                    if path.stat().st_mtime_ns // 1_000_000 > int(record["timestamp"]):
+                        changed.append(path)
+                except FileNotFoundError:
+                    continue
+    return sorted(set(changed))
+
+
 def files_read(spark_checkpoint: Path) -> set[str]:
     """The local paths of the files that committed batches of a Spark checkpoint's stream
     read, from its file source log (the newest ``N.compact`` entry lists every file up to

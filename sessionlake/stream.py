@@ -45,6 +45,7 @@ from sessionlake.checkpoint import (
     SOURCE_LOG_ENTRY,
     SPARK_CHECKPOINT,
     STREAMS_DIR,
+    changed_since_read,
     lake_lock_folder,
     lock_held,
     source_log_files,
@@ -322,6 +323,19 @@ def check_landing_folder(spark: SparkSession, settings: Settings) -> None:
             )
 
 
+def warn_of_files_changed_since_read(checkpoint: str) -> None:
+    """Say which landing files changed after the stream read them: what was added to them
+    since is not read (:func:`sessionlake.checkpoint.changed_since_read`)."""
+    folder = local_path(checkpoint)
+    changed = changed_since_read(folder / SPARK_CHECKPOINT) if folder is not None else []
+    if changed:
+        log.warning("landing files changed after the stream read them, so what was added to "
+                    "them since is not read: %s%s. A file must be whole when it lands: write it "
+                    "elsewhere (or under a name starting with . or _) and move it in",
+                    ", ".join(str(p) for p in changed[:5]),
+                    f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+
+
 def check_topic_not_read_elsewhere(spark: SparkSession, settings: Settings) -> None:
     """Refuse a new checkpoint on a Kafka topic that a stream of the lake on another
     checkpoint has read from the same brokers.
@@ -579,6 +593,7 @@ def run_stream(
             check_topic_not_read_elsewhere(spark, settings)
         else:
             check_landing_folder(spark, settings)
+            warn_of_files_changed_since_read(settings.checkpoint)
         register_stream(spark, settings.lake, settings.checkpoint, source_key(settings))
         # The stream's own queries (tables, ledger, Delta's log replays) are small:
         # interpreted until a batch big enough to repay compiled code comes.

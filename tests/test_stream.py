@@ -358,6 +358,28 @@ def test_a_file_landing_with_a_time_long_before_the_files_read_is_read(
         ("backfill.jsonl",), ("today.jsonl",)]
 
 
+def test_a_file_changed_after_it_was_read_is_named_at_the_next_run(
+    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A log still being written when it landed: Spark read it once, as it was then, and
+    never reads what was appended since; the next run says so."""
+    landing = tmp_path / "landing"
+    _land(landing, {"access.jsonl": "u1"})
+    settings = settings_from({"lake": str(tmp_path / "lake"), "source": str(landing)}, env={})
+    run_stream(spark, settings, clock=lambda: NOW)
+    run_stream(spark, settings, clock=lambda: NOW)
+    assert "changed after the stream read them" not in caplog.text
+    with (landing / "access.jsonl").open("a") as log:
+        log.write(event("u2", "10:05") + "\n")
+    later = (landing / "access.jsonl").stat().st_mtime + 5
+    os.utime(landing / "access.jsonl", (later, later))
+
+    run_stream(spark, settings, clock=lambda: NOW)
+    assert ("changed after the stream read them, so what was added to them since is not "
+            f"read: {landing / 'access.jsonl'}. A file must be whole when it lands") in caplog.text
+    assert rows(read_table(spark, settings.lake, "events"), "user_id") == [("u1",)]
+
+
 def test_a_stream_waits_for_another_checkpoints_cut_off_batch_to_be_replayed(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
