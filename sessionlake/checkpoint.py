@@ -149,6 +149,9 @@ class UnreadInput:
 
     bytes: int
     files: int
+    #: The largest of those files and its bytes (``None``, 0: no file).
+    largest: Path | None = None
+    largest_bytes: int = 0
 
     def batches(self, max_files_per_trigger: int | None = None) -> int:
         """How many micro-batches an available-now run makes of these files."""
@@ -185,13 +188,17 @@ def unread_files(folder: Path, spark_checkpoint: Path) -> UnreadInput:
     of the Spark checkpoint ``spark_checkpoint`` read: how many, and their bytes."""
     read = files_read(spark_checkpoint)
     folder = folder.absolute()  # as Spark qualifies it: symbolic links stay as named
-    total = files = 0
+    total = files = largest_bytes = 0
+    largest = None
     for path in folder.rglob("*"):
         hidden = any(part.startswith((".", "_")) for part in path.relative_to(folder).parts)
         if not hidden and path.is_file() and str(path) not in read:
-            total += path.stat().st_size
+            size = path.stat().st_size
+            total += size
             files += 1
-    return UnreadInput(bytes=total, files=files)
+            if size > largest_bytes:
+                largest, largest_bytes = path, size
+    return UnreadInput(bytes=total, files=files, largest=largest, largest_bytes=largest_bytes)
 
 
 def changed_since_read(spark_checkpoint: Path, batches: int = 3) -> list[Path]:

@@ -13,10 +13,13 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from datetime import date
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sessionlake.config import ConfigError, Settings, settings_from
 from sessionlake.progress import Step, progress
+
+if TYPE_CHECKING:
+    from sessionlake.checkpoint import UnreadInput
 
 EXIT_USAGE = 2
 
@@ -280,18 +283,22 @@ def _spark(settings: Settings, app: str, *, kafka: bool = False,
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``sessionlake run``: drain (or follow) the landing folder into the lake."""
+    from sessionlake.checkpoint import unread_input
     from sessionlake.stream import (
         BatchUnfinishedElsewhere,
         RestoreUnfinished,
         StreamAlreadyRunning,
+        check_file_sizes,
         check_source,
         run_stream,
     )
 
     settings = _settings(args)
     check_source(settings)
+    unread = unread_input(settings.source or "", settings.checkpoint)
+    check_file_sizes(unread, settings)
     spark = _spark(settings, "sessionlake-run", kafka=settings.reads_kafka,
-                   quick_start=_quick_start(settings))
+                   quick_start=_quick_start(settings, unread))
     # A bar for runs that end (available-now); a continuous run is followed in its log.
     bar = progress("micro-batches") if settings.trigger == "available-now" else nullcontext()
     try:
@@ -312,13 +319,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _quick_start(settings: Settings) -> bool:
+def _quick_start(settings: Settings, unread: UnreadInput | None) -> bool:
     """Whether this run's driver compiles with C1 only, by what it has to read; logged."""
-    from sessionlake.checkpoint import unread_input
     from sessionlake.spark import QUICK_START_MAX_BATCHES, QUICK_START_MAX_BYTES, quick_start_for
 
-    follows = settings.trigger != "available-now"  # runs for as long as it is left to
-    unread = None if follows else unread_input(settings.source or "", settings.checkpoint)
+    if settings.trigger != "available-now":  # runs for as long as it is left to
+        unread = None
     quick = quick_start_for(unread, settings.max_files_per_trigger)
     size = "unknown" if unread is None else (
         f"{unread.bytes / 2**20:.1f} MiB in {unread.batches(settings.max_files_per_trigger)}"

@@ -40,6 +40,7 @@ from sessionlake.spark import (
     DEFAULT_CONF,
     PROJECT_ROOT,
     delta_jars,
+    driver_memory,
     java_options,
     quick_start_for,
 )
@@ -390,7 +391,7 @@ def spark_submit_conf(quick_start: bool = False) -> dict[str, str]:
     return {
         **DEFAULT_CONF,
         "spark.jars": ",".join(delta_jars()),
-        "spark.driver.memory": os.environ.get("SESSIONLAKE_DRIVER_MEMORY", "4g"),
+        "spark.driver.memory": driver_memory(),
         **java_options(quick_start),
         "spark.pyspark.python": python_executable(),
     }

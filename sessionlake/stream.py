@@ -45,6 +45,7 @@ from sessionlake.checkpoint import (
     SOURCE_LOG_ENTRY,
     SPARK_CHECKPOINT,
     STREAMS_DIR,
+    UnreadInput,
     changed_since_read,
     lake_lock_folder,
     lock_held,
@@ -54,7 +55,13 @@ from sessionlake.config import ENV, ConfigError, Settings
 from sessionlake.kafkaadmin import KafkaUnavailable, topic_partitions
 from sessionlake.monitor import BatchMonitor
 from sessionlake.sources import kafka_lines, split_lines
-from sessionlake.spark import fit_to_stream
+from sessionlake.spark import (
+    ENV_DRIVER_MEMORY,
+    driver_memory,
+    fit_to_stream,
+    is_local_master,
+    largest_whole_file,
+)
 from sessionlake.storage import local_path
 from sessionlake.tables import ensure_tables, upgrade_table_properties
 
@@ -243,6 +250,30 @@ def check_source(settings: Settings) -> str:
             )
     return settings.source
 
+
+
+def check_file_sizes(unread: UnreadInput | None, settings: Settings) -> None:
+    """Refuse a run whose landing folder holds an unread file too large to read whole
+    (:func:`sessionlake.spark.largest_whole_file`), before anything is read.
+
+    The run would fail its batch for want of memory, and every run after it on the same
+    file: a stream stuck behind an error from deep in Spark. Checked where the tasks run
+    in the driver (a local master); files that land during a continuous run are not.
+
+    :raises ConfigError: naming the file, its size and what to do.
+    """
+    limit = largest_whole_file(driver_memory())
+    if (unread is None or unread.largest is None or limit is None
+            or not is_local_master(settings.master) or unread.largest_bytes <= limit):
+        return
+    part = max(limit // 2**20 // 2, 1)
+    raise ConfigError(
+        f"the landing file {unread.largest} is {unread.largest_bytes / 2**20:.0f} MiB: a file "
+        f"is read whole, and the driver's memory ({driver_memory()}) reads files up to "
+        f"{limit / 2**20:.0f} MiB. Split it (split -C {part}m --additional-suffix=.part "
+        f"FILE FILE-), move the parts in and the file out, or give the driver more memory "
+        f"({ENV_DRIVER_MEMORY})"
+    )
 
 
 def recorded_source_file(spark: SparkSession | None, checkpoint: str) -> str | None:
