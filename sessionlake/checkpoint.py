@@ -14,12 +14,16 @@ import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from sessionlake.config import KAFKA_SOURCE
-from sessionlake.storage import local_path
+from sessionlake.storage import list_names, local_path, read_text
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 #: The flock a run holds for its whole life; a second run on the checkpoint is refused.
 LOCK_FILE = "sessionlake.lock"
@@ -149,15 +153,30 @@ class UnreadInput:
 
     bytes: int
     files: int
-    #: The largest of those files and its bytes (``None``, 0: no file).
-    largest: Path | None = None
-    largest_bytes: int = 0
+    #: The largest of those files and its bytes (``None``, 0: no file); what is read is
+    #: told by the two figures above, so these do not take part in comparisons.
+    largest: Path | None = field(default=None, compare=False)
+    largest_bytes: int = field(default=0, compare=False)
 
     def batches(self, max_files_per_trigger: int | None = None) -> int:
         """How many micro-batches an available-now run makes of these files."""
         if not self.files:
             return 0
         return -(-self.files // max_files_per_trigger) if max_files_per_trigger else 1
+
+
+def landing_subfolders_read(checkpoint: str, spark: SparkSession | None = None) -> bool:
+    """Whether the checkpoint's stream reads the landing folder's subfolders: as its
+    :data:`LANDING_NOTE` says, else whether it is new (its file source listed no file yet).
+
+    Every stream begun since sessionlake reads subfolders does (a run notes it); one that
+    read files before keeps to the folder's own files and Spark's ``key=value`` folders
+    (:func:`sessionlake.stream.reads_subfolders`).
+    """
+    text = read_text(spark, f"{checkpoint.rstrip('/')}/{LANDING_NOTE}")
+    if text is not None:
+        return bool(json.loads(text).get("subfolders"))
+    return not list_names(spark, f"{checkpoint.rstrip('/')}/{SOURCE_LOG}")
 
 
 def unread_input(source: str, checkpoint: str) -> UnreadInput | None:
@@ -177,22 +196,27 @@ def unread_input(source: str, checkpoint: str) -> UnreadInput | None:
     if folder is None or checkpoint_folder is None:
         return None
     try:
-        return unread_files(folder, checkpoint_folder / SPARK_CHECKPOINT)
+        return unread_files(folder, checkpoint_folder / SPARK_CHECKPOINT,
+                            landing_subfolders_read(str(checkpoint_folder)))
     except (OSError, ValueError, KeyError, TypeError) as error:
         log.warning("cannot size the input to read in %s: %s", source, error)
         return None
 
 
-def unread_files(folder: Path, spark_checkpoint: Path) -> UnreadInput:
-    """The files in ``folder`` and its subfolders (but hidden ones) that no committed batch
-    of the Spark checkpoint ``spark_checkpoint`` read: how many, and their bytes."""
+def unread_files(folder: Path, spark_checkpoint: Path, subfolders: bool = True) -> UnreadInput:
+    """The files in ``folder`` (but hidden ones) that no committed batch of the Spark
+    checkpoint ``spark_checkpoint`` read: how many, their bytes, the largest. With
+    ``subfolders`` false, only the folder's own files and those of ``key=value`` folders,
+    as a stream that does not read subfolders sees them."""
     read = files_read(spark_checkpoint)
     folder = folder.absolute()  # as Spark qualifies it: symbolic links stay as named
     total = files = largest_bytes = 0
     largest = None
     for path in folder.rglob("*"):
-        hidden = any(part.startswith((".", "_")) for part in path.relative_to(folder).parts)
-        if not hidden and path.is_file() and str(path) not in read:
+        parts = path.relative_to(folder).parts
+        hidden = any(part.startswith((".", "_")) for part in parts)
+        seen = subfolders or all("=" in part for part in parts[:-1])
+        if not hidden and seen and path.is_file() and str(path) not in read:
             size = path.stat().st_size
             total += size
             files += 1

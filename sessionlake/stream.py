@@ -48,6 +48,7 @@ from sessionlake.checkpoint import (
     UnreadInput,
     changed_since_read,
     lake_lock_folder,
+    landing_subfolders_read,
     lock_held,
     source_log_files,
 )
@@ -519,13 +520,10 @@ def reads_subfolders(spark: SparkSession, settings: Settings) -> bool:
     switches it; until then a run says which subfolders hold files it does not read.
     Hidden files and folders (``.``, ``_``) are never read.
     """
-    checkpoint = settings.checkpoint.rstrip("/")
-    text = storage.read_text(spark, f"{checkpoint}/{LANDING_NOTE}")
-    if text is not None and json.loads(text).get("subfolders"):
-        return True
-    if settings.read_subfolders or not storage.list_names(spark, f"{checkpoint}/{SOURCE_LOG}"):
-        storage.write_text(spark, f"{checkpoint}/{LANDING_NOTE}",
-                           json.dumps({"subfolders": True}))
+    note = f"{settings.checkpoint.rstrip('/')}/{LANDING_NOTE}"
+    if settings.read_subfolders or landing_subfolders_read(settings.checkpoint, spark):
+        if storage.read_text(spark, note) is None:
+            storage.write_text(spark, note, json.dumps({"subfolders": True}))
         return True
     skipped = unread_subfolders(settings.source or "")
     if skipped:

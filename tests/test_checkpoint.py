@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from sessionlake.checkpoint import UnreadInput, files_read, unread_input
+from sessionlake.checkpoint import LANDING_NOTE, UnreadInput, files_read, unread_input
 from sessionlake.config import settings_from
 from sessionlake.stream import run_stream
 from tests.helpers import NOW, event
@@ -50,6 +50,31 @@ def test_a_real_checkpoint_counts_new_files_and_uncommitted_batches(
     (Path(settings.checkpoint) / "spark" / "commits" / "1").unlink()
     assert unread_input(str(landing), settings.checkpoint) == UnreadInput(
         second.stat().st_size + third.stat().st_size, files=2)
+
+
+@pytest.mark.parametrize(("noted", "counted"), [
+    (None, {"top.jsonl", "2026/01/05/deep.jsonl", "dt=2026-01-05/part.jsonl"}),  # new stream
+    ({"subfolders": True}, {"top.jsonl", "2026/01/05/deep.jsonl", "dt=2026-01-05/part.jsonl"}),
+    ("older stream", {"top.jsonl", "dt=2026-01-05/part.jsonl"}),
+])
+def test_the_unread_files_are_those_the_stream_would_list(
+    tmp_path: Path, noted: dict[str, bool] | str | None, counted: set[str]
+) -> None:
+    """Subfolders count for a stream that reads them; hidden files never; the largest is
+    named (a run refuses one too large to read whole)."""
+    landing, checkpoint = tmp_path / "landing", tmp_path / "cp"
+    for name, size in (("top.jsonl", 3), ("2026/01/05/deep.jsonl", 5),
+                       ("dt=2026-01-05/part.jsonl", 7), ("_archive/old.jsonl", 11)):
+        (landing / name).parent.mkdir(parents=True, exist_ok=True)
+        (landing / name).write_text("x" * size)
+    _source_log(checkpoint, {"0": [("/elsewhere/read.jsonl", 0)]} if noted else {}, 0)
+    if isinstance(noted, dict):
+        (checkpoint / LANDING_NOTE).write_text(json.dumps(noted))
+    unread = unread_input(str(landing), str(checkpoint))
+    sizes = {"top.jsonl": 3, "2026/01/05/deep.jsonl": 5, "dt=2026-01-05/part.jsonl": 7}
+    assert unread == UnreadInput(sum(sizes[n] for n in counted), files=len(counted))
+    assert unread is not None and (unread.largest, unread.largest_bytes) == (
+        landing / "dt=2026-01-05/part.jsonl", 7)
 
 
 def _source_log(checkpoint: Path, entries: dict[str, list[tuple[str, int]]],
