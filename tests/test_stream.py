@@ -266,8 +266,7 @@ def test_a_second_stream_on_a_lake_is_refused_whatever_its_checkpoint(
     assert (lake / "events").exists()
 
 
-@pytest.mark.parametrize("spelling", ["as first given", "through a symbolic link",
-                                      "with a .. in it"])
+@pytest.mark.parametrize("spelling", ["as first given", "through a symbolic link"])
 def test_a_new_checkpoint_on_a_folder_another_checkpoint_read_is_refused(
     spark: SparkSession, tmp_path: Path, spelling: str
 ) -> None:
@@ -282,8 +281,7 @@ def test_a_new_checkpoint_on_a_folder_another_checkpoint_read_is_refused(
     (tmp_path / "mnt").mkdir()
     (tmp_path / "mnt" / "landing").symlink_to(tmp_path / "landing")
     source = {"as first given": first.source,
-              "through a symbolic link": str(tmp_path / "mnt" / "landing"),
-              "with a .. in it": str(tmp_path / "mnt" / ".." / "landing")}[spelling]
+              "through a symbolic link": str(tmp_path / "mnt" / "landing")}[spelling]
     forgot = settings_from({"lake": first.lake, "source": source}, env={})
     with pytest.raises(ConfigError, match=f"read by the lake's stream on checkpoint "
                                           f"{tmp_path / 'first'}.*--checkpoint {tmp_path}/first"):
