@@ -60,7 +60,7 @@ SOURCE_LOG = f"{SPARK_CHECKPOINT}/{SPARK_SOURCE_LOG}"
 #: Entries of that log: ``N`` or ``N.compact``.
 SOURCE_LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
 #: In a checkpoint: whether its stream reads the landing folder's subfolders,
-#: ``{"subfolders": true}`` (:func:`reads_subfolders`).
+#: ``{"subfolders": true}`` (:func:`landing_subfolders_read`).
 LANDING_NOTE = "landing.json"
 
 log = logging.getLogger("sessionlake.checkpoint")

@@ -359,7 +359,10 @@ def warn_of_files_changed_since_read(checkpoint: str) -> None:
     """Say which landing files changed after the stream read them: what was added to them
     since is not read (:func:`sessionlake.checkpoint.changed_since_read`)."""
     folder = local_path(checkpoint)
-    changed = changed_since_read(folder / SPARK_CHECKPOINT) if folder is not None else []
+    try:
+        changed = changed_since_read(folder / SPARK_CHECKPOINT) if folder is not None else []
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # a source log Spark would not read either: its own error says so
     if changed:
         log.warning("landing files changed after the stream read them, so what was added to "
                     "them since is not read: %s%s. A file must be whole when it lands: write it "
