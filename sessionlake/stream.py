@@ -252,7 +252,6 @@ def check_source(settings: Settings) -> str:
     return settings.source
 
 
-
 def check_file_sizes(unread: UnreadInput | None, settings: Settings) -> None:
     """Refuse a run whose landing folder holds an unread file too large to read whole
     (:func:`sessionlake.spark.largest_whole_file`), before anything is read.
