@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from sessionlake.config import KAFKA_SOURCE
@@ -234,27 +234,32 @@ def changed_since_read(spark_checkpoint: Path, batches: int = 3) -> list[Path]:
     at: a file still being written is among them, and a run should not stat every file
     ever read.
     """
-    folder = spark_checkpoint / SPARK_SOURCE_LOG
-    entries = sorted(
-        ((int(m.group(1)), p) for p in (folder.iterdir() if folder.is_dir() else [])
-         if (m := SOURCE_LOG_ENTRY.match(p.name))),
-        reverse=True,
-    )
-    since = entries[0][0] - batches if entries else 0
-    changed = []
-    for number, entry in entries:
+    entries = _source_log_entries(spark_checkpoint)
+    since = entries[-1][0] - batches if entries else 0
+    changed = set()
+    for number, _, entry in reversed(entries):
         if number <= since:
             break
-        for line in entry.read_text().splitlines()[1:]:
-            record = json.loads(line) if line.strip() else {}
-            if int(record.get("batchId", -1)) > since:
-                path = Path(unquote(urlsplit(record["path"]).path))
-                try:
-                    if path.stat().st_mtime_ns // 1_000_000 > int(record["timestamp"]):
-                        changed.append(path)
-                except FileNotFoundError:
-                    continue
-    return sorted(set(changed))
+        for logged in source_log_files(entry.read_text()):
+            path = Path(logged.path)
+            try:
+                if logged.batch_id > since and logged.timestamp_ms is not None and (
+                        path.stat().st_mtime_ns // 1_000_000 > logged.timestamp_ms):
+                    changed.add(path)
+            except FileNotFoundError:
+                continue
+    return sorted(changed)
+
+
+def _source_log_entries(spark_checkpoint: Path) -> list[tuple[int, bool, Path]]:
+    """The entries of a local Spark checkpoint's file source log, oldest first: number,
+    whether compacted, file."""
+    folder = spark_checkpoint / SPARK_SOURCE_LOG
+    return sorted(
+        (int(m.group(1)), bool(m.group(2)), p)
+        for p in (folder.iterdir() if folder.is_dir() else [])
+        if (m := SOURCE_LOG_ENTRY.match(p.name))
+    )
 
 
 def files_read(spark_checkpoint: Path) -> set[str]:
@@ -264,24 +269,27 @@ def files_read(spark_checkpoint: Path) -> set[str]:
     commits = spark_checkpoint / "commits"
     names = [p.name for p in commits.iterdir()] if commits.is_dir() else []
     committed = max((int(n) for n in names if n.isdigit()), default=-1)
-    folder = spark_checkpoint / SPARK_SOURCE_LOG
-    entries = sorted(
-        (int(m.group(1)), bool(m.group(2)), p)
-        for p in (folder.iterdir() if folder.is_dir() else [])
-        if (m := SOURCE_LOG_ENTRY.match(p.name))
-    )
+    entries = _source_log_entries(spark_checkpoint)
     compacts = [number for number, compact, _ in entries if compact]
     since = compacts[-1] if compacts else -1
     read: set[str] = set()
     for number, _, entry in entries:
         if number >= since:
-            read.update(path for path, batch in source_log_files(entry.read_text())
-                        if batch <= committed)
+            read.update(logged.path for logged in source_log_files(entry.read_text())
+                        if logged.batch_id <= committed)
     return read
 
 
-def source_log_files(text: str) -> list[tuple[str, int]]:
-    """The files an entry of Spark's file source log lists: local path and batch id.
+class LoggedFile(NamedTuple):
+    """A file an entry of Spark's file source log lists."""
+
+    path: str  #: its local path
+    batch_id: int
+    timestamp_ms: int | None  #: its modification time when the source listed it
+
+
+def source_log_files(text: str) -> list[LoggedFile]:
+    """The files an entry of Spark's file source log lists.
 
     The first line is the log's version, then one JSON object per file, its path a URI.
     """
@@ -289,5 +297,8 @@ def source_log_files(text: str) -> list[tuple[str, int]]:
     for line in text.splitlines()[1:]:
         if line.strip():
             entry = json.loads(line)
-            files.append((unquote(urlsplit(entry["path"]).path), int(entry.get("batchId", 0))))
+            files.append(LoggedFile(unquote(urlsplit(entry["path"]).path),
+                                    int(entry.get("batchId", 0)),
+                                    None if "timestamp" not in entry
+                                    else int(entry["timestamp"])))
     return files

@@ -288,8 +288,8 @@ def recorded_source_file(spark: SparkSession | None, checkpoint: str) -> str | N
                for name in storage.list_names(spark, folder)
                if (m := SOURCE_LOG_ENTRY.match(name))]
     for _, _, name in sorted(entries):
-        for path, _ in source_log_files(storage.read_text(spark, f"{folder}/{name}") or ""):
-            return path
+        for logged in source_log_files(storage.read_text(spark, f"{folder}/{name}") or ""):
+            return logged.path
     return None
 
 
