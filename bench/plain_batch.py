@@ -17,11 +17,9 @@ from __future__ import annotations
 import sys
 from datetime import UTC, datetime
 
-from pyspark.sql import functions as F
-
 from sessionlake.config import Settings
 from sessionlake.sessionize import as_closed_sessions, drop_duplicate_events, sessionize_events
-from sessionlake.sources import adapter_for, split_lines
+from sessionlake.sources import adapter_for, file_lines, number_lines
 from sessionlake.spark import build_spark
 from sessionlake.storage import path_part
 from sessionlake.validation import apply_guards, cap_record_size, valid_events
@@ -34,9 +32,7 @@ def main(argv: list[str]) -> int:
     spark = build_spark("local[*]", app_name="plain-batch",
                         shuffle_partitions=defaults.shuffle_partitions)
     now = datetime.now(UTC)
-    files = spark.read.format("text").option("wholetext", "true").load(source).select(
-        F.col("value").alias("content"), F.col("_metadata.file_path").alias("file_path"))
-    lines = split_lines(files, path_part(spark, source))
+    lines = number_lines(file_lines(spark.read, source), path_part(spark, source))
     candidates = adapter_for("jsonl").parse(cap_record_size(lines))
     events = valid_events(apply_guards(candidates, now, defaults.max_future_skew))
     sessions = sessionize_events(drop_duplicate_events(events),

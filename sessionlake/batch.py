@@ -172,6 +172,8 @@ class BatchReport:
     row: dict[str, Any]
     skipped: bool = False
     phases_ms: dict[str, int] = field(default_factory=dict)
+    #: The files the batch read from a landing folder (``None``: Kafka, or not told).
+    input_files: int | None = None
 
 
 def _as_utc(value: datetime | None) -> datetime | None:
@@ -782,7 +784,7 @@ def _write_tables(
 
 def spread(lines: DataFrame) -> DataFrame:
     """``lines`` over as many partitions as the cluster runs tasks at once, when they come
-    in fewer (a batch of one file reads it whole in one task).
+    in fewer (a batch of one file up to Spark's split size reads it in one task).
 
     The batch's records stay in their partitions from the parse to the append of its
     events, so a one-file batch would parse and write its events on one core. The lines

@@ -14,7 +14,7 @@ import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import unquote, urlsplit
@@ -153,10 +153,6 @@ class UnreadInput:
 
     bytes: int
     files: int
-    #: The largest of those files and its bytes (``None``, 0: no file); what is read is
-    #: told by the two figures above, so these do not take part in comparisons.
-    largest: Path | None = field(default=None, compare=False)
-    largest_bytes: int = field(default=0, compare=False)
 
     def batches(self, max_files_per_trigger: int | None = None) -> int:
         """How many micro-batches an available-now run makes of these files."""
@@ -205,24 +201,20 @@ def unread_input(source: str, checkpoint: str) -> UnreadInput | None:
 
 def unread_files(folder: Path, spark_checkpoint: Path, subfolders: bool = True) -> UnreadInput:
     """The files in ``folder`` (but hidden ones) that no committed batch of the Spark
-    checkpoint ``spark_checkpoint`` read: how many, their bytes, the largest. With
+    checkpoint ``spark_checkpoint`` read: how many, and their bytes. With
     ``subfolders`` false, only the folder's own files and those of ``key=value`` folders,
     as a stream that does not read subfolders sees them."""
     read = files_read(spark_checkpoint)
     folder = folder.absolute()  # as Spark qualifies it: symbolic links stay as named
-    total = files = largest_bytes = 0
-    largest = None
+    total = files = 0
     for path in folder.rglob("*"):
         parts = path.relative_to(folder).parts
         hidden = any(part.startswith((".", "_")) for part in parts)
         seen = subfolders or all("=" in part for part in parts[:-1])
         if not hidden and seen and path.is_file() and str(path) not in read:
-            size = path.stat().st_size
-            total += size
+            total += path.stat().st_size
             files += 1
-            if size > largest_bytes:
-                largest, largest_bytes = path, size
-    return UnreadInput(bytes=total, files=files, largest=largest, largest_bytes=largest_bytes)
+    return UnreadInput(bytes=total, files=files)
 
 
 def changed_since_read(spark_checkpoint: Path, batches: int = 3) -> list[Path]:
@@ -286,6 +278,17 @@ class LoggedFile(NamedTuple):
     path: str  #: its local path
     batch_id: int
     timestamp_ms: int | None  #: its modification time when the source listed it
+
+
+def batch_file_count(spark: SparkSession | None, checkpoint: str, batch_id: int) -> int | None:
+    """How many files the stream's batch ``batch_id`` reads, as Spark's file source logged
+    them when it planned the batch (``None``: the log has no entry for it)."""
+    folder = f"{checkpoint.rstrip('/')}/{SOURCE_LOG}"
+    for name in (str(batch_id), f"{batch_id}.compact"):
+        text = read_text(spark, f"{folder}/{name}")
+        if text is not None:
+            return sum(1 for logged in source_log_files(text) if logged.batch_id == batch_id)
+    return None
 
 
 def source_log_files(text: str) -> list[LoggedFile]:

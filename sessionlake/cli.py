@@ -288,7 +288,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         BatchUnfinishedElsewhere,
         RestoreUnfinished,
         StreamAlreadyRunning,
-        check_file_sizes,
         check_source,
         run_stream,
     )
@@ -296,7 +295,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     check_source(settings)
     unread = unread_input(settings.source or "", settings.checkpoint)
-    check_file_sizes(unread, settings)
     spark = _spark(settings, "sessionlake-run", kafka=settings.reads_kafka,
                    quick_start=_quick_start(settings, unread))
     # A bar for runs that end (available-now); a continuous run is followed in its log.

@@ -6,11 +6,11 @@ one line on the ``sessionlake.monitor`` logger::
 
     batch {"batch_id": 3, "duration_ms": 5120, "input_records": 40, "late": 6, ...}
 
-made of Spark's progress (the trigger's duration, and for a folder the files read) and the
-batch's own ``batch_metrics`` row (records, accepted, late, quarantined, duplicates,
-sessions, watermark), with ``records_per_second``: the batch's input records over its
-trigger's duration. ``rows_per_second`` is Spark's own figure, over the rows its source
-gives: one per file from a folder (read whole), one per record from Kafka. Then, at
+made of Spark's progress (the trigger's duration) and the batch's own report (for a
+folder the files read) and ``batch_metrics`` row (records, accepted, late, quarantined,
+duplicates, sessions, watermark), with ``records_per_second``: the batch's input records
+over its trigger's duration. For Kafka, ``rows_per_second`` is Spark's own figure, over
+the records its source gives. Then, at
 WARNING, an ``ALERT ...`` line for each limit the batch broke:
 
 * it took longer than ``alert_batch_duration`` (``--alert-batch-duration``,
@@ -49,7 +49,8 @@ class BatchRecord:
     duration_ms: int
     #: The files the batch read from a folder (``None`` for Kafka, whose rows are records).
     input_files: int | None
-    #: Spark's rows per second: files per second from a folder, records from Kafka.
+    #: Spark's rows per second: records from Kafka (``None`` for a folder, whose lines
+    #: Spark counts once per read of the batch's files).
     rows_per_second: float | None
     input_records: int | None = None
     accepted: int | None = None
@@ -91,8 +92,9 @@ def batch_record(progress: Any, report: BatchReport | None, reads_files: bool = 
                  ) -> BatchRecord:
     """Join Spark's progress of a batch with the batch's own report, when there is one.
 
-    :param reads_files: whether the stream reads a folder, whose source rows are files
-        (else Kafka, whose rows are records).
+    :param reads_files: whether the stream reads a folder (else Kafka). A folder's batch
+        tells the files it read; Spark's count of its rows is left out, as the batch reads
+        its files' lines twice (:func:`sessionlake.sources.number_lines`).
     """
     durations = dict(progress.durationMs or {})
     row: Mapping[str, Any] = report.row if report is not None and not report.skipped else {}
@@ -101,8 +103,8 @@ def batch_record(progress: Any, report: BatchReport | None, reads_files: bool = 
         batch_id=int(progress.batchId),
         query=progress.name,
         duration_ms=int(durations.get("triggerExecution", 0)),
-        input_files=int(progress.numInputRows or 0) if reads_files else None,
-        rows_per_second=_finite(progress.processedRowsPerSecond),
+        input_files=report.input_files if reads_files and report is not None else None,
+        rows_per_second=None if reads_files else _finite(progress.processedRowsPerSecond),
         input_records=row.get("input_records"),
         accepted=row.get("accepted"),
         late=row.get("late"),

@@ -1,6 +1,6 @@
 """Source adapters: raw lines in, candidate events out.
 
-Lines come from a landing folder's files (:func:`split_lines`) or from a Kafka topic's
+Lines come from a landing folder's files (:func:`number_lines`) or from a Kafka topic's
 records (:func:`kafka_lines`), in the same three columns, so every format and every rule
 after this point is shared.
 
@@ -17,10 +17,11 @@ Candidate-event columns: ``event_id`` (null when the record has none), ``user_id
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, DataFrameReader, Window
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import DataStreamReader
 from pyspark.sql.types import MapType, StringType
 
 #: Top-level fields of the jsonl event model; any other field is kept in ``properties``.
@@ -241,36 +242,77 @@ def adapter_for(input_format: str) -> SourceAdapter:
         ) from None
 
 
-def split_lines(files: DataFrame, source_root_path: str) -> DataFrame:
-    """One row per non-blank line of each file read whole.
+#: The line ending of a landing file: a line feed (a carriage return before it is dropped
+#: by :func:`number_lines`; one alone ends no line, as it did when files were read whole).
+LINE_SEPARATOR = "\n"
 
-    :param files: ``content`` (a whole file's text) and ``file_path`` (its URI).
+_Reader = TypeVar("_Reader", DataFrameReader, DataStreamReader)
+
+
+def file_lines(reader: _Reader, path: str) -> DataFrame:
+    """The lines of the files under ``path``, as :func:`number_lines` takes them.
+
+    ``reader`` is ``spark.read`` or ``spark.readStream``, with its own options set (the
+    stream's file options). A file is read line by line, in splits when it is large, so
+    its size is bounded by the disk, not by memory.
+
+    :return: ``line``, ``file_path`` (the file's URI) and ``file_block_start`` (where the
+        split the line was read in starts).
+    """
+    return reader.format("text").option("lineSep", LINE_SEPARATOR).load(path).select(
+        F.col("value").alias("line"),
+        F.col("_metadata.file_path").alias("file_path"),
+        F.col("_metadata.file_block_start").alias("file_block_start"),
+    )
+
+
+def number_lines(lines: DataFrame, source_root_path: str) -> DataFrame:
+    """One row per non-blank line of ``lines``, numbered from 1 in its file.
+
+    A line's number is where it stands in its file, whatever splits the file was read in
+    (their sizes follow the cluster's parallelism): it names the line in quarantine rows and
+    in the ids derived for events without one, so a replay must find the same number. A
+    split's lines come in order and together, so each line's place in its split plus the
+    lines of the file's earlier splits is its number; counting the splits' lines is a
+    second, cheap pass over the batch's text (the split counts are few, and broadcast).
+
+    :param lines: :func:`file_lines` straight from a read (no shuffle in between: the
+        lines must still be in their splits' order).
     :param source_root_path: the path part of the source folder; file names are kept
         relative to it, so the derived event ids survive a move of the landing folder.
-    :return: ``source_file``, ``source_line`` (from 1) and ``line`` (without its line
-        ending).
+    :return: ``source_file``, ``source_line`` and ``line`` (without its line ending).
     """
+    split = ["file_path", "file_block_start"]
+    read = lines.withColumn("read_order", F.monotonically_increasing_id())
+    earlier_splits = Window.partitionBy("file_path").orderBy("file_block_start")
+    splits = read.groupBy(*split).agg(
+        F.min("read_order").alias("split_first"), F.count("*").alias("split_lines"),
+    ).select(*split, "split_first",
+             (F.sum("split_lines").over(earlier_splits) - F.col("split_lines"))
+             .alias("lines_before"))
     root = source_root_path.rstrip("/") + "/"
     relative = F.when(
         F.instr("file_path", root) > 0,
         F.substring_index("file_path", root, -1),
     ).otherwise(F.col("file_path"))
-    exploded = files.select(
+    numbered = read.join(F.broadcast(splits), split).select(
         relative.alias("source_file"),
-        F.posexplode(F.split("content", "\n")).alias("pos", "line"),
+        (F.col("read_order") - F.col("split_first") + F.col("lines_before") + 1)
+        .cast("long").alias("source_line"),
+        "line",
     )
     line = F.col("line")
     # Only a line that needs it is copied: most lines end without a carriage return and
     # start with a record, and a line is a million-row batch's unit of work.
-    return exploded.select(
+    return numbered.select(
         "source_file",
-        (F.col("pos") + 1).cast("long").alias("source_line"),
+        "source_line",
         F.when(line.endswith("\r"), F.rtrim(line, F.lit("\r"))).otherwise(line).alias("line"),
     ).where(F.when(line.startswith("{"), True).otherwise(F.trim(line) != ""))
 
 
 def kafka_lines(records: DataFrame) -> DataFrame:
-    """One line per Kafka record, in the columns :func:`split_lines` gives for files.
+    """One line per Kafka record, in the columns :func:`number_lines` gives for files.
 
     Each record's value is one record of the input format (a jsonl event, usually); a
     trailing line ending is dropped. ``source_file`` is ``kafka://<topic>/<partition>`` and

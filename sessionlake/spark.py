@@ -395,25 +395,6 @@ def driver_memory() -> str:
     return os.environ.get(ENV_DRIVER_MEMORY, "4g")
 
 
-#: A landing file is read whole, as one row whose lines are numbered in it, so the memory
-#: of the JVM that runs the tasks bounds its size: with 4g, a file of 200 MB was read and
-#: one of 300 MB ran out of memory (2026-11-29, 1M-line jsonl files). A 32nd of it leaves
-#: room for two such files at once.
-WHOLE_FILE_MEMORY_SHARE = 32
-_SIZE = re.compile(r"^(\d+)([kmgt]?)b?$")
-
-
-def largest_whole_file(memory: str) -> int | None:
-    """The largest landing file, in bytes, that a JVM of ``memory`` (``4g``, ``512m``)
-    reads safely; ``None`` when ``memory`` is not spelled as Spark spells sizes (a bare
-    number is MiB, as for ``spark.driver.memory``)."""
-    match = _SIZE.match(memory.strip().lower())
-    if match is None:
-        return None
-    scale = 1024 ** {"k": 1, "m": 2, "g": 3, "t": 4}.get(match.group(2), 2)
-    return int(match.group(1)) * scale // WHOLE_FILE_MEMORY_SHARE
-
-
 def is_local_master(master: str) -> bool:
     """Whether ``master`` runs the executors inside the driver's JVM, on this machine.
 

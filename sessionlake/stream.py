@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -27,7 +27,6 @@ from types import FrameType
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from sessionlake import faults, storage
@@ -45,7 +44,7 @@ from sessionlake.checkpoint import (
     SOURCE_LOG_ENTRY,
     SPARK_CHECKPOINT,
     STREAMS_DIR,
-    UnreadInput,
+    batch_file_count,
     changed_since_read,
     lake_lock_folder,
     landing_subfolders_read,
@@ -55,14 +54,8 @@ from sessionlake.checkpoint import (
 from sessionlake.config import ENV, ConfigError, Settings
 from sessionlake.kafkaadmin import KafkaUnavailable, topic_partitions
 from sessionlake.monitor import BatchMonitor
-from sessionlake.sources import kafka_lines, split_lines
-from sessionlake.spark import (
-    ENV_DRIVER_MEMORY,
-    driver_memory,
-    fit_to_stream,
-    is_local_master,
-    largest_whole_file,
-)
+from sessionlake.sources import file_lines, kafka_lines, number_lines
+from sessionlake.spark import fit_to_stream
 from sessionlake.storage import local_path
 from sessionlake.tables import ensure_tables, upgrade_table_properties
 
@@ -250,30 +243,6 @@ def check_source(settings: Settings) -> str:
                 "outside the landing folder"
             )
     return settings.source
-
-
-def check_file_sizes(unread: UnreadInput | None, settings: Settings) -> None:
-    """Refuse a run whose landing folder holds an unread file too large to read whole
-    (:func:`sessionlake.spark.largest_whole_file`), before anything is read.
-
-    The run would fail its batch for want of memory, and every run after it on the same
-    file: a stream stuck behind an error from deep in Spark. Checked where the tasks run
-    in the driver (a local master); files that land during a continuous run are not.
-
-    :raises ConfigError: naming the file, its size and what to do.
-    """
-    limit = largest_whole_file(driver_memory())
-    if (unread is None or unread.largest is None or limit is None
-            or not is_local_master(settings.master) or unread.largest_bytes <= limit):
-        return
-    part = max(limit // 2**20 // 2, 1)
-    raise ConfigError(
-        f"the landing file {unread.largest} is {unread.largest_bytes / 2**20:.0f} MiB: a file "
-        f"is read whole, and the driver's memory ({driver_memory()}) reads files up to "
-        f"{limit / 2**20:.0f} MiB. Split it (split -C {part}m --additional-suffix=.part "
-        f"FILE FILE-), move the parts in and the file out, or give the driver more memory "
-        f"({ENV_DRIVER_MEMORY})"
-    )
 
 
 def recorded_source_file(spark: SparkSession | None, checkpoint: str) -> str | None:
@@ -561,17 +530,15 @@ MAX_FILE_AGE = "36500d"
 
 
 def landing_files(spark: SparkSession, settings: Settings, subfolders: bool = True) -> DataFrame:
-    """The streaming DataFrame of whole files (``content``, ``file_path``) in the source,
-    and in its subfolders (:func:`reads_subfolders`), however old (:data:`MAX_FILE_AGE`)."""
-    reader = (spark.readStream.format("text").option("wholetext", "true")
-              .option("maxFileAge", MAX_FILE_AGE))
+    """The streaming DataFrame of the lines (:func:`sessionlake.sources.file_lines`) of the
+    files in the source, and in its subfolders (:func:`reads_subfolders`), however old
+    (:data:`MAX_FILE_AGE`)."""
+    reader = spark.readStream.option("maxFileAge", MAX_FILE_AGE)
     if subfolders:
         reader = reader.option("recursiveFileLookup", "true")
     if settings.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
-    return reader.load(settings.source).select(
-        F.col("value").alias("content"), F.col("_metadata.file_path").alias("file_path")
-    )
+    return file_lines(reader, settings.source or "")
 
 
 def kafka_records(spark: SparkSession, settings: Settings) -> DataFrame:
@@ -642,7 +609,7 @@ def run_stream(
         else:
             root = storage.path_part(spark, source)
             stream = landing_files(spark, settings, reads_subfolders(spark, settings))
-            to_lines = partial(split_lines, source_root_path=root)
+            to_lines = partial(number_lines, source_root_path=root)
 
         in_batch = threading.Event()
         reports: dict[int, BatchReport] = {}
@@ -653,6 +620,9 @@ def run_stream(
                 faults.set_batch(batch_id)
                 report = process_lines(spark, to_lines(frame), batch_id, settings, identity,
                                        clock)
+                if not settings.reads_kafka:
+                    report = replace(report, input_files=batch_file_count(
+                        spark, settings.checkpoint, batch_id))
                 summary.batches.append(report)
                 reports[batch_id] = report
                 log.info("batch %s: %s", batch_id, report.row)

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from sessionlake.checkpoint import LANDING_NOTE, UnreadInput, files_read, unread_input
+from sessionlake.checkpoint import (
+    LANDING_NOTE,
+    UnreadInput,
+    batch_file_count,
+    files_read,
+    unread_input,
+)
 from sessionlake.config import settings_from
 from sessionlake.stream import run_stream
 from tests.helpers import NOW, event
@@ -60,8 +66,7 @@ def test_a_real_checkpoint_counts_new_files_and_uncommitted_batches(
 def test_the_unread_files_are_those_the_stream_would_list(
     tmp_path: Path, noted: dict[str, bool] | str | None, counted: set[str]
 ) -> None:
-    """Subfolders count for a stream that reads them; hidden files never; the largest is
-    named (a run refuses one too large to read whole)."""
+    """Subfolders count for a stream that reads them; hidden files never."""
     landing, checkpoint = tmp_path / "landing", tmp_path / "cp"
     for name, size in (("top.jsonl", 3), ("2026/01/05/deep.jsonl", 5),
                        ("dt=2026-01-05/part.jsonl", 7), ("_archive/old.jsonl", 11)):
@@ -73,8 +78,6 @@ def test_the_unread_files_are_those_the_stream_would_list(
     unread = unread_input(str(landing), str(checkpoint))
     sizes = {"top.jsonl": 3, "2026/01/05/deep.jsonl": 5, "dt=2026-01-05/part.jsonl": 7}
     assert unread == UnreadInput(sum(sizes[n] for n in counted), files=len(counted))
-    assert unread is not None and (unread.largest, unread.largest_bytes) == (
-        landing / "dt=2026-01-05/part.jsonl", 7)
 
 
 def _source_log(checkpoint: Path, entries: dict[str, list[tuple[str, int]]],
@@ -89,6 +92,17 @@ def _source_log(checkpoint: Path, entries: dict[str, list[tuple[str, int]]],
     commits.mkdir()
     for batch in range(committed + 1):
         (commits / str(batch)).write_text("v1\n{}")
+
+
+@pytest.mark.parametrize(("batch_id", "files"), [
+    (1, 2), (9, 1), (10, 0), (11, None),  # 9's entry is compacted: it lists batch 1's too
+])
+def test_a_batch_s_files_are_counted_from_the_source_log(
+    tmp_path: Path, batch_id: int, files: int | None
+) -> None:
+    _source_log(tmp_path, {"1": [("/l/a", 1), ("/l/b", 1)],
+                           "9.compact": [("/l/a", 1), ("/l/b", 1), ("/l/c", 9)], "10": []}, 10)
+    assert batch_file_count(None, str(tmp_path), batch_id) == files
 
 
 @pytest.mark.parametrize(("entries", "committed", "read"), [

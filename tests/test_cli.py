@@ -54,26 +54,6 @@ def test_bad_arguments_exit_2_with_one_line(
     assert not (tmp_path / "L").exists()
 
 
-def test_a_landing_file_too_large_to_read_whole_is_refused_before_spark_starts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Read whole, it would run the driver out of memory, in this run and every one after."""
-    monkeypatch.setenv("SESSIONLAKE_DRIVER_MEMORY", "64m")  # files up to 2 MiB
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    (landing / "small.jsonl").write_text("{}\n")
-    (landing / "huge.jsonl").write_bytes(b"{}\n" * 2**20)
-    try:
-        status = main(["run", "--lake", str(tmp_path / "lake"), "--source", str(landing)])
-    except SystemExit as exit_:
-        status = int(exit_.code or 0)
-    err = capsys.readouterr().err.strip()
-    assert status == 2 and len(err.splitlines()) == 1
-    assert f"the landing file {landing / 'huge.jsonl'} is 3 MiB" in err
-    assert "reads files up to 2 MiB. Split it (split -C 1m" in err
-    assert not (tmp_path / "lake").exists()
-
-
 @pytest.mark.parametrize(("flags", "troubled"), [
     ([], True),  # SPEC: a clickstream with late, duplicate and malformed records
     (["--late-fraction", "0", "--duplicate-fraction", "0", "--malformed-fraction", "0"], False),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
@@ -13,8 +14,9 @@ from sessionlake.sources import (
     ApacheAccessLogAdapter,
     JsonLinesAdapter,
     adapter_for,
+    file_lines,
     kafka_lines,
-    split_lines,
+    number_lines,
 )
 from sessionlake.validation import MAX_RECORD_CHARS, apply_guards, cap_record_size
 from tests.conftest import DATA
@@ -190,22 +192,52 @@ def test_kafka_records_become_lines_named_by_topic_partition_and_offset(
 
 
 
+def _numbered(spark: SparkSession, landing: Path) -> list[tuple[str, int, str]]:
+    lines = number_lines(file_lines(spark.read, str(landing)), str(landing))
+    return sorted((r.source_file, r.source_line, r.line) for r in lines.collect())
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
         ("a\nb", [(1, "a"), (2, "b")]),
         ("a\r\nb\r\n", [(1, "a"), (2, "b")]),          # Windows line endings
         ("a\r\r\n", [(1, "a")]),                          # every trailing carriage return
+        ("a\rb\n", [(1, "a\rb")]),                        # a carriage return alone ends none
         ("\n  \n{}\n", [(3, "{}")]),                      # blank lines are not records
         ("\t\n", [(1, "\t")]),                            # a tab is (and fails to parse)
         (" {\"k\": 1}\r", [(1, " {\"k\": 1}")]),          # kept as read, but for the CR
     ],
 )
-def test_split_lines_numbers_records_from_one(
-    spark: SparkSession, content: str, expected: list[tuple[int, str]]
+def test_number_lines_numbers_records_from_one(
+    spark: SparkSession, tmp_path: Path, content: str, expected: list[tuple[int, str]]
 ) -> None:
-    files = spark.createDataFrame([(content, "file:/landing/day/f.jsonl")],
-                                  "content string, file_path string")
-    split = split_lines(files, "/landing")
-    assert [(r.source_line, r.line) for r in split.orderBy("source_line").collect()] == expected
-    assert {r.source_file for r in split.collect()} <= {"day/f.jsonl"}
+    (tmp_path / "day").mkdir()
+    (tmp_path / "day" / "f.jsonl").write_bytes(content.encode())
+    numbered = _numbered(spark, tmp_path / "day")
+    assert [(number, line) for _, number, line in numbered] == expected
+    assert {name for name, _, _ in numbered} <= {"f.jsonl"}
+
+
+def test_a_file_read_in_many_splits_is_numbered_as_one(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A large file is read in splits, their size set by the cluster: a line's number is
+    still its place in the file, which the event ids derived from it need on replay."""
+    files = {
+        "a.jsonl": [f'{{"n": {i}}}' + " " * (i % 7) for i in range(1, 400)],
+        "b.jsonl": [f"line {i}" if i % 5 else "" for i in range(1, 250)],
+    }
+    for name, lines in files.items():
+        (tmp_path / name).write_text("\r\n".join(lines) + "\r\n")
+    expected = sorted((name, number, line) for name, lines in files.items()
+                      for number, line in enumerate(lines, 1) if line.strip())
+    previous = spark.conf.get("spark.sql.files.maxPartitionBytes") or "128MB"
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "512")
+    try:
+        splits = spark.read.text(str(tmp_path)).rdd.getNumPartitions()
+        numbered = _numbered(spark, tmp_path)
+    finally:
+        spark.conf.set("spark.sql.files.maxPartitionBytes", previous)
+    assert splits > 10
+    assert numbered == expected

@@ -34,7 +34,6 @@ from sessionlake.spark import (
     fit_codegen_to_parse,
     is_local_master,
     java_options,
-    largest_whole_file,
     local_fs_conf,
     local_fs_jar,
     package_files,
@@ -357,11 +356,3 @@ def test_a_rename_through_the_file_context_never_overwrites(
         hadoop.context.rename(path("b.tmp"), path("00.json"), options)
     assert (tmp_path / "00.json").read_text() == "a"
     assert (tmp_path / "b.tmp").read_text() == "b"
-
-
-@pytest.mark.parametrize(("memory", "largest"), [
-    ("4g", 128 * 2**20), ("512m", 16 * 2**20), ("2048", 64 * 2**20), ("1T", 32 * 2**30),
-    ("lots", None),
-])
-def test_the_largest_file_read_whole_follows_the_memory(memory: str, largest: int | None) -> None:
-    assert largest_whole_file(memory) == largest

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake.sources import adapter_for, split_lines
+from sessionlake.sources import adapter_for, file_lines, number_lines
 from sessionlake.validation import apply_guards, cap_record_size
 from tests.helpers import NOW, lines_frame
 
@@ -138,10 +138,7 @@ def test_odd_files_become_lines_and_every_line_lands_once(
 ) -> None:
     lines = _expected_lines(content)
     (tmp_path / name).write_bytes(content)
-    files = (spark.read.format("text").option("wholetext", "true").load(str(tmp_path / name))
-             .select(F.col("value").alias("content"),
-                     F.col("_metadata.file_path").alias("file_path")))
-    split = split_lines(files, str(tmp_path))
+    split = number_lines(file_lines(spark.read, str(tmp_path / name)), str(tmp_path))
     assert split.count() == lines
     if lines:
         guarded = apply_guards(adapter_for("jsonl").parse(cap_record_size(split)), NOW, SKEW)
