@@ -98,6 +98,16 @@ def topic_partitions(
         ) from None
 
 
+def cluster_id(
+    spark: SparkSession, bootstrap: str, timeout_s: float = ADMIN_TIMEOUT_S
+) -> str | None:
+    """The id of the Kafka cluster whose brokers answer at ``bootstrap``: one id however
+    its brokers are spelled (``None`` when the brokers do not tell it)."""
+    with kafka_admin(spark, bootstrap, timeout_s) as admin:
+        found = _wait(spark, admin.describeCluster().clusterId(), timeout_s)
+    return str(found) if found else None
+
+
 def create_topic(spark: SparkSession, bootstrap: str, topic: str, partitions: int) -> None:
     """Create ``topic`` with ``partitions`` partitions and the brokers' replication factor."""
     jvm = spark.sparkContext._jvm

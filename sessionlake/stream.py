@@ -17,7 +17,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -52,9 +52,9 @@ from sessionlake.checkpoint import (
     source_log_files,
 )
 from sessionlake.config import ENV, ConfigError, Settings
-from sessionlake.kafkaadmin import KafkaUnavailable, topic_partitions
+from sessionlake.kafkaadmin import KafkaUnavailable, cluster_id, topic_partitions
 from sessionlake.monitor import BatchMonitor
-from sessionlake.sources import file_lines, kafka_lines, number_lines
+from sessionlake.sources import KAFKA_SCHEME, file_lines, kafka_lines, number_lines
 from sessionlake.spark import fit_to_stream
 from sessionlake.storage import local_path
 from sessionlake.tables import ensure_tables, upgrade_table_properties
@@ -125,27 +125,32 @@ def _streams_folder(lake: str) -> str:
 
 
 def register_stream(spark: SparkSession, lake: str, checkpoint: str,
-                    source: str | None = None) -> None:
+                    source: str | None = None, kafka_cluster: str | None = None) -> None:
     """Note ``checkpoint`` among the lake's streams, once, with the ``source`` it reads
-    (:func:`source_key`), so that maintenance and the lake's other streams find its
-    unfinished batches (:func:`lake_streams`) and a new checkpoint on its source is told.
+    (:func:`source_key`) and, for Kafka, the id of the brokers' cluster, so that
+    maintenance and the lake's other streams find its unfinished batches
+    (:func:`lake_streams`) and a new checkpoint on its source is told.
 
     A checkpoint inside the lake (the default) is noted relative to it, so that a copy of
     the lake names its own copy of the checkpoint, not the original's. A note written
-    before sources were noted gets its source at the stream's next run.
+    before sources (or clusters) were noted gets them at the stream's next run.
     """
     key, inside = checkpoint_key(checkpoint), f"{checkpoint_key(lake)}/"
     noted = key[len(inside):] if key.startswith(inside) else key
     name = hashlib.sha256(noted.encode()).hexdigest()[:16]
     uri = f"{_streams_folder(lake)}/{name}.json"
-    before = storage.read_text(spark, uri)
-    if before is None or (source is not None and json.loads(before).get("source") is None):
-        storage.write_text(spark, uri, json.dumps({"checkpoint": noted, "source": source}))
+    text = storage.read_text(spark, uri)
+    before = {} if text is None else json.loads(text)
+    entry = {"checkpoint": noted, "source": before.get("source") or source}
+    if kafka_cluster or before.get("kafka_cluster"):
+        entry["kafka_cluster"] = before.get("kafka_cluster") or kafka_cluster
+    if entry != before:
+        storage.write_text(spark, uri, json.dumps(entry))
 
 
-def lake_stream_sources(spark: SparkSession | None, lake: str) -> dict[str, str | None]:
+def lake_stream_entries(spark: SparkSession | None, lake: str) -> dict[str, dict[str, Any]]:
     """The checkpoints that ever ran a stream on ``lake``, as :func:`checkpoint_key` spells
-    them, each with the source it noted (``None``: noted before sources were)."""
+    them, each with what :func:`register_stream` noted of it."""
     folder, lake_key = _streams_folder(lake), checkpoint_key(lake)
     found = {}
     for name in storage.list_names(spark, folder):
@@ -154,8 +159,15 @@ def lake_stream_sources(spark: SparkSession | None, lake: str) -> dict[str, str 
             entry = json.loads(text)
             noted = str(entry["checkpoint"])
             absolute = noted.startswith("/") or "://" in noted
-            found[noted if absolute else f"{lake_key}/{noted}"] = entry.get("source")
+            found[noted if absolute else f"{lake_key}/{noted}"] = entry
     return found
+
+
+def lake_stream_sources(spark: SparkSession | None, lake: str) -> dict[str, str | None]:
+    """The checkpoints that ever ran a stream on ``lake``, as :func:`checkpoint_key` spells
+    them, each with the source it noted (``None``: noted before sources were)."""
+    return {checkpoint: entry.get("source")
+            for checkpoint, entry in lake_stream_entries(spark, lake).items()}
 
 
 def lake_streams(spark: SparkSession | None, lake: str) -> list[str]:
@@ -165,12 +177,34 @@ def lake_streams(spark: SparkSession | None, lake: str) -> list[str]:
 
 
 def source_key(settings: Settings) -> str:
-    """The stream's source in one spelling: ``kafka://<brokers, sorted>/<topic>``, or the
-    landing folder as given."""
+    """The stream's source in one spelling: ``kafka://<brokers>/<topic>``
+    (:func:`kafka_source_key`), or the landing folder as given."""
     if settings.reads_kafka:
-        brokers = ",".join(sorted(b.strip() for b in (settings.kafka_bootstrap or "").split(",")))
-        return f"kafka://{brokers}/{settings.kafka_topic}"
+        return kafka_source_key(settings.kafka_bootstrap or "", settings.kafka_topic or "")
     return (settings.source or "").rstrip("/")
+
+
+def kafka_source_key(bootstrap: str, topic: str) -> str:
+    """``kafka://<brokers>/<topic>``, the brokers sorted and their host names in lower case
+    (host names are not case-sensitive; topic names are)."""
+    brokers = ",".join(sorted(b.strip().lower() for b in bootstrap.split(",")))
+    return f"{KAFKA_SCHEME}{brokers}/{topic}"
+
+
+def same_kafka_topic(noted: Mapping[str, Any], source: str, kafka_cluster: str | None) -> bool:
+    """Whether a stream's note (:func:`register_stream`) names the topic ``source``
+    (:func:`kafka_source_key`) of the cluster ``kafka_cluster``: by the cluster's id where
+    both know it, whatever brokers they were given; else by the brokers' spelling."""
+    their = noted.get("source")
+    if not isinstance(their, str) or not their.startswith(KAFKA_SCHEME):
+        return False
+    their_brokers, _, their_topic = their[len(KAFKA_SCHEME):].partition("/")
+    topic = source[len(KAFKA_SCHEME):].partition("/")[2]
+    if their_topic != topic:
+        return False
+    if kafka_cluster and noted.get("kafka_cluster"):
+        return bool(noted["kafka_cluster"] == kafka_cluster)
+    return kafka_source_key(their_brokers, topic) == source
 
 
 def unfinished_batch_since(spark: SparkSession | None, checkpoint: str) -> datetime | None:
@@ -339,9 +373,12 @@ def warn_of_files_changed_since_read(checkpoint: str) -> None:
                     f" and {len(changed) - 5} more" if len(changed) > 5 else "")
 
 
-def check_topic_not_read_elsewhere(spark: SparkSession, settings: Settings) -> None:
+def check_topic_not_read_elsewhere(
+    spark: SparkSession, settings: Settings, kafka_cluster: str | None
+) -> None:
     """Refuse a new checkpoint on a Kafka topic that a stream of the lake on another
-    checkpoint has read from the same brokers.
+    checkpoint has read from the same cluster (:func:`same_kafka_topic`), however its
+    brokers were spelled.
 
     The offsets a stream has read live in its checkpoint only, so the new stream would
     start again from ``--starting-offsets``: the topic's retained records read a second
@@ -353,12 +390,13 @@ def check_topic_not_read_elsewhere(spark: SparkSession, settings: Settings) -> N
     ours, source = checkpoint_key(settings.checkpoint), source_key(settings)
     if storage.list_names(spark, f"{ours}/{SPARK_CHECKPOINT}/offsets"):
         return  # a stream that has read is not new
-    for checkpoint, noted in lake_stream_sources(spark, settings.lake).items():
-        if checkpoint != ours and noted == source and storage.list_names(
-                spark, f"{checkpoint}/{SPARK_CHECKPOINT}/offsets"):
+    for checkpoint, noted in lake_stream_entries(spark, settings.lake).items():
+        if checkpoint != ours and same_kafka_topic(noted, source, kafka_cluster) and \
+                storage.list_names(spark, f"{checkpoint}/{SPARK_CHECKPOINT}/offsets"):
             raise ConfigError(
                 f"topic {settings.kafka_topic} on {settings.kafka_bootstrap} was read by the "
-                f"lake's stream on checkpoint {checkpoint}; a stream on the new checkpoint "
+                f"lake's stream on checkpoint {checkpoint} (brokers {noted['source']}); a "
+                f"stream on the new checkpoint "
                 f"{settings.checkpoint} would start again from --starting-offsets "
                 f"{settings.kafka_starting_offsets}. Run with --checkpoint {checkpoint}"
             )
@@ -392,6 +430,19 @@ def check_kafka_topic(spark: SparkSession, settings: Settings) -> int:
         return topic_partitions(spark, settings.kafka_bootstrap, settings.kafka_topic)
     except KafkaUnavailable as error:
         raise ConfigError(str(error)) from None
+
+
+def kafka_cluster_of(spark: SparkSession, settings: Settings) -> str | None:
+    """The id of the cluster of the stream's brokers (:func:`same_kafka_topic`); ``None``,
+    with a warning, when they do not tell it: their spelling then stands for it."""
+    assert settings.kafka_bootstrap
+    try:
+        return cluster_id(spark, settings.kafka_bootstrap)
+    except Exception as error:  # py4j wraps the Java exceptions
+        log.warning("the Kafka brokers at %s did not tell their cluster's id (%s): a new "
+                    "checkpoint on a topic another checkpoint read is told only when its "
+                    "brokers are spelled the same", settings.kafka_bootstrap, error)
+        return None
 
 
 @contextmanager
@@ -581,18 +632,21 @@ def run_stream(
     after the run.
     """
     source = check_source(settings)
+    kafka_cluster = None
     if settings.reads_kafka:
         check_kafka_topic(spark, settings)
+        kafka_cluster = kafka_cluster_of(spark, settings)
     summary = RunSummary()
     with stream_locks(settings.lake, settings.checkpoint):
         check_no_restore_pending(spark, settings.checkpoint)
         check_no_batch_cut_off_elsewhere(spark, settings)
         if settings.reads_kafka:
-            check_topic_not_read_elsewhere(spark, settings)
+            check_topic_not_read_elsewhere(spark, settings, kafka_cluster)
         else:
             check_landing_folder(spark, settings)
             warn_of_files_changed_since_read(settings.checkpoint)
-        register_stream(spark, settings.lake, settings.checkpoint, source_key(settings))
+        register_stream(spark, settings.lake, settings.checkpoint, source_key(settings),
+                        kafka_cluster)
         # The stream's own queries (tables, ledger, Delta's log replays) are small:
         # interpreted until a batch big enough to repay compiled code comes.
         fit_to_stream(spark)

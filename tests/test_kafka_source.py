@@ -188,21 +188,27 @@ def test_kill_restart_and_new_partitions_end_as_a_file_run(
 
 @pytest.mark.kafka
 @pytest.mark.slow
+@pytest.mark.parametrize("host", ["127.0.0.1", "LocalHost"])
 def test_a_new_checkpoint_on_a_topic_another_checkpoint_read_is_refused(
-    spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path
+    spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path, host: str
 ) -> None:
     """A run that forgot the `--checkpoint` its stream ran with would start the topic again
-    from --starting-offsets: refused before touching the lake, naming that checkpoint."""
-    create_topic(spark, broker.bootstrap, "forgotten", 1)
-    produce_lines(spark, broker.bootstrap, "forgotten", _lines(landing)[0][:20], 1)
+    from --starting-offsets: refused before touching the lake, naming that checkpoint,
+    however the same brokers are spelled."""
+    topic = f"forgotten-{host.lower()}"
+    create_topic(spark, broker.bootstrap, topic, 1)
+    produce_lines(spark, broker.bootstrap, topic, _lines(landing)[0][:20], 1)
     lake = tmp_path / "lake"
-    forgot = kafka_settings(lake, broker.bootstrap).with_overrides(kafka_topic="forgotten")
+    forgot = kafka_settings(lake, broker.bootstrap).with_overrides(kafka_topic=topic)
     first = forgot.with_overrides(checkpoint=str(tmp_path / "first"))
     run_stream(spark, first)
     versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
-    with pytest.raises(ConfigError, match=f"topic forgotten on {broker.bootstrap} was read by "
-                       f"the lake's stream on checkpoint {tmp_path / 'first'}.*--checkpoint"):
-        run_stream(spark, forgot)
+    spelled = forgot.with_overrides(
+        kafka_bootstrap=broker.bootstrap.replace("127.0.0.1", host))
+    with pytest.raises(ConfigError, match=f"topic {topic} on {spelled.kafka_bootstrap} was "
+                       f"read by the lake's stream on checkpoint {tmp_path / 'first'}.*"
+                       "--checkpoint"):
+        run_stream(spark, spelled)
     assert {t: table_version(spark, str(lake), t) for t in STREAM_TABLES} == versions
     assert lake_streams(spark, str(lake)) == [str(tmp_path / "first")]  # not noted
 

@@ -22,11 +22,13 @@ from sessionlake.stream import (
     BatchUnfinishedElsewhere,
     StreamAlreadyRunning,
     checkpoint_lock,
+    lake_stream_entries,
     lake_stream_sources,
     lake_streams,
     recorded_source_file,
     register_stream,
     run_stream,
+    same_kafka_topic,
 )
 from sessionlake.tables import STREAM_TABLES, read_table, table_version
 from sessionlake.validation import apply_guards, valid_events
@@ -426,3 +428,27 @@ def test_the_lakes_streams_are_noted_once_and_a_copy_names_its_own_checkpoint(
     shutil.copytree(lake, tmp_path / "copy")
     assert lake_streams(None, str(tmp_path / "copy")) == sorted(
         [str(tmp_path / "copy" / "_checkpoints" / "stream"), str(outside)])
+
+    # A Kafka stream noted before clusters were gets its cluster's id at its next run, and
+    # keeps it through a run whose brokers could not tell it.
+    for cluster in ("C1", None):
+        register_stream(spark, str(lake), str(outside), "kafka://b:9092/t", cluster)
+    assert lake_stream_entries(None, str(lake))[str(outside)] == {
+        "checkpoint": str(outside), "source": "kafka://b:9092/t", "kafka_cluster": "C1"}
+
+
+@pytest.mark.parametrize(("noted", "cluster", "same"), [
+    # Other brokers of the same cluster, and the same brokers now serving another cluster.
+    ({"source": "kafka://b1:9092,b2:9092/t", "kafka_cluster": "C"}, "C", True),
+    ({"source": "kafka://b1:9092/t", "kafka_cluster": "D"}, "C", False),
+    # Noted before clusters were: by the brokers, host names in any case; topics are
+    # case-sensitive.
+    ({"source": "kafka://B1:9092/t"}, "C", True),
+    ({"source": "kafka://b1:9092/T"}, None, False),
+    ({"source": "/landing"}, "C", False),
+    ({"source": None}, "C", False),
+])
+def test_a_topic_is_known_by_its_cluster_else_by_its_brokers(
+    noted: dict[str, str | None], cluster: str | None, same: bool
+) -> None:
+    assert same_kafka_topic(noted, "kafka://b1:9092/t", cluster) is same
