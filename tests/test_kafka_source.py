@@ -188,14 +188,14 @@ def test_kill_restart_and_new_partitions_end_as_a_file_run(
 
 @pytest.mark.kafka
 @pytest.mark.slow
-@pytest.mark.parametrize("host", ["127.0.0.1", "LocalHost"])
 def test_a_new_checkpoint_on_a_topic_another_checkpoint_read_is_refused(
-    spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path, host: str
+    spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path
 ) -> None:
     """A run that forgot the `--checkpoint` its stream ran with would start the topic again
     from --starting-offsets: refused before touching the lake, naming that checkpoint,
-    however the same brokers are spelled."""
-    topic = f"forgotten-{host.lower()}"
+    however the same brokers are spelled (by the cluster's id; the spelling rules are
+    `tests/test_stream.py::test_a_topic_is_known_by_its_cluster_else_by_its_brokers`)."""
+    topic, host = "forgotten", "LocalHost"
     create_topic(spark, broker.bootstrap, topic, 1)
     produce_lines(spark, broker.bootstrap, topic, _lines(landing)[0][:20], 1)
     lake = tmp_path / "lake"
