@@ -273,8 +273,10 @@ def number_lines(lines: DataFrame, source_root_path: str) -> DataFrame:
     (their sizes follow the cluster's parallelism): it names the line in quarantine rows and
     in the ids derived for events without one, so a replay must find the same number. A
     split's lines come in order and together, so each line's place in its split plus the
-    lines of the file's earlier splits is its number; counting the splits' lines is a
-    second, cheap pass over the batch's text (the split counts are few, and broadcast).
+    lines of the file's earlier splits is its number. Counting the splits' lines is a
+    second pass over the batch's text (a stream's batch frame is read again whole for it:
+    about 2.3 s of a cold million-line batch, see docs/performance.md); the counts are few,
+    and broadcast.
 
     :param lines: :func:`file_lines` straight from a read (no shuffle in between: the
         lines must still be in their splits' order).
