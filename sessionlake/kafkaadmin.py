@@ -7,12 +7,16 @@ development broker to create, grow and fill topics. No Python Kafka client is ne
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 #: How long a look-up may wait for the brokers before sessionlake gives up, in seconds.
 ADMIN_TIMEOUT_S = 15.0
@@ -31,7 +35,7 @@ def kafka_admin(
     Example::
 
         with kafka_admin(spark, "127.0.0.1:9092") as admin:
-            partitions = topic_partitions(admin, "events")
+            names = admin.listTopics().names().get()
 
     :param bootstrap: ``HOST:PORT[,HOST:PORT...]``.
     :param timeout_s: the client's request and API time-outs.
@@ -69,13 +73,26 @@ def _cause(error: Exception) -> str:
     return f"{java.getClass().getSimpleName()}: {java.getMessage()}"
 
 
-def topic_partitions(
+@dataclass(frozen=True)
+class KafkaTopic:
+    """What the brokers tell of a topic before a stream reads it."""
+
+    #: The topic's partition count.
+    partitions: int
+    #: The id of the brokers' cluster: one id however the brokers are spelled (``None``
+    #: when they do not tell it).
+    cluster_id: str | None
+
+
+def describe_topic(
     spark: SparkSession, bootstrap: str, topic: str, timeout_s: float = ADMIN_TIMEOUT_S
-) -> int:
-    """How many partitions ``topic`` has, checking that the brokers answer and it exists.
+) -> KafkaTopic:
+    """The topic's partitions and its cluster's id, checking that the brokers answer and the
+    topic exists, through one Admin client.
 
     :raises KafkaUnavailable: the brokers did not answer within ``timeout_s``, or the topic
-        does not exist; the message says what to check.
+        does not exist; the message says what to check. Brokers that answer but do not tell
+        their cluster's id give ``cluster_id=None``, with a warning.
     """
     try:
         with kafka_admin(spark, bootstrap, timeout_s) as admin:
@@ -88,7 +105,8 @@ def topic_partitions(
             described = _wait(
                 spark, admin.describeTopics([topic]).allTopicNames(), timeout_s
             )
-            return int(described.get(topic).partitions().size())
+            partitions = int(described.get(topic).partitions().size())
+            return KafkaTopic(partitions, _cluster_id(spark, admin, bootstrap, timeout_s))
     except KafkaUnavailable:
         raise
     except Exception as error:  # py4j wraps the Java exceptions
@@ -98,13 +116,14 @@ def topic_partitions(
         ) from None
 
 
-def cluster_id(
-    spark: SparkSession, bootstrap: str, timeout_s: float = ADMIN_TIMEOUT_S
-) -> str | None:
-    """The id of the Kafka cluster whose brokers answer at ``bootstrap``: one id however
-    its brokers are spelled (``None`` when the brokers do not tell it)."""
-    with kafka_admin(spark, bootstrap, timeout_s) as admin:
+def _cluster_id(spark: SparkSession, admin: Any, bootstrap: str, timeout_s: float) -> str | None:
+    """The cluster id ``admin``'s brokers tell; ``None``, with a warning, when they do not."""
+    try:
         found = _wait(spark, admin.describeCluster().clusterId(), timeout_s)
+    except Exception as error:  # py4j wraps the Java exceptions
+        log.warning("the Kafka brokers at %s did not tell their cluster's id (%s)",
+                    bootstrap, _cause(error))
+        return None
     return str(found) if found else None
 
 

@@ -52,7 +52,7 @@ from sessionlake.checkpoint import (
     source_log_files,
 )
 from sessionlake.config import ENV, ConfigError, Settings
-from sessionlake.kafkaadmin import KafkaUnavailable, cluster_id, topic_partitions
+from sessionlake.kafkaadmin import KafkaTopic, KafkaUnavailable, describe_topic
 from sessionlake.monitor import BatchMonitor
 from sessionlake.sources import KAFKA_SCHEME, file_lines, kafka_lines, number_lines
 from sessionlake.spark import fit_to_stream
@@ -416,33 +416,25 @@ def _check_kafka_settings(settings: Settings) -> str:
     return settings.source or ""
 
 
-def check_kafka_topic(spark: SparkSession, settings: Settings) -> int:
+def check_kafka_topic(spark: SparkSession, settings: Settings) -> KafkaTopic:
     """Check that the brokers answer and the topic exists, before the stream starts.
 
     Without this, Spark's Kafka source waits for an unreachable broker or an absent topic
     without saying so.
 
-    :return: the topic's partition count.
+    :return: the topic's partition count and its cluster's id (:func:`same_kafka_topic`);
+        when the brokers do not tell the id, their spelling stands for it, with a warning.
     :raises ConfigError: naming the brokers or the topic, and what to check.
     """
     assert settings.kafka_bootstrap and settings.kafka_topic
     try:
-        return topic_partitions(spark, settings.kafka_bootstrap, settings.kafka_topic)
+        topic = describe_topic(spark, settings.kafka_bootstrap, settings.kafka_topic)
     except KafkaUnavailable as error:
         raise ConfigError(str(error)) from None
-
-
-def kafka_cluster_of(spark: SparkSession, settings: Settings) -> str | None:
-    """The id of the cluster of the stream's brokers (:func:`same_kafka_topic`); ``None``,
-    with a warning, when they do not tell it: their spelling then stands for it."""
-    assert settings.kafka_bootstrap
-    try:
-        return cluster_id(spark, settings.kafka_bootstrap)
-    except Exception as error:  # py4j wraps the Java exceptions
-        log.warning("the Kafka brokers at %s did not tell their cluster's id (%s): a new "
-                    "checkpoint on a topic another checkpoint read is told only when its "
-                    "brokers are spelled the same", settings.kafka_bootstrap, error)
-        return None
+    if topic.cluster_id is None:
+        log.warning("without the cluster's id, a new checkpoint on a topic another checkpoint "
+                    "read is told only when its brokers are spelled the same")
+    return topic
 
 
 @contextmanager
@@ -634,8 +626,7 @@ def run_stream(
     source = check_source(settings)
     kafka_cluster = None
     if settings.reads_kafka:
-        check_kafka_topic(spark, settings)
-        kafka_cluster = kafka_cluster_of(spark, settings)
+        kafka_cluster = check_kafka_topic(spark, settings).cluster_id
     summary = RunSummary()
     with stream_locks(settings.lake, settings.checkpoint):
         check_no_restore_pending(spark, settings.checkpoint)

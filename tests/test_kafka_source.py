@@ -45,9 +45,9 @@ from sessionlake.kafkaadmin import (
     KafkaUnavailable,
     add_partitions,
     create_topic,
+    describe_topic,
     load_topic,
     produce_lines,
-    topic_partitions,
 )
 from sessionlake.snapshots import create_snapshot, restore_snapshot
 from sessionlake.stream import lake_streams, run_stream
@@ -161,7 +161,11 @@ def test_kill_restart_and_new_partitions_end_as_a_file_run(
     snapshot = create_snapshot(spark, settings, name="before-growth")
 
     add_partitions(spark, broker.bootstrap, TOPIC, 5)
-    assert topic_partitions(spark, broker.bootstrap, TOPIC) == 5
+    grown_topic = describe_topic(spark, broker.bootstrap, TOPIC)
+    assert grown_topic.partitions == 5
+    # The id the broker was formatted with (the stream register notes it).
+    assert f"cluster.id={grown_topic.cluster_id}\n" in \
+        (broker.data_dir / "log" / "meta.properties").read_text()
     produce(spark, broker.bootstrap, last, 5)
     grown = run_cli(lake, broker.bootstrap, "--shuffle-partitions", "3")
     assert grown.returncode == 0, grown.stderr[-3000:]
@@ -223,7 +227,7 @@ def test_a_folder_loads_into_a_new_topic(
     sent = load_topic(spark, broker.bootstrap, "loaded", 2, landing)
     lines = [line for file in _lines(landing) for line in file]
     assert sent == len(lines) > 0
-    assert topic_partitions(spark, broker.bootstrap, "loaded") == 2
+    assert describe_topic(spark, broker.bootstrap, "loaded").partitions == 2
     records = (spark.read.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
                .option("subscribe", "loaded").load()
                .selectExpr("partition", "CAST(value AS STRING) AS value").collect())
@@ -245,7 +249,7 @@ def test_a_missing_topic_is_refused_before_the_lake_is_touched(
 def test_a_broker_that_does_not_answer_is_named(spark: SparkSession) -> None:
     nobody = f"127.0.0.1:{free_port()}"
     with pytest.raises(KafkaUnavailable, match=f"brokers at {nobody} did not answer"):
-        topic_partitions(spark, nobody, TOPIC, timeout_s=2)
+        describe_topic(spark, nobody, TOPIC, timeout_s=2)
 
 
 @pytest.mark.parametrize(("flags", "message"), [
