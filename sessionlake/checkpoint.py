@@ -59,6 +59,9 @@ SPARK_SOURCE_LOG = "sources/0"
 SOURCE_LOG = f"{SPARK_CHECKPOINT}/{SPARK_SOURCE_LOG}"
 #: Entries of that log: ``N`` or ``N.compact``.
 SOURCE_LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
+#: Spark's offsets log in its checkpoint: entry ``N`` holds where batch ``N`` ends in each
+#: source; for the file source, the number of its log's last entry the batch reads.
+SPARK_OFFSETS_LOG = "offsets"
 #: In a checkpoint: whether its stream reads the landing folder's subfolders,
 #: ``{"subfolders": true}`` (:func:`landing_subfolders_read`).
 LANDING_NOTE = "landing.json"
@@ -257,10 +260,13 @@ def _source_log_entries(spark_checkpoint: Path) -> list[tuple[int, bool, Path]]:
 def files_read(spark_checkpoint: Path) -> set[str]:
     """The local paths of the files that committed batches of a Spark checkpoint's stream
     read, from its file source log (the newest ``N.compact`` entry lists every file up to
-    it; later entries one batch each)."""
+    it; later entries one batch each), up to the entry the last committed batch's offset
+    names."""
     commits = spark_checkpoint / "commits"
     names = [p.name for p in commits.iterdir()] if commits.is_dir() else []
     committed = max((int(n) for n in names if n.isdigit()), default=-1)
+    offsets = spark_checkpoint / SPARK_OFFSETS_LOG / str(committed)
+    last = file_source_offset(offsets.read_text()) if committed >= 0 else -1
     entries = _source_log_entries(spark_checkpoint)
     compacts = [number for number, compact, _ in entries if compact]
     since = compacts[-1] if compacts else -1
@@ -268,8 +274,22 @@ def files_read(spark_checkpoint: Path) -> set[str]:
     for number, _, entry in entries:
         if number >= since:
             read.update(logged.path for logged in source_log_files(entry.read_text())
-                        if logged.batch_id <= committed)
+                        if logged.batch_id <= last)
     return read
+
+
+def file_source_offset(offsets_entry: str) -> int:
+    """The file source's offset in an entry of Spark's offsets log: the number of the last
+    source log entry its batch reads.
+
+    A source log entry is written when the source lists new files, the offsets entry when
+    the batch is planned: a driver that stops between the two leaves the listed files to
+    the next batch, with those listed at its start. So batch ``N`` reads the source log's
+    entries after batch ``N-1``'s offset up to its own, not entry ``N`` alone.
+
+    The entry is a version line, a line of the batch's metadata, then a line per source.
+    """
+    return int(json.loads(offsets_entry.splitlines()[2])["logOffset"])
 
 
 class LoggedFile(NamedTuple):
@@ -281,13 +301,38 @@ class LoggedFile(NamedTuple):
 
 
 def batch_file_count(spark: SparkSession | None, checkpoint: str, batch_id: int) -> int | None:
-    """How many files the stream's batch ``batch_id`` reads, as Spark's file source logged
-    them when it planned the batch (``None``: the log has no entry for it)."""
-    folder = f"{checkpoint.rstrip('/')}/{SOURCE_LOG}"
-    for name in (str(batch_id), f"{batch_id}.compact"):
-        text = read_text(spark, f"{folder}/{name}")
+    """How many files the stream's batch ``batch_id`` reads: those of the file source log's
+    entries after the previous batch's offset up to its own (:func:`file_source_offset`),
+    as Spark's file source reads them (``None``: an entry of either log is missing)."""
+    spark_checkpoint = f"{checkpoint.rstrip('/')}/{SPARK_CHECKPOINT}"
+
+    def offset(batch: int) -> int | None:
+        if batch < 0:
+            return -1  # the first batch reads from the log's first entry on
+        text = read_text(spark, f"{spark_checkpoint}/{SPARK_OFFSETS_LOG}/{batch}")
+        return None if text is None else file_source_offset(text)
+
+    start, end = offset(batch_id - 1), offset(batch_id)
+    if start is None or end is None:
+        return None
+    total = 0
+    for number in range(start + 1, end + 1):
+        logged = _source_log_entry(spark, spark_checkpoint, number)
+        if logged is None:
+            return None
+        total += sum(1 for file in logged if file.batch_id == number)
+    return total
+
+
+def _source_log_entry(
+    spark: SparkSession | None, spark_checkpoint: str, number: int
+) -> list[LoggedFile] | None:
+    """The files the file source log's entry ``number`` lists (a compacted entry lists
+    those of earlier entries too); ``None`` when it is not there."""
+    for name in (str(number), f"{number}.compact"):
+        text = read_text(spark, f"{spark_checkpoint}/{SPARK_SOURCE_LOG}/{name}")
         if text is not None:
-            return sum(1 for logged in source_log_files(text) if logged.batch_id == batch_id)
+            return source_log_files(text)
     return None
 
 

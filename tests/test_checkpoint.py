@@ -81,17 +81,28 @@ def test_the_unread_files_are_those_the_stream_would_list(
 
 
 def _source_log(checkpoint: Path, entries: dict[str, list[tuple[str, int]]],
-                committed: int) -> None:
+                committed: int, offsets: dict[int, int] | None = None) -> None:
+    """Spark's file source log with ``entries``, and batches up to ``committed`` planned
+    (with the source log ``offsets`` given, else batch N ending at entry N) and committed."""
     folder = checkpoint / "spark" / "sources" / "0"
     folder.mkdir(parents=True)
     for name, files in entries.items():
         (folder / name).write_text("v1\n" + "".join(
             json.dumps({"path": f"file://{path}", "timestamp": 0, "batchId": batch}) + "\n"
             for path, batch in files))
-    commits = checkpoint / "spark" / "commits"
-    commits.mkdir()
+    for log in ("offsets", "commits"):
+        (checkpoint / "spark" / log).mkdir()
+    for batch, offset in (offsets or {b: b for b in range(committed + 1)}).items():
+        (checkpoint / "spark" / "offsets" / str(batch)).write_text(
+            f'v1\n{{"batchWatermarkMs":0}}\n{{"logOffset":{offset}}}')
     for batch in range(committed + 1):
-        (commits / str(batch)).write_text("v1\n{}")
+        (checkpoint / "spark" / "commits" / str(batch)).write_text("v1\n{}")
+
+
+#: A driver stopped after the file source listed b (entry 1) but before it planned batch 1:
+#: the next run's batch 1 reads b with what it listed itself (entry 2, c).
+LISTED_BEFORE_A_STOP = ({"0": [("/l/a", 0)], "1": [("/l/b", 1)], "2": [("/l/c", 2)]},
+                        {0: 0, 1: 2})
 
 
 @pytest.mark.parametrize(("batch_id", "files"), [
@@ -105,6 +116,15 @@ def test_a_batch_s_files_are_counted_from_the_source_log(
     assert batch_file_count(None, str(tmp_path), batch_id) == files
 
 
+@pytest.mark.parametrize(("batch_id", "files"), [(0, 1), (1, 2), (2, None)])
+def test_a_batch_s_files_are_those_of_the_source_log_entries_its_offset_spans(
+    tmp_path: Path, batch_id: int, files: int | None
+) -> None:
+    entries, offsets = LISTED_BEFORE_A_STOP
+    _source_log(tmp_path, entries, 1, offsets)
+    assert batch_file_count(None, str(tmp_path), batch_id) == files
+
+
 @pytest.mark.parametrize(("entries", "committed", "read"), [
     ({}, -1, set()),
     ({"0": [("/l/a", 0)], "1": [("/l/b", 1)]}, 0, {"/l/a"}),
@@ -112,11 +132,14 @@ def test_a_batch_s_files_are_counted_from_the_source_log(
     ({"8": [("/l/i", 8)], "9.compact": [("/l/a", 0), ("/l/j", 9)], "10": [("/l/k", 10)]},
      10, {"/l/a", "/l/j", "/l/k"}),
     ({"19.compact": [("/l/a%20b", 3)], "20": [("/l/c", 20)]}, 19, {"/l/a b"}),
+    # Batch 1 read entries 1 and 2 (LISTED_BEFORE_A_STOP).
+    (LISTED_BEFORE_A_STOP[0], 1, {"/l/a", "/l/b", "/l/c"}),
 ])
 def test_files_read_follow_spark_s_source_log(
     tmp_path: Path, entries: dict[str, list[tuple[str, int]]], committed: int, read: set[str]
 ) -> None:
-    _source_log(tmp_path, entries, committed)
+    offsets = LISTED_BEFORE_A_STOP[1] if entries is LISTED_BEFORE_A_STOP[0] else None
+    _source_log(tmp_path, entries, committed, offsets)
     assert files_read(tmp_path / "spark") == read
 
 
