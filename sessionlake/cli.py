@@ -246,6 +246,18 @@ def _add_maintenance(commands: Any) -> None:
                          help="the stream's maximum session duration (default 24h)")
     _common_spark(rebuild)
 
+    archive = commands.add_parser(
+        "archive", help="move the landing folder's files no restore can make the stream "
+                        "read again out of it")
+    _lake(archive)
+    archive.add_argument("--source", help="landing folder (default $SESSIONLAKE_SOURCE)")
+    archive.add_argument("--checkpoint", help=checkpoint_help)
+    archive.add_argument("--to", dest="archive_to", required=True,
+                         help="folder to move them to, outside the landing folder (each file "
+                              "keeps its path below it)")
+    archive.add_argument("--dry-run", dest="dry_run", action="store_true",
+                         help="only count what would move")
+
     backfill = commands.add_parser(
         "backfill", help="re-sessionize a date range from events, replacing it in sessions")
     _lake(backfill)
@@ -452,6 +464,18 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_archive(args: argparse.Namespace) -> int:
+    """``sessionlake archive``: move read files out of the landing folder (no JVM)."""
+    from sessionlake.archive import ArchiveError, archive_read_files
+
+    try:
+        report = archive_read_files(_settings(args), args.archive_to, dry_run=args.dry_run)
+    except ArchiveError as error:
+        raise UsageError(str(error)) from None
+    print(report.summary())
+    return 0
+
+
 def cmd_compact(args: argparse.Namespace) -> int:
     """``sessionlake compact``: OPTIMIZE the tables that need it, report files before/after."""
     from sessionlake.compaction import CompactionError, compact_lake
@@ -570,6 +594,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "snapshot": cmd_snapshot,
     "restore": cmd_restore,
     "compact": cmd_compact,
+    "archive": cmd_archive,
     "retention": cmd_retention,
     "backfill": cmd_backfill,
     "doctor": cmd_doctor,

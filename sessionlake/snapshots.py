@@ -105,6 +105,10 @@ class Snapshot:
         return datetime.fromisoformat(self.created_at)
 
 
+#: A snapshot's copy of the checkpoint, in its catalog folder.
+CHECKPOINT_COPY = "checkpoint"
+
+
 def snapshots_root(lake: str) -> str:
     """The catalog folder of the lake's snapshots."""
     return f"{lake.rstrip('/')}/{SNAPSHOTS_DIR}"
@@ -269,9 +273,9 @@ def create_snapshot(
     identity: StreamIdentity | None = None
     last_batch = -1
     if has_checkpoint:
-        copy_stable(spark, checkpoint, f"{folder}/checkpoint")
-        identity = _read_identity(spark, f"{folder}/checkpoint")
-        last_batch = last_committed_batch(spark, f"{folder}/checkpoint/spark")
+        copy_stable(spark, checkpoint, f"{folder}/{CHECKPOINT_COPY}")
+        identity = _read_identity(spark, f"{folder}/{CHECKPOINT_COPY}")
+        last_batch = last_committed_batch(spark, f"{folder}/{CHECKPOINT_COPY}/spark")
     if identity is None:
         versions = {t: table_version(spark, lake, t) for t in STREAM_TABLES}
     else:
@@ -381,7 +385,7 @@ def _replace_checkpoint(
             storage.delete(spark, f"{checkpoint}/{name}")
     if not snapshot.has_checkpoint or snapshot.stream_id is None:
         return None  # the next run starts the stream afresh, as the snapshot had none
-    copy = f"{snapshot_dir}/checkpoint"
+    copy = f"{snapshot_dir}/{CHECKPOINT_COPY}"
     for name in storage.list_names(spark, copy):
         if name != IDENTITY_FILE and name not in _PROCESS_FILES:
             storage.copy_tree(spark, f"{copy}/{name}", f"{checkpoint}/{name}")

@@ -137,3 +137,22 @@ def held_by_another_process(locks: str, *paths: str | Path) -> Iterator[subproce
     finally:
         holder.kill()
         holder.wait()
+
+
+def write_source_log(checkpoint: Path, entries: dict[str, list[tuple[str, int]]],
+                     committed: int, offsets: dict[int, int] | None = None) -> None:
+    """Spark's file source log with ``entries``, and batches up to ``committed`` planned
+    (with the source log ``offsets`` given, else batch N ending at entry N) and committed."""
+    folder = checkpoint / "spark" / "sources" / "0"
+    folder.mkdir(parents=True)
+    for name, files in entries.items():
+        (folder / name).write_text("v1\n" + "".join(
+            json.dumps({"path": f"file://{path}", "timestamp": 0, "batchId": batch}) + "\n"
+            for path, batch in files))
+    for log in ("offsets", "commits"):
+        (checkpoint / "spark" / log).mkdir()
+    for batch, offset in (offsets or {b: b for b in range(committed + 1)}).items():
+        (checkpoint / "spark" / "offsets" / str(batch)).write_text(
+            f'v1\n{{"batchWatermarkMs":0}}\n{{"logOffset":{offset}}}')
+    for batch in range(committed + 1):
+        (checkpoint / "spark" / "commits" / str(batch)).write_text("v1\n{}")

@@ -18,7 +18,7 @@ from sessionlake.checkpoint import (
 )
 from sessionlake.config import settings_from
 from sessionlake.stream import run_stream
-from tests.helpers import NOW, event
+from tests.helpers import NOW, event, write_source_log
 
 
 def _land(folder: Path, name: str, users: list[str], minute: int) -> Path:
@@ -72,31 +72,12 @@ def test_the_unread_files_are_those_the_stream_would_list(
                        ("dt=2026-01-05/part.jsonl", 7), ("_archive/old.jsonl", 11)):
         (landing / name).parent.mkdir(parents=True, exist_ok=True)
         (landing / name).write_text("x" * size)
-    _source_log(checkpoint, {"0": [("/elsewhere/read.jsonl", 0)]} if noted else {}, 0)
+    write_source_log(checkpoint, {"0": [("/elsewhere/read.jsonl", 0)]} if noted else {}, 0)
     if isinstance(noted, dict):
         (checkpoint / LANDING_NOTE).write_text(json.dumps(noted))
     unread = unread_input(str(landing), str(checkpoint))
     sizes = {"top.jsonl": 3, "2026/01/05/deep.jsonl": 5, "dt=2026-01-05/part.jsonl": 7}
     assert unread == UnreadInput(sum(sizes[n] for n in counted), files=len(counted))
-
-
-def _source_log(checkpoint: Path, entries: dict[str, list[tuple[str, int]]],
-                committed: int, offsets: dict[int, int] | None = None) -> None:
-    """Spark's file source log with ``entries``, and batches up to ``committed`` planned
-    (with the source log ``offsets`` given, else batch N ending at entry N) and committed."""
-    folder = checkpoint / "spark" / "sources" / "0"
-    folder.mkdir(parents=True)
-    for name, files in entries.items():
-        (folder / name).write_text("v1\n" + "".join(
-            json.dumps({"path": f"file://{path}", "timestamp": 0, "batchId": batch}) + "\n"
-            for path, batch in files))
-    for log in ("offsets", "commits"):
-        (checkpoint / "spark" / log).mkdir()
-    for batch, offset in (offsets or {b: b for b in range(committed + 1)}).items():
-        (checkpoint / "spark" / "offsets" / str(batch)).write_text(
-            f'v1\n{{"batchWatermarkMs":0}}\n{{"logOffset":{offset}}}')
-    for batch in range(committed + 1):
-        (checkpoint / "spark" / "commits" / str(batch)).write_text("v1\n{}")
 
 
 #: A driver stopped after the file source listed b (entry 1) but before it planned batch 1:
@@ -108,10 +89,10 @@ LISTED_BEFORE_A_STOP = ({"0": [("/l/a", 0)], "1": [("/l/b", 1)], "2": [("/l/c", 
 @pytest.mark.parametrize(("batch_id", "files"), [
     (1, 2), (9, 1), (10, 0), (11, None),  # 9's entry is compacted: it lists batch 1's too
 ])
-def test_a_batch_s_files_are_counted_from_the_source_log(
+def test_a_batch_s_files_are_counted_from_thewrite_source_log(
     tmp_path: Path, batch_id: int, files: int | None
 ) -> None:
-    _source_log(tmp_path, {"1": [("/l/a", 1), ("/l/b", 1)],
+    write_source_log(tmp_path, {"1": [("/l/a", 1), ("/l/b", 1)],
                            "9.compact": [("/l/a", 1), ("/l/b", 1), ("/l/c", 9)], "10": []}, 10)
     assert batch_file_count(None, str(tmp_path), batch_id) == files
 
@@ -121,7 +102,7 @@ def test_a_batch_s_files_are_those_of_the_source_log_entries_its_offset_spans(
     tmp_path: Path, batch_id: int, files: int | None
 ) -> None:
     entries, offsets = LISTED_BEFORE_A_STOP
-    _source_log(tmp_path, entries, 1, offsets)
+    write_source_log(tmp_path, entries, 1, offsets)
     assert batch_file_count(None, str(tmp_path), batch_id) == files
 
 
@@ -135,11 +116,11 @@ def test_a_batch_s_files_are_those_of_the_source_log_entries_its_offset_spans(
     # Batch 1 read entries 1 and 2 (LISTED_BEFORE_A_STOP).
     (LISTED_BEFORE_A_STOP[0], 1, {"/l/a", "/l/b", "/l/c"}),
 ])
-def test_files_read_follow_spark_s_source_log(
+def test_files_read_follow_spark_swrite_source_log(
     tmp_path: Path, entries: dict[str, list[tuple[str, int]]], committed: int, read: set[str]
 ) -> None:
     offsets = LISTED_BEFORE_A_STOP[1] if entries is LISTED_BEFORE_A_STOP[0] else None
-    _source_log(tmp_path, entries, committed, offsets)
+    write_source_log(tmp_path, entries, committed, offsets)
     assert files_read(tmp_path / "spark") == read
 
 
@@ -161,7 +142,7 @@ def test_a_source_log_spark_would_not_read_makes_the_size_unknown(
     landing = tmp_path / "landing"
     landing.mkdir()
     (landing / "a.jsonl").write_text("{}\n")
-    _source_log(tmp_path / "cp", {}, committed=0)
+    write_source_log(tmp_path / "cp", {}, committed=0)
     (tmp_path / "cp" / "spark" / "sources" / "0" / "0").write_text(f"v1\n{entry}\n")
     assert unread_input(str(landing), str(tmp_path / "cp")) is None
 

@@ -34,6 +34,9 @@ LOG_LINES = (DATA / "apache_access_2015_head3000.log").read_text().splitlines(ke
          "--checkpoint"),
         (["run", "--lake", "L", "--source", ".", "--format", "xml"], "invalid choice: 'xml'"),
         (["generate", "--out", "x", "--users", "0", "--events", "10"], "users"),
+        (["archive", "--lake", "L", "--source", ".", "--to", "old"],
+         "inside the landing folder"),
+        (["archive", "--lake", "L", "--source", "."], "--to"),
         (["frobnicate"], "invalid choice"),
     ],
 )

@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from sessionlake import storage
+from sessionlake.archive import archive_read_files
 from sessionlake.checkpoint import RESTORING_MARKER
 from sessionlake.config import Settings, settings_from
 from sessionlake.snapshots import (
@@ -97,6 +98,12 @@ def test_restore_then_resume_ends_as_if_nothing_was_restored(
     land(landing, 3)
     run(spark, config)
     assert_same_lake(spark, config.lake, uninterrupted)
+    # The files every restore point read leave the landing folder; those the snapshot has
+    # not read stay, for the restores below to read again.
+    archived = archive_read_files(config, str(tmp_path / "archive"))
+    assert (archived.moved, archived.kept_for_snapshots) == (2, 2)
+    assert sorted(p.name for p in landing.iterdir()) == ["part-02.jsonl", "part-03.jsonl"]
+    assert run(spark, config) == []
 
     # Twice: the second restore of the same snapshot must not be skipped as "done" either.
     for _ in range(2):

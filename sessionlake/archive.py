@@ -1,0 +1,138 @@
+"""Moving the files a stream has read out of its landing folder.
+
+Every run lists the whole landing folder, so files read and left there cost each run more
+as they pile up (20,000 of them about 1.5 s a run, docs/performance.md). A file may leave
+once no restore can make the stream read it again: when the checkpoint's committed batches
+have read it, and so had every snapshot's copy of the checkpoint (a restore resumes from
+the snapshot's point, reading what landed after it). Moving such a file changes no result:
+Spark's file source never reads a file twice, and backfills read the lake's ``events``.
+
+No lock is needed beside a running stream, a snapshot or a restore: what the checkpoint
+and every snapshot have read only grows, and a restore returns to a snapshot, which had
+read every file moved.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from sessionlake.checkpoint import SPARK_CHECKPOINT, files_read
+from sessionlake.config import Settings
+from sessionlake.snapshots import CHECKPOINT_COPY, list_snapshots, snapshots_root
+from sessionlake.storage import local_path, within
+
+log = logging.getLogger(__name__)
+
+
+class ArchiveError(ValueError):
+    """The files cannot be archived as asked; the message says why. Nothing was moved."""
+
+
+@dataclass(frozen=True)
+class ArchiveReport:
+    """What an archive run moved, and what it left for the snapshots."""
+
+    target: str
+    moved: int
+    moved_bytes: int
+    #: Files the stream has read but a snapshot had not: a restore to it reads them again.
+    kept_for_snapshots: int
+    dry_run: bool = False
+
+    def summary(self) -> str:
+        """One line for the command line and task logs."""
+        verb = "would move" if self.dry_run else "moved"
+        kept = (f"; {self.kept_for_snapshots} read file(s) kept in the landing folder: a "
+                "snapshot had not read them, and a restore to it reads them again"
+                if self.kept_for_snapshots else "")
+        return (f"{verb} {self.moved} file(s), {self.moved_bytes} bytes, to "
+                f"{self.target}{kept}")
+
+
+def read_by_every_restore_point(checkpoint: Path, lake: str) -> tuple[set[str], set[str]]:
+    """The files the checkpoint's committed batches read, and of those the ones every
+    snapshot of the lake had read too (a snapshot of another checkpoint, or taken before
+    any batch, keeps every file in place)."""
+    read = files_read(checkpoint / SPARK_CHECKPOINT)
+    safe = set(read)
+    root = local_path(snapshots_root(lake))
+    for snapshot in list_snapshots(lake):
+        assert root is not None  # list_snapshots refuses a remote lake without Spark
+        copy = root / snapshot.snapshot_id / CHECKPOINT_COPY / SPARK_CHECKPOINT
+        safe &= files_read(copy) if snapshot.has_checkpoint else set()
+    return read, safe
+
+
+def archive_read_files(settings: Settings, target: str, *, dry_run: bool = False) -> ArchiveReport:
+    """Move the landing folder's files that no restore can make the stream read again to
+    ``target``, each to the same path below it as below the landing folder.
+
+    Checked before anything moves: a local landing folder (not Kafka, not a glob), a local
+    lake and checkpoint, and a target outside the landing folder (files there would be
+    read again as new). A file whose copy is already in ``target`` with the same size (a
+    move cut off between the copy and the delete) is removed from the landing folder;
+    one with a different file of its name there is left, with a warning. Running it again
+    after an interruption moves the rest.
+
+    :raises ArchiveError: naming what is wrong; nothing moved.
+    """
+    landing, checkpoint, destination = _check(settings, target)
+    read, safe = read_by_every_restore_point(checkpoint, settings.lake)
+    prefix = f"{landing}{os.sep}"
+    moving = sorted(p for p in safe if p.startswith(prefix) and os.path.isfile(p))
+    kept = sum(1 for p in read - safe if p.startswith(prefix) and os.path.isfile(p))
+    moved = moved_bytes = 0
+    for path in moving:
+        source = Path(path)
+        size = source.stat().st_size
+        if not dry_run and not _move(source, destination / source.relative_to(landing)):
+            continue
+        moved += 1
+        moved_bytes += size
+    return ArchiveReport(str(destination), moved, moved_bytes, kept, dry_run)
+
+
+def _check(settings: Settings, target: str) -> tuple[Path, Path, Path]:
+    """The landing folder, checkpoint and target as local absolute paths (the lake must be
+    local too), or the refusal."""
+    if settings.reads_kafka:
+        raise ArchiveError("a Kafka stream has no landing folder to archive")
+    source = settings.source or ""
+    if not source:
+        raise ArchiveError("no landing folder: pass --source DIR or set SESSIONLAKE_SOURCE")
+    if any(c in source for c in "*?[{"):
+        raise ArchiveError(f"--source {source} is a glob: name the landing folder itself")
+    places = {"landing folder": source, "checkpoint": settings.checkpoint,
+              "lake": settings.lake, "target": target}
+    local = {name: local_path(place) for name, place in places.items()}
+    for name, path in local.items():
+        if path is None:
+            raise ArchiveError(f"the {name} {places[name]} is not on this machine: archiving "
+                               "moves local files only")
+    landing, checkpoint, destination = (
+        Path(os.path.abspath(str(local[n]))) for n in ("landing folder", "checkpoint", "target"))
+    if not landing.is_dir():
+        raise ArchiveError(f"the landing folder {source} does not exist")
+    if within(str(destination), str(landing)):
+        raise ArchiveError(f"the target {target} is inside the landing folder {source}: its "
+                           "files would be read again as new; pick a folder outside it")
+    return landing, checkpoint, destination
+
+
+def _move(source: Path, destination: Path) -> bool:
+    """Move one file, keeping its modification time; ``False`` when another file of its
+    name is already there."""
+    if destination.exists():
+        if destination.stat().st_size != source.stat().st_size:
+            log.warning("not archived: %s, another file of its name is in %s", source,
+                        destination.parent)
+            return False
+        source.unlink()  # the copy of a move cut off before its delete
+        return True
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(source, destination)
+    return True
