@@ -118,6 +118,7 @@ clean:
 .PHONY: airflow
 SESSIONLAKE_LAKE   ?= $(abspath $(DEMO))/lake
 SESSIONLAKE_SOURCE ?= $(abspath $(DEMO))/landing
+SESSIONLAKE_ARCHIVE ?= $(abspath $(DEMO))/archive
 
 # Airflow signs its API tokens with a random 64-byte key written once to AIRFLOW_JWT_SECRET
 # (mode 600) and read by command, so it is in no process's environment: the key Airflow
@@ -144,6 +145,7 @@ airflow: setup $(AIRFLOW_JWT_SECRET)
 	AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}' \
 	SESSIONLAKE_LAKE=$(SESSIONLAKE_LAKE) \
 	SESSIONLAKE_SOURCE=$(SESSIONLAKE_SOURCE) \
+	SESSIONLAKE_ARCHIVE=$(SESSIONLAKE_ARCHIVE) \
 	PATH=$(abspath $(BIN)):$$PATH \
 	$(BIN)/airflow standalone
 

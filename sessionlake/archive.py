@@ -56,15 +56,28 @@ class ArchiveReport:
 def read_by_every_restore_point(checkpoint: Path, lake: str) -> tuple[set[str], set[str]]:
     """The files the checkpoint's committed batches read, and of those the ones every
     snapshot of the lake had read too (a snapshot of another checkpoint, or taken before
-    any batch, keeps every file in place)."""
-    read = files_read(checkpoint / SPARK_CHECKPOINT)
+    any batch, keeps every file in place).
+
+    :raises ArchiveError: a log that cannot be read.
+    """
+    read = _files_read(checkpoint / SPARK_CHECKPOINT, f"the checkpoint {checkpoint}")
     safe = set(read)
     root = local_path(snapshots_root(lake))
     for snapshot in list_snapshots(lake):
         assert root is not None  # list_snapshots refuses a remote lake without Spark
         copy = root / snapshot.snapshot_id / CHECKPOINT_COPY / SPARK_CHECKPOINT
-        safe &= files_read(copy) if snapshot.has_checkpoint else set()
+        safe &= _files_read(copy, f"snapshot {snapshot.snapshot_id}") \
+            if snapshot.has_checkpoint else set()
     return read, safe
+
+
+def _files_read(spark_checkpoint: Path, what: str) -> set[str]:
+    """:func:`files_read`, or the refusal when the logs cannot be read."""
+    try:
+        return files_read(spark_checkpoint)
+    except (OSError, ValueError, KeyError, IndexError) as error:
+        raise ArchiveError(f"cannot tell which files {what} has read ({error}); nothing "
+                           "moved: `sessionlake doctor` checks a checkpoint") from None
 
 
 def archive_read_files(settings: Settings, target: str, *, dry_run: bool = False) -> ArchiveReport:

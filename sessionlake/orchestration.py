@@ -33,6 +33,7 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Any, TypedDict
 
+from sessionlake.archive import archive_read_files
 from sessionlake.checkpoint import IDENTITY_FILE, PID_FILE, lock_held, unread_input
 from sessionlake.config import ConfigError, format_duration, parse_duration, settings_from
 from sessionlake.deltalog import batch_keys, commit_actions
@@ -47,6 +48,8 @@ from sessionlake.spark import (
 
 #: The spark-submit entry point every Spark task runs.
 JOB_SCRIPT = PROJECT_ROOT / "jobs" / "sessionlake_job.py"
+#: Where the archive DAG moves read landing files when its ``archive_to`` param is empty.
+ARCHIVE_ENV = "SESSIONLAKE_ARCHIVE"
 #: The Airflow pool of the tasks that write the streaming checkpoint (micro-batch run,
 #: restore, restart, retention's erasure): one slot, so that Airflow never runs two of them
 #: at once, across DAGs. ``make airflow`` and docker/ create it.
@@ -193,6 +196,14 @@ class RetentionParams:
 
 
 @dataclass(frozen=True)
+class ArchiveParams:
+    """``sessionlake_archive``: where read landing files go, or only count them."""
+
+    archive_to: str
+    dry_run: bool
+
+
+@dataclass(frozen=True)
 class RestartParams:
     """``sessionlake_restart``: the new continuous run's parallelism and master."""
 
@@ -284,6 +295,24 @@ def validate_retention_params(params: Mapping[str, Any]) -> RetentionParams:
     )
 
 
+def validate_archive_params(
+    params: Mapping[str, Any], env: Mapping[str, str] | None = None
+) -> ArchiveParams:
+    """``archive_to`` (else ``SESSIONLAKE_ARCHIVE`` of the workers' environment) and
+    ``dry_run``; where the folder may lie is checked by :func:`archive_landing`, before
+    any file moves."""
+    value = params.get("archive_to") or (os.environ if env is None else env).get(
+        ARCHIVE_ENV)
+    if not isinstance(value, str) or not value.strip():
+        raise _bad("archive_to", params.get("archive_to"),
+                   f"name the folder to move read files to, or set {ARCHIVE_ENV} in the "
+                   "Airflow workers' environment")
+    dry_run = params.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise _bad("dry_run", dry_run, "must be true or false")
+    return ArchiveParams(value.strip(), dry_run)
+
+
 def validate_restart_params(
     params: Mapping[str, Any], connection_master: str | None = None
 ) -> RestartParams:
@@ -306,6 +335,18 @@ def validate_restart_params(
 
 
 # --- command lines ---------------------------------------------------------------------
+
+
+def archive_landing(locations: Locations, params: ArchiveParams) -> str:
+    """Move the landing folder's files no restore can make the stream read again
+    (:func:`sessionlake.archive.archive_read_files`): a file move, no Spark job.
+
+    :return: the one-line summary, for the task log.
+    :raises ValueError: the folders do not allow it; nothing moved.
+    """
+    settings = settings_from({"lake": locations.lake, "source": _need_source(locations),
+                              "checkpoint": locations.checkpoint}, env={})
+    return archive_read_files(settings, params.archive_to, dry_run=params.dry_run).summary()
 
 
 def _checkpoint(locations: Locations) -> list[str]:

@@ -111,6 +111,16 @@ def test_bad_requests_are_refused_and_nothing_moves(
     assert (landing / "a.jsonl").exists()
 
 
+def test_a_snapshot_copy_whose_logs_cannot_be_read_moves_nothing(tmp_path: Path) -> None:
+    landing = landing_with(tmp_path, "a.jsonl")
+    snapshot_of(tmp_path, "s1", [landing / "a.jsonl"])
+    offsets = tmp_path / "lake" / "_snapshots" / "s1" / "checkpoint" / "spark" / "offsets"
+    (offsets / "0").unlink()
+    with pytest.raises(ArchiveError, match="snapshot s1"):
+        archive_read_files(settings(tmp_path), str(tmp_path / "archive"))
+    assert (landing / "a.jsonl").exists()
+
+
 def test_the_command_line_prints_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

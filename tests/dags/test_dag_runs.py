@@ -97,6 +97,7 @@ def test_microbatch_dag_sessionizes_the_landing_folder(lake: dict[str, Any]) -> 
         ("sessionlake_backfill",
          {"from_date": "2026-02-01", "to_date": "2026-01-01", "gap_minutes": 30}, "from_date"),
         ("sessionlake_retention", {"erase_user_ids": ["u1", " "]}, "erase_user_ids"),
+        ("sessionlake_archive", {"archive_to": None}, "archive_to"),
     ],
 )
 def test_bad_params_fail_the_run_before_any_table_exists(
@@ -144,3 +145,16 @@ def test_maintenance_dag_runs_its_cli_command(
     assert str(run.state) == "success", _task_states(run)
     if command == "retention":
         assert "u2" not in set(read_delta(lake["lake"] / "sessions")["user_id"])
+
+
+def test_archive_dag_moves_the_read_file_out_of_the_landing_folder(
+    lake: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After the maintenance DAGs above: their snapshots were taken after the file was read.
+    monkeypatch.setenv("SESSIONLAKE_LAKE", str(lake["lake"]))
+    monkeypatch.setenv("SESSIONLAKE_SOURCE", str(lake["root"] / "landing"))
+    archive = lake["root"] / "archive"
+    run = run_dag("sessionlake_archive", {"archive_to": str(archive)})
+    assert str(run.state) == "success", _task_states(run)
+    assert not list((lake["root"] / "landing").iterdir())
+    assert (archive / "part-0001.jsonl").read_text() == "\n".join(EVENTS) + "\n"

@@ -1,4 +1,5 @@
-"""Every DAG file loads, with the seven ids the spec names, each documented and tagged."""
+"""Every DAG file loads, with the seven ids the spec names and sessionlake_archive, each
+documented and tagged."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tests.dags.conftest import DAGS
 DAG_IDS = {
     "sessionlake_microbatch", "sessionlake_backfill", "sessionlake_compaction",
     "sessionlake_snapshot", "sessionlake_restore", "sessionlake_retention",
-    "sessionlake_restart",
+    "sessionlake_restart", "sessionlake_archive",
 }
 PARAMS = {
     "sessionlake_microbatch": {"shuffle_partitions"},
@@ -23,6 +24,7 @@ PARAMS = {
     "sessionlake_retention": {"erase_user_ids", "sessions_max_age_days",
                               "events_max_age_days", "vacuum_retain_hours"},
     "sessionlake_restart": {"shuffle_partitions", "master"},
+    "sessionlake_archive": {"archive_to", "dry_run"},
 }
 
 
@@ -33,7 +35,7 @@ def dagbag() -> Any:
     return DagBag(dag_folder=str(DAGS))
 
 
-def test_no_import_errors_and_exactly_the_seven_dags(dagbag: Any) -> None:
+def test_no_import_errors_and_exactly_these_dags(dagbag: Any) -> None:
     assert dagbag.import_errors == {}
     assert set(dagbag.dag_ids) == DAG_IDS
 

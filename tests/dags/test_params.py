@@ -114,6 +114,27 @@ def test_bad_params_name_the_param_value_and_reason(
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize(("params", "env", "expected"), [
+    ({"archive_to": " /archive ", "dry_run": True}, {}, orch.ArchiveParams("/archive", True)),
+    ({"archive_to": None}, {orch.ARCHIVE_ENV: "/from-env"},
+     orch.ArchiveParams("/from-env", False)),
+    ({"archive_to": "/param"}, {orch.ARCHIVE_ENV: "/from-env"},
+     orch.ArchiveParams("/param", False)),
+    ({"archive_to": None}, {}, "param archive_to=None is invalid: name the folder"),
+    ({"archive_to": "  "}, {}, "archive_to='  '"),
+    ({"archive_to": "/a", "dry_run": "yes"}, {}, "param dry_run='yes' is invalid"),
+])
+def test_the_archive_folder_comes_from_the_param_else_the_environment(
+    params: dict[str, Any], env: dict[str, str], expected: orch.ArchiveParams | str
+) -> None:
+    if isinstance(expected, str):
+        with pytest.raises(ValueError, match="is invalid") as error:
+            orch.validate_archive_params(params, env)
+        assert expected in str(error.value)
+    else:
+        assert orch.validate_archive_params(params, env) == expected
+
+
 def test_command_lines_keep_every_value_its_own_argument() -> None:
     retention = orch.RetentionParams(("-rf", "a b"), 30, None, 0)
     assert orch.retention_args(WHERE, retention) == [

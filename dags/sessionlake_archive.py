@@ -1,0 +1,52 @@
+"""
+### sessionlake_archive
+
+Daily: move the landing folder's files that no restore can make the stream read again
+(read by the checkpoint's committed batches and by every snapshot's copy of it) to an
+archive folder, each to the same path below it. Files read and left in the landing folder
+cost every micro-batch run its listing. A file move, no Spark job; safe beside the stream.
+
+Params: `archive_to` (a folder outside the landing folder; empty: `SESSIONLAKE_ARCHIVE`
+of the workers' environment), `dry_run` (only count what would move).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import pendulum
+from airflow.sdk import DAG, Param, task
+
+from sessionlake import orchestration as orch
+from sessionlake.airflow_tasks import at_run_time, trigger_params
+
+with DAG(
+    dag_id="sessionlake_archive",
+    doc_md=__doc__,
+    schedule="@daily",
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["sessionlake", "maintenance"],
+    params={
+        "archive_to": Param(None, type=["null", "string"],
+                            description="folder to move read files to (default "
+                                        "$SESSIONLAKE_ARCHIVE), outside the landing folder"),
+        "dry_run": Param(False, type="boolean", description="only count what would move"),
+    },
+):
+
+    @task
+    def validate_params() -> dict[str, Any]:
+        """Check the params before any file moves (a dict: what XCom carries)."""
+        return asdict(orch.validate_archive_params(trigger_params()))
+
+    @task
+    def archive(checked: dict[str, Any]) -> str:
+        """Move the files; the summary line is the task's result and log."""
+        summary = orch.archive_landing(orch.locations_from_env(), orch.ArchiveParams(**checked))
+        print(summary)
+        return summary
+
+    archive(at_run_time(validate_params()))
