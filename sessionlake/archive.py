@@ -101,9 +101,12 @@ def archive_read_files(settings: Settings, target: str, *, dry_run: bool = False
     moved = moved_bytes = 0
     for path in moving:
         source = Path(path)
-        size = source.stat().st_size
-        if not dry_run and not _move(source, destination / source.relative_to(landing)):
-            continue
+        try:
+            size = source.stat().st_size
+            if not dry_run and not _move(source, destination / source.relative_to(landing)):
+                continue
+        except FileNotFoundError:
+            continue  # taken away meanwhile (by another archive run, say)
         moved += 1
         moved_bytes += size
     return ArchiveReport(str(destination), moved, moved_bytes, kept, dry_run)
