@@ -20,12 +20,29 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from sessionlake.checkpoint import SPARK_CHECKPOINT, files_read
+from sessionlake.checkpoint import SPARK_CHECKPOINT, UnreadInput, files_read
 from sessionlake.config import Settings
 from sessionlake.snapshots import CHECKPOINT_COPY, list_snapshots, snapshots_root
 from sessionlake.storage import local_path, within
 
 log = logging.getLogger(__name__)
+
+
+#: Read files left in the landing folder from which a run says to archive them: 20,000 of
+#: them cost each run about 1.5 s (docs/performance.md).
+ARCHIVE_HINT_FILES = 10_000
+
+
+def warn_of_read_files_left(
+    unread: UnreadInput | None, source: str, at_least: int = ARCHIVE_HINT_FILES
+) -> None:
+    """Say, from ``at_least`` on, how many files the stream has read are still in its
+    landing folder, and what moves them out."""
+    if unread is not None and unread.read_left >= at_least:
+        log.warning("%s files the stream has read are still in the landing folder %s, and "
+                    "every run lists them again (20,000 cost a run about 1.5 s): `sessionlake "
+                    "archive --to DIR` or the sessionlake_archive DAG moves them out",
+                    unread.read_left, source)
 
 
 class ArchiveError(ValueError):

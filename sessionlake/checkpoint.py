@@ -156,6 +156,9 @@ class UnreadInput:
 
     bytes: int
     files: int
+    #: Files that committed batches read, still in the landing folder: each run lists them
+    #: again (``sessionlake archive`` moves them out).
+    read_left: int = 0
 
     def batches(self, max_files_per_trigger: int | None = None) -> int:
         """How many micro-batches an available-now run makes of these files."""
@@ -204,20 +207,23 @@ def unread_input(source: str, checkpoint: str) -> UnreadInput | None:
 
 def unread_files(folder: Path, spark_checkpoint: Path, subfolders: bool = True) -> UnreadInput:
     """The files in ``folder`` (but hidden ones) that no committed batch of the Spark
-    checkpoint ``spark_checkpoint`` read: how many, and their bytes. With
+    checkpoint ``spark_checkpoint`` read: how many, and their bytes; and how many it read
+    are still there. With
     ``subfolders`` false, only the folder's own files and those of ``key=value`` folders,
     as a stream that does not read subfolders sees them."""
     read = files_read(spark_checkpoint)
     folder = folder.absolute()  # as Spark qualifies it: symbolic links stay as named
-    total = files = 0
+    total = files = read_left = 0
     for path in folder.rglob("*"):
         parts = path.relative_to(folder).parts
         hidden = any(part.startswith((".", "_")) for part in parts)
         seen = subfolders or all("=" in part for part in parts[:-1])
-        if not hidden and seen and path.is_file() and str(path) not in read:
+        if str(path) in read:
+            read_left += 1
+        elif not hidden and seen and path.is_file():
             total += path.stat().st_size
             files += 1
-    return UnreadInput(bytes=total, files=files)
+    return UnreadInput(bytes=total, files=files, read_left=read_left)
 
 
 def changed_since_read(spark_checkpoint: Path, batches: int = 3) -> list[Path]:

@@ -295,6 +295,7 @@ def _spark(settings: Settings, app: str, *, kafka: bool = False,
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``sessionlake run``: drain (or follow) the landing folder into the lake."""
+    from sessionlake.archive import warn_of_read_files_left
     from sessionlake.checkpoint import unread_input
     from sessionlake.stream import (
         BatchUnfinishedElsewhere,
@@ -307,6 +308,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     check_source(settings)
     unread = unread_input(settings.source or "", settings.checkpoint)
+    warn_of_read_files_left(unread, settings.source or "")
     spark = _spark(settings, "sessionlake-run", kafka=settings.reads_kafka,
                    quick_start=_quick_start(settings, unread))
     # A bar for runs that end (available-now); a continuous run is followed in its log.

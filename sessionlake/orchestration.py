@@ -33,7 +33,7 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Any, TypedDict
 
-from sessionlake.archive import archive_read_files
+from sessionlake.archive import archive_read_files, warn_of_read_files_left
 from sessionlake.checkpoint import IDENTITY_FILE, PID_FILE, lock_held, unread_input
 from sessionlake.config import ConfigError, format_duration, parse_duration, settings_from
 from sessionlake.deltalog import batch_keys, commit_actions
@@ -464,8 +464,11 @@ def microbatch_job(locations: Locations, params: MicrobatchParams) -> SparkJob:
     """The micro-batch run's job; its driver compiles with C1 only when what landed since
     the last run is small (:func:`sessionlake.spark.quick_start_for`), as most scheduled
     runs' input is. The run's batch size comes from the environment, as the run's own
-    settings do (``SESSIONLAKE_MAX_FILES_PER_TRIGGER``)."""
+    settings do (``SESSIONLAKE_MAX_FILES_PER_TRIGGER``). The same look at the landing
+    folder says when read files pile up there
+    (:func:`sessionlake.archive.warn_of_read_files_left`)."""
     unread = unread_input(_need_source(locations), locations.checkpoint)
+    warn_of_read_files_left(unread, _need_source(locations))
     files_per_batch = settings_from({"lake": locations.lake}).max_files_per_trigger
     return spark_job(microbatch_args(locations, params),
                      quick_start=quick_start_for(unread, files_per_batch))

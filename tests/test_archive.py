@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sessionlake.archive import ArchiveError, archive_read_files
+from sessionlake.archive import ArchiveError, archive_read_files, warn_of_read_files_left
+from sessionlake.checkpoint import UnreadInput, unread_input
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
 from tests.helpers import write_source_log
@@ -133,3 +134,16 @@ def test_the_command_line_prints_one_line(
         f"would move 0 file(s), 0 bytes, to {tmp_path / 'archive'}; 1 read file(s) kept in "
         "the landing folder: a snapshot had not read them, and a restore to it reads them "
         "again\n")
+
+
+@pytest.mark.parametrize(("at_least", "warned"), [(2, True), (3, False)])
+def test_a_run_says_when_read_files_pile_up_in_the_landing_folder(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, at_least: int, warned: bool
+) -> None:
+    landing = landing_with(tmp_path, "a.jsonl", "2026/01/05/b.jsonl")
+    config = settings(tmp_path)
+    unread = unread_input(str(landing), config.checkpoint)
+    assert unread == UnreadInput(0, files=0, read_left=2)
+    warn_of_read_files_left(unread, str(landing), at_least)
+    assert ("2 files the stream has read are still in the landing folder" in caplog.text) \
+        is warned

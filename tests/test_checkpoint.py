@@ -43,19 +43,19 @@ def test_a_real_checkpoint_counts_new_files_and_uncommitted_batches(
         first.stat().st_size + second.stat().st_size, files=2)  # no checkpoint yet
     assert len(run_stream(spark, settings, clock=lambda: NOW).processed) == 2
     assert files_read(Path(settings.checkpoint) / "spark") == {str(first), str(second)}
-    assert unread_input(str(landing), settings.checkpoint) == UnreadInput(0, files=0)
+    assert unread_input(str(landing), settings.checkpoint) == UnreadInput(0, 0, read_left=2)
 
     third = _land(landing, "c.jsonl", ["u4", "u5", "u6"], 2)
     (landing / ".c.jsonl.crc").write_text("hidden")  # Spark skips these; so does the count
     (landing / "_SUCCESS").write_text("")
-    only_third = UnreadInput(third.stat().st_size, files=1)
+    only_third = UnreadInput(third.stat().st_size, files=1, read_left=2)
     assert unread_input(str(landing), settings.checkpoint) == only_third
     assert unread_input(f"file://{landing}", f"file://{settings.checkpoint}") == only_third
 
     # A batch planned but not committed (a crash before its commit) is read again.
     (Path(settings.checkpoint) / "spark" / "commits" / "1").unlink()
     assert unread_input(str(landing), settings.checkpoint) == UnreadInput(
-        second.stat().st_size + third.stat().st_size, files=2)
+        second.stat().st_size + third.stat().st_size, files=2, read_left=1)
 
 
 @pytest.mark.parametrize(("noted", "counted"), [
