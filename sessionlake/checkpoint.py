@@ -205,6 +205,18 @@ def unread_input(source: str, checkpoint: str) -> UnreadInput | None:
         return None
 
 
+def hidden_from_spark(name: str) -> bool:
+    """Whether Spark's file listing skips a file or folder of this name (a leading ``.``
+    or ``_``: checksums, ``_SUCCESS``, work in progress, archives)."""
+    return name.startswith((".", "_"))
+
+
+def partition_folder(name: str) -> bool:
+    """Whether a folder of this name is a Spark ``key=value`` partition folder, which a
+    stream that does not read subfolders reads all the same."""
+    return "=" in name
+
+
 def unread_files(folder: Path, spark_checkpoint: Path, subfolders: bool = True) -> UnreadInput:
     """The files in ``folder`` (but hidden ones) that no committed batch of the Spark
     checkpoint ``spark_checkpoint`` read: how many, and their bytes; and how many it read
@@ -216,8 +228,8 @@ def unread_files(folder: Path, spark_checkpoint: Path, subfolders: bool = True) 
     total = files = read_left = 0
     for path in folder.rglob("*"):
         parts = path.relative_to(folder).parts
-        hidden = any(part.startswith((".", "_")) for part in parts)
-        seen = subfolders or all("=" in part for part in parts[:-1])
+        hidden = any(hidden_from_spark(part) for part in parts)
+        seen = subfolders or all(partition_folder(part) for part in parts[:-1])
         if str(path) in read:
             read_left += 1
         elif not hidden and seen and path.is_file():
