@@ -467,8 +467,9 @@ def microbatch_job(locations: Locations, params: MicrobatchParams) -> SparkJob:
     settings do (``SESSIONLAKE_MAX_FILES_PER_TRIGGER``). The same look at the landing
     folder says when read files pile up there
     (:func:`sessionlake.archive.warn_of_read_files_left`)."""
-    unread = unread_input(_need_source(locations), locations.checkpoint)
-    warn_of_read_files_left(unread, _need_source(locations))
+    source = _need_source(locations)
+    unread = unread_input(source, locations.checkpoint)
+    warn_of_read_files_left(unread, source)
     files_per_batch = settings_from({"lake": locations.lake}).max_files_per_trigger
     return spark_job(microbatch_args(locations, params),
                      quick_start=quick_start_for(unread, files_per_batch))

@@ -273,9 +273,10 @@ def create_snapshot(
     identity: StreamIdentity | None = None
     last_batch = -1
     if has_checkpoint:
-        copy_stable(spark, checkpoint, f"{folder}/{CHECKPOINT_COPY}")
-        identity = _read_identity(spark, f"{folder}/{CHECKPOINT_COPY}")
-        last_batch = last_committed_batch(spark, f"{folder}/{CHECKPOINT_COPY}/spark")
+        copy = f"{folder}/{CHECKPOINT_COPY}"
+        copy_stable(spark, checkpoint, copy)
+        identity = _read_identity(spark, copy)
+        last_batch = last_committed_batch(spark, f"{copy}/spark")
     if identity is None:
         versions = {t: table_version(spark, lake, t) for t in STREAM_TABLES}
     else:

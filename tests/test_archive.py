@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from sessionlake.archive import ArchiveError, archive_read_files, warn_of_read_files_left
-from sessionlake.checkpoint import UnreadInput, unread_input
+from sessionlake.checkpoint import MANIFEST, UnreadInput, unread_input
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
+from sessionlake.snapshots import Snapshot
 from tests.helpers import write_source_log
 
 
@@ -42,10 +44,10 @@ def snapshot_of(tmp_path: Path, snapshot_id: str, read: list[Path] | None) -> No
     """A catalog entry, with a checkpoint copy that read ``read`` (``None``: no copy)."""
     folder = tmp_path / "lake" / "_snapshots" / snapshot_id
     folder.mkdir(parents=True)
-    (folder / "snapshot.json").write_text(json.dumps({
-        "snapshot_id": snapshot_id, "created_at": "2026-01-05T00:00:00+00:00", "name": None,
-        "stream_id": None, "epoch": None, "last_batch_id": 0 if read is not None else -1,
-        "has_checkpoint": read is not None}))
+    entry = Snapshot(snapshot_id, "2026-01-05T00:00:00+00:00", None, None, None,
+                     last_batch_id=0 if read is not None else -1,
+                     has_checkpoint=read is not None)
+    (folder / MANIFEST).write_text(json.dumps(asdict(entry)))
     if read is not None:
         write_source_log(folder / "checkpoint", {"0": [(str(p), 0) for p in read]}, 0)
 
