@@ -20,17 +20,17 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from sessionlake.checkpoint import SPARK_CHECKPOINT, UnreadInput, files_read
+from sessionlake.checkpoint import (
+    ARCHIVE_HINT_FILES,
+    SPARK_CHECKPOINT,
+    UnreadInput,
+    files_read,
+)
 from sessionlake.config import Settings
 from sessionlake.snapshots import CHECKPOINT_COPY, list_snapshots, snapshots_root
-from sessionlake.storage import local_path, within
+from sessionlake.storage import is_glob, local_path, within
 
 log = logging.getLogger(__name__)
-
-
-#: Read files left in the landing folder from which a run says to archive them: 20,000 of
-#: them cost each run about 1.5 s (docs/performance.md).
-ARCHIVE_HINT_FILES = 10_000
 
 
 def warn_of_read_files_left(
@@ -137,7 +137,7 @@ def _check(settings: Settings, target: str) -> tuple[Path, Path, Path]:
     source = settings.source or ""
     if not source:
         raise ArchiveError("no landing folder: pass --source DIR or set SESSIONLAKE_SOURCE")
-    if any(c in source for c in "*?[{"):
+    if is_glob(source):
         raise ArchiveError(f"--source {source} is a glob: name the landing folder itself")
     places = {"landing folder": source, "checkpoint": settings.checkpoint,
               "lake": settings.lake, "target": target}

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from sessionlake.config import KAFKA_SOURCE
-from sessionlake.storage import list_names, local_path, read_text
+from sessionlake.storage import is_glob, list_names, local_path, read_text
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -150,6 +150,11 @@ def batch_locks(lake: str, checkpoint: str, timeout: float | None = None) -> Ite
         yield
 
 
+#: Read files left in the landing folder from which a run and the health page say to
+#: archive them: 20,000 of them cost each run about 1.5 s (docs/performance.md).
+ARCHIVE_HINT_FILES = 10_000
+
+
 @dataclass(frozen=True)
 class UnreadInput:
     """What a run on a checkpoint would read now: the files of which no batch committed."""
@@ -159,6 +164,11 @@ class UnreadInput:
     #: Files that committed batches read, still in the landing folder: each run lists them
     #: again (``sessionlake archive`` moves them out).
     read_left: int = 0
+
+    @property
+    def archive_due(self) -> bool:
+        """Whether enough read files are left in the landing folder to slow each run."""
+        return self.read_left >= ARCHIVE_HINT_FILES
 
     def batches(self, max_files_per_trigger: int | None = None) -> int:
         """How many micro-batches an available-now run makes of these files."""
@@ -192,7 +202,7 @@ def unread_input(source: str, checkpoint: str) -> UnreadInput | None:
     the source log is not Spark's (the run itself then says what is wrong: this is only a
     hint for how it starts).
     """
-    if not source or source == KAFKA_SOURCE or any(c in source for c in "*?[{"):
+    if not source or source == KAFKA_SOURCE or is_glob(source):
         return None
     folder, checkpoint_folder = local_path(source), local_path(checkpoint)
     if folder is None or checkpoint_folder is None:

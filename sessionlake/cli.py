@@ -150,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report", help="a summary of the lake, and an HTML page of charts (no Spark)")
     _lake(report)
+    report.add_argument("--source", help="landing folder whose waiting input is sized "
+                                         "(default $SESSIONLAKE_SOURCE)")
     report.add_argument("--checkpoint",
                         help="streaming checkpoint (default <lake>/_checkpoints/stream)")
     report.add_argument("--html", type=Path,

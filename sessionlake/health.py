@@ -33,10 +33,13 @@ from sessionlake.checkpoint import (
     MANIFEST,
     PID_FILE,
     SNAPSHOTS_DIR,
+    UnreadInput,
     lake_lock_folder,
     lock_held,
+    unread_input,
 )
 from sessionlake.config import Settings
+from sessionlake.storage import is_glob, local_path
 
 log = logging.getLogger("sessionlake.health")
 
@@ -167,6 +170,12 @@ class Health:
     tables: list[TableHealth]
     snapshots: list[SnapshotEntry]
     retention: list[RetentionRun]
+    #: The landing folder (``SESSIONLAKE_SOURCE``), or ``kafka``; ``None`` when not set.
+    source: str | None = None
+    #: What of the landing folder no committed batch has read yet (the backlog a run would
+    #: read now), and the read files still there; ``None`` when that cannot be told
+    #: without Spark: a Kafka topic, a glob, a folder on another machine, or no source.
+    input_waiting: UnreadInput | None = None
     #: What could not be read, in words (the rest of the page is still shown).
     problems: list[str] = field(default_factory=list)
 
@@ -211,6 +220,9 @@ class Health:
                        for t in self.tables],
             "snapshots": [asdict(s) for s in self.snapshots],
             "retention": [asdict(r) for r in self.retention],
+            "source": self.source,
+            "input_waiting": {**asdict(waiting), "archive_due": waiting.archive_due}
+            if (waiting := self.input_waiting) else None,
             "problems": self.problems,
         })
 
@@ -261,8 +273,24 @@ def collect_health(settings: Settings, now: datetime | None = None) -> Health:
         tables=[table_health(name, state) for name, state in states.items()],
         snapshots=list_snapshot_entries(lake, problems),
         retention=_retention_runs(states.get("retention_audit"), problems),
+        source=settings.source,
+        input_waiting=_input_waiting(settings, problems),
         problems=problems,
     )
+
+
+def _input_waiting(settings: Settings, problems: list[str]) -> UnreadInput | None:
+    """The landing folder's backlog against the stream's checkpoint (``--checkpoint``'s
+    default, as ``sessionlake run`` and ``archive`` take it); a missing folder is a
+    problem."""
+    source = settings.source
+    if not source:
+        return None
+    folder = None if settings.reads_kafka else local_path(source)
+    if folder is not None and not is_glob(source) and not folder.is_dir():
+        problems.append(f"no landing folder at {source}: the stream has nothing to read")
+        return None
+    return unread_input(source, settings.checkpoint)
 
 
 def _table_states(lake: Path, problems: list[str]) -> dict[str, deltareader.TableState]:

@@ -13,6 +13,7 @@ from html import escape
 from typing import Any
 
 from sessionlake.charts import line_chart
+from sessionlake.config import KAFKA_SOURCE
 from sessionlake.health import BatchPoint, Health, series
 
 #: Batches listed in the table of recent batches.
@@ -100,8 +101,33 @@ def _cards(health: Health) -> str:
         _card("Watermark", fmt_time(health.watermark), "watermark"),
         _card("Open sessions", _cell(health.open_sessions), "open-sessions"),
         _card("Closed sessions", _cell(health.closed_sessions), "closed-sessions"),
+        _card("Input waiting", input_waiting_text(health), "input-waiting"),
         _card("Stream", _stream_text(health), "stream"),
     ]) + "</div>"
+
+
+def input_waiting_text(health: Health) -> str:
+    """The landing folder's backlog: files and bytes no committed batch has read yet."""
+    waiting = health.input_waiting
+    if waiting is not None:
+        return f"{waiting.files} files, {fmt_bytes(waiting.bytes)}"
+    if health.source == KAFKA_SOURCE:
+        return "a Kafka topic (see its consumer lag)"
+    return "not known here" if health.source else "no landing folder set"
+
+
+def archive_note(health: Health) -> str:
+    """The read files still in the landing folder, which every run lists again."""
+    waiting = health.input_waiting
+    if waiting is None:
+        return ""
+    text = (f"{waiting.read_left} files the stream has read are still in the landing folder"
+            f" {health.source}")
+    if not waiting.archive_due:
+        return f'<p id="archive-due">{escape(text)}.</p>'
+    return (f'<p class="warn" id="archive-due">{escape(text)}, and every run lists them '
+            "again: <code>sessionlake archive --to DIR</code> or the DAG "
+            "<code>sessionlake_archive</code> moves them out.</p>")
 
 
 def _stream_text(health: Health) -> str:
@@ -195,6 +221,7 @@ def render_health_page(health: Health, json_href: str = "api/health") -> str:
         f'<a href="{escape(json_href)}">{escape(json_href)}</a></div>',
         f'<div class="problems"><ul>{problems}</ul></div>' if problems else "",
         _cards(health),
+        archive_note(health),
         "<h2>Batches over time</h2>",
         _charts(health.batches),
         "<h2>Totals</h2>",

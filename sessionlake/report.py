@@ -26,7 +26,7 @@ from sessionlake import deltareader
 from sessionlake.charts import bar_chart
 from sessionlake.config import Settings
 from sessionlake.health import Health, collect_health
-from sessionlake.health_page import STYLE, fmt_seconds, fmt_time
+from sessionlake.health_page import STYLE, fmt_seconds, fmt_time, input_waiting_text
 
 #: Session lengths are counted in these classes: (label, upper bound in seconds, exclusive).
 DURATION_CLASSES: tuple[tuple[str, float], ...] = (
@@ -125,6 +125,7 @@ def summary_lines(report: LakeReport) -> list[tuple[str, str]]:
                        f"{fmt_seconds(last.duration_ms / 1000)}; lag behind newest event "
                        f"{fmt_seconds(last.lag_seconds)}" if last else "none yet"),
         ("watermark", fmt_time(health.watermark)),
+        ("input", _input_text(health)),
         ("sessions", f"{health.closed_sessions or 0} closed, {health.open_sessions or 0} open;"
                      f" median length {fmt_seconds(stats.median_duration_s)}, "
                      f"{_percent(stats.bounce_rate)} bounces, "
@@ -146,6 +147,16 @@ def summary_lines(report: LakeReport) -> list[tuple[str, str]]:
                       if retention else "no run yet"),
         *(("problem", problem) for problem in health.problems),
     ]
+
+
+def _input_text(health: Health) -> str:
+    """The backlog, and the read files left in the landing folder."""
+    waiting = health.input_waiting
+    if waiting is None:
+        return input_waiting_text(health)
+    return (f"{input_waiting_text(health)} waiting; {waiting.read_left} read files still "
+            f"in {health.source}"
+            + (" (`sessionlake archive` moves them out)" if waiting.archive_due else ""))
 
 
 def format_summary(report: LakeReport) -> str:

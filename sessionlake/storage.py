@@ -16,6 +16,12 @@ if TYPE_CHECKING:  # the session is only passed through: importing this needs no
     from pyspark.sql import SparkSession
 
 
+def is_glob(location: str) -> bool:
+    """Whether ``location`` is a Hadoop glob (``*``, ``?``, ``[...]``, ``{a,b}``): many
+    folders, which only Spark lists."""
+    return any(c in location for c in "*?[{")
+
+
 def local_path(uri: str) -> Path | None:
     """The local path of ``uri`` when it is on this machine's file system, else ``None``.
 

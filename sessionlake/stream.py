@@ -58,7 +58,7 @@ from sessionlake.kafkaadmin import KafkaTopic, KafkaUnavailable, describe_topic
 from sessionlake.monitor import BatchMonitor
 from sessionlake.sources import KAFKA_SCHEME, file_lines, kafka_lines, number_lines
 from sessionlake.spark import fit_to_stream
-from sessionlake.storage import local_path
+from sessionlake.storage import is_glob, local_path
 from sessionlake.tables import ensure_tables, upgrade_table_properties
 
 log = logging.getLogger("sessionlake.stream")
@@ -310,7 +310,7 @@ def source_moved_from(
 
     ``None`` too when nothing was read yet, or when the source is a glob (left to Spark).
     """
-    if any(c in source_root for c in "*?[{"):
+    if is_glob(source_root):
         return None
     recorded = recorded_source_file(spark, checkpoint)
     if recorded is None or recorded.startswith(f"{source_root.rstrip('/')}/"):
@@ -335,7 +335,7 @@ def check_landing_folder(spark: SparkSession, settings: Settings) -> None:
         read the folder, and what to run instead.
     """
     root = storage.path_part(spark, settings.source or "").rstrip("/")
-    if any(c in root for c in "*?[{"):
+    if is_glob(root):
         return
     ours = checkpoint_key(settings.checkpoint)
     recorded = recorded_source_file(spark, ours)

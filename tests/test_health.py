@@ -7,14 +7,17 @@ import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from pyspark.sql import Row, SparkSession
 
+import sessionlake.checkpoint
 from sessionlake.checkpoint import LAKE_HOLDER_FILE, PID_FILE
 from sessionlake.config import settings_from
 from sessionlake.deltareader import DataFile, DeletionVector, TableState
 from sessionlake.health import COMPACT_MIN_FILES, collect_health, table_health
+from sessionlake.health_page import input_waiting_text, render_health_page
 from sessionlake.tables import append, read_table, table_ddl, table_path
-from tests.helpers import held_by_another_process
+from tests.helpers import held_by_another_process, write_source_log
 
 
 def test_a_missing_lake_is_a_problem_not_an_error(tmp_path: Path) -> None:
@@ -88,3 +91,54 @@ def test_retention_runs_are_read_from_the_audit_table(
     assert [(r.run_id, r.started_at, r.rows_deleted, r.files_vacuumed, r.note)
             for r in runs] == [("r1", started, {"events": 4, "sessions": 1}, 2,
                                 "kept for a snapshot")]
+
+
+def test_the_input_waiting_is_what_no_committed_batch_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backlog a run would read now, and the read files a run lists again: read from
+    the landing folder and the checkpoint's logs, as ``sessionlake run`` sizes them."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    landing.mkdir()
+    (landing / "read.json").write_text("{}\n")
+    (landing / "new.json").write_text('{"user_id": "u"}\n')
+    (landing / "_copying.json").write_text("{}\n")  # hidden from Spark: not waiting
+    write_source_log(lake / "_checkpoints" / "stream", {"0": [(str(landing / "read.json"), 0)]},
+                     0)
+    settings = settings_from({"lake": str(lake), "source": str(landing)}, env={})
+
+    health = collect_health(settings)
+    assert health.as_json()["input_waiting"] == {
+        "bytes": 17, "files": 1, "read_left": 1, "archive_due": False}
+    assert health.as_json()["source"] == str(landing)
+    assert input_waiting_text(health) == "1 files, 17 B"
+    page = render_health_page(health)
+    assert '<p id="archive-due">1 files the stream has read' in page
+
+    monkeypatch.setattr(sessionlake.checkpoint, "ARCHIVE_HINT_FILES", 1)
+    page = render_health_page(collect_health(settings))
+    assert '<p class="warn" id="archive-due">' in page and "sessionlake_archive" in page
+
+
+@pytest.mark.parametrize(("source", "text", "problem"), [
+    (None, "no landing folder set", None),
+    ("kafka", "a Kafka topic (see its consumer lag)", None),
+    ("{landing}/2026-*", "not known here", None),
+    ("s3a://bucket/landing", "not known here", None),
+    ("{landing}/missing", "not known here", "no landing folder at {landing}/missing"),
+])
+def test_input_that_cannot_be_sized_here_says_why(
+    tmp_path: Path, source: str | None, text: str, problem: str | None
+) -> None:
+    values = {"lake": str(tmp_path / "lake"), "source": source}
+    if source == "kafka":
+        values |= {"kafka_bootstrap": "127.0.0.1:9", "kafka_topic": "events"}
+    if source:
+        values["source"] = source.format(landing=tmp_path)
+    health = collect_health(settings_from(values, env={}))
+    assert health.input_waiting is None and health.as_json()["input_waiting"] is None
+    assert input_waiting_text(health) == text
+    assert 'id="archive-due"' not in render_health_page(health)
+    named = [p for p in health.problems if p.startswith("no landing folder")]
+    assert named == ([problem.format(landing=tmp_path) + ": the stream has nothing to read"]
+                     if problem else [])

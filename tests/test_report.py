@@ -22,6 +22,8 @@ def test_summary_of_the_observed_lake(observed_lake: ObservedLake) -> None:
     assert "median length 10.0 min, 33% bounces" in text
     assert "13 in, 8 accepted, 3 late, 1 quarantined, 1 duplicates (3 batches)" in text
     assert "watermark     2026-01-05 13:00:00 UTC" in text
+    assert (f"input         0 files, 0 B waiting; 3 read files still in "
+            f"{observed_lake.settings.source}\n") in text
     assert "busiest hour  2026-01-05 10:00 UTC: 2 sessions" in text
     assert f"(newest {observed_lake.snapshot_id} nightly)" in text
 
@@ -30,9 +32,12 @@ def test_report_command_writes_the_charts(
     observed_lake: ObservedLake, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     page = tmp_path / "out" / "report.html"
-    assert cli.main(["report", "--lake", observed_lake.settings.lake, "--html", str(page)]) == 0
+    settings = observed_lake.settings
+    assert cli.main(["report", "--lake", settings.lake, "--source", settings.source or "",
+                     "--html", str(page)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"sessionlake report: {observed_lake.settings.lake}")
+    assert out.startswith(f"sessionlake report: {settings.lake}")
+    assert f"0 files, 0 B waiting; 3 read files still in {settings.source}" in out
     assert out.rstrip().endswith(f"wrote {page}")
     html = page.read_text()
     charts = re.findall(r"<svg .*?</svg>", html, re.S)

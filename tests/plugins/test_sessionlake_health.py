@@ -42,6 +42,7 @@ def airflow_app(observed_lake: ObservedLake) -> Iterator[FastAPI]:
 
     with pytest.MonkeyPatch.context() as env:
         env.setenv("SESSIONLAKE_LAKE", observed_lake.settings.lake)
+        env.setenv("SESSIONLAKE_SOURCE", observed_lake.settings.source or "")
         env.delenv("SESSIONLAKE_CHECKPOINT", raising=False)
         yield create_app("core")
     purge_cached_app()
@@ -112,6 +113,10 @@ def test_health_json_holds_what_the_lake_holds(
     assert {t["name"]: t["rows"] for t in health["tables"]} == expected["rows"]
     assert [s["snapshot_id"] for s in health["snapshots"]] == [observed_lake.snapshot_id]
     assert health["snapshots"][0]["name"] == "nightly"
+    # The three landing files were read: nothing waits, and all three are still there.
+    assert health["source"] == observed_lake.settings.source
+    assert health["input_waiting"] == {
+        "files": 0, "bytes": 0, "read_left": 3, "archive_due": False}
     assert health["problems"] == []
 
 
@@ -228,6 +233,8 @@ def test_the_page_in_chromium(
     assert _text(browser, "#closed-sessions .value") == "3"
     assert _text(browser, "#watermark .value") == "2026-01-05 13:00:00 UTC"
     assert _text(browser, "#stream .value") == "not running"
+    assert _text(browser, "#input-waiting .value") == "0 files, 0 B"
+    assert _text(browser, "#archive-due").startswith("3 files the stream has read")
     # Totals: 13 records, 3 late, 1 quarantined, 1 duplicate over three batches.
     totals = _text(browser, "#totals tbody tr").split()
     assert totals == ["3", "13", "8", "3", "1", "1"]
