@@ -92,7 +92,7 @@ def describe_topic(
 
     :raises KafkaUnavailable: the brokers did not answer within ``timeout_s``, or the topic
         does not exist; the message says what to check. Brokers that answer but do not tell
-        their cluster's id give ``cluster_id=None``, with a warning.
+        their cluster's id give ``cluster_id=None`` (the caller says what that costs).
     """
     try:
         with kafka_admin(spark, bootstrap, timeout_s) as admin:
@@ -117,12 +117,12 @@ def describe_topic(
 
 
 def _cluster_id(spark: SparkSession, admin: Any, bootstrap: str, timeout_s: float) -> str | None:
-    """The cluster id ``admin``'s brokers tell; ``None``, with a warning, when they do not."""
+    """The cluster id ``admin``'s brokers tell; ``None`` when they do not."""
     try:
         found = _wait(spark, admin.describeCluster().clusterId(), timeout_s)
     except Exception as error:  # py4j wraps the Java exceptions
-        log.warning("the Kafka brokers at %s did not tell their cluster's id (%s)",
-                    bootstrap, _cause(error))
+        log.info("the Kafka brokers at %s did not tell their cluster's id (%s)",
+                 bootstrap, _cause(error))
         return None
     return str(found) if found else None
 

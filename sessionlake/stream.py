@@ -434,8 +434,9 @@ def check_kafka_topic(spark: SparkSession, settings: Settings) -> KafkaTopic:
     except KafkaUnavailable as error:
         raise ConfigError(str(error)) from None
     if topic.cluster_id is None:
-        log.warning("without the cluster's id, a new checkpoint on a topic another checkpoint "
-                    "read is told only when its brokers are spelled the same")
+        log.warning("the Kafka brokers at %s did not tell their cluster's id: a new checkpoint "
+                    "on a topic another checkpoint read is told only when its brokers are "
+                    "spelled the same", settings.kafka_bootstrap)
     return topic
 
 

@@ -14,6 +14,8 @@ from sessionlake.checkpoint import (
     UnreadInput,
     batch_file_count,
     files_read,
+    local_file,
+    source_log_files,
     unread_input,
 )
 from sessionlake.config import settings_from
@@ -89,11 +91,11 @@ LISTED_BEFORE_A_STOP = ({"0": [("/l/a", 0)], "1": [("/l/b", 1)], "2": [("/l/c", 
 @pytest.mark.parametrize(("batch_id", "files"), [
     (1, 2), (9, 1), (10, 0), (11, None),  # 9's entry is compacted: it lists batch 1's too
 ])
-def test_a_batch_s_files_are_counted_from_thewrite_source_log(
+def test_a_batch_s_files_are_counted_from_the_source_log(
     tmp_path: Path, batch_id: int, files: int | None
 ) -> None:
     write_source_log(tmp_path, {"1": [("/l/a", 1), ("/l/b", 1)],
-                           "9.compact": [("/l/a", 1), ("/l/b", 1), ("/l/c", 9)], "10": []}, 10)
+                                "9.compact": [("/l/a", 1), ("/l/b", 1), ("/l/c", 9)], "10": []}, 10)
     assert batch_file_count(None, str(tmp_path), batch_id) == files
 
 
@@ -116,12 +118,25 @@ def test_a_batch_s_files_are_those_of_the_source_log_entries_its_offset_spans(
     # Batch 1 read entries 1 and 2 (LISTED_BEFORE_A_STOP).
     (LISTED_BEFORE_A_STOP[0], 1, {"/l/a", "/l/b", "/l/c"}),
 ])
-def test_files_read_follow_spark_swrite_source_log(
+def test_files_read_follow_spark_s_source_log(
     tmp_path: Path, entries: dict[str, list[tuple[str, int]]], committed: int, read: set[str]
 ) -> None:
     offsets = LISTED_BEFORE_A_STOP[1] if entries is LISTED_BEFORE_A_STOP[0] else None
     write_source_log(tmp_path, entries, committed, offsets)
     assert files_read(tmp_path / "spark") == read
+
+
+@pytest.mark.parametrize(("uri", "path"), [
+    ("file:///l/a.json", "/l/a.json"),
+    ("file:/l/a.json", "/l/a.json"),            # Hadoop's short form
+    ("file:///l/a%20b%25.json", "/l/a b%.json"),  # special characters are %-escaped
+    ("file://host/l/a.json", "/l/a.json"),
+    ("s3a://bucket/l/a%20b.json", "/l/a b.json"),
+])
+def test_a_logged_uri_gives_the_path_spark_read(uri: str, path: str) -> None:
+    assert local_file(uri) == path
+    text = "v1\n" + json.dumps({"path": uri, "timestamp": 5, "batchId": 2}) + "\n\n"
+    assert [tuple(f) for f in source_log_files(text)] == [(path, 2, 5)]
 
 
 @pytest.mark.parametrize(("source", "checkpoint"), [
