@@ -5,6 +5,8 @@ Daily: move the landing folder's files that no restore can make the stream read 
 (read by the checkpoint's committed batches and by every snapshot's copy of it) to an
 archive folder, each to the same path below it. Files read and left in the landing folder
 cost every micro-batch run its listing. A file move, no Spark job; safe beside the stream.
+While no stream runs, the checkpoint's file source log then forgets the files archived
+(else the next run of this DAG does it).
 
 Params: `archive_to` (a folder outside the landing folder; empty: `SESSIONLAKE_ARCHIVE`
 of the workers' environment), `dry_run` (only count what would move).

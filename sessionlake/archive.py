@@ -10,6 +10,10 @@ Spark's file source never reads a file twice, and backfills read the lake's ``ev
 No lock is needed beside a running stream, a snapshot or a restore: what the checkpoint
 and every snapshot have read only grows, and a restore returns to a snapshot, which had
 read every file moved.
+
+Then, while no stream runs (it takes the locks a run holds), the checkpoint's file source
+log forgets the files archived, which Spark would otherwise read back at every run for
+good (:func:`forget_archived`); when a stream runs, the next archive does it.
 """
 
 from __future__ import annotations
@@ -22,13 +26,17 @@ from pathlib import Path
 
 from sessionlake.checkpoint import (
     ARCHIVE_HINT_FILES,
+    RESTORING_MARKER,
     SPARK_CHECKPOINT,
+    LogTrim,
     UnreadInput,
     files_read,
+    trim_source_log,
 )
 from sessionlake.config import Settings
 from sessionlake.snapshots import CHECKPOINT_COPY, list_snapshots, snapshots_root
 from sessionlake.storage import is_glob, local_path, within
+from sessionlake.stream import StreamAlreadyRunning, stream_locks
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +67,10 @@ class ArchiveReport:
     #: Files the stream has read but a snapshot had not: a restore to it reads them again.
     kept_for_snapshots: int
     dry_run: bool = False
+    #: What the checkpoint's source log forgot of the files archived (:func:`forget_archived`).
+    log_trim: LogTrim | None = None
+    #: Why the source log was left as it was, when it was.
+    log_trim_skipped: str | None = None
 
     def summary(self) -> str:
         """One line for the command line and task logs."""
@@ -67,7 +79,18 @@ class ArchiveReport:
                 "snapshot had not read them, and a restore to it reads them again"
                 if self.kept_for_snapshots else "")
         return (f"{verb} {self.moved} file(s), {self.moved_bytes} bytes, to "
-                f"{self.target}{kept}")
+                f"{self.target}{kept}{self._trim_summary()}")
+
+    def _trim_summary(self) -> str:
+        if self.log_trim_skipped:
+            return (f"; the checkpoint's source log still lists the archived files "
+                    f"({self.log_trim_skipped}): the next archive forgets them")
+        trim = self.log_trim
+        if trim is None or not trim.dropped:
+            return ""
+        verb = "would forget" if self.dry_run else "forgot"
+        return (f"; the checkpoint's source log {verb} {trim.dropped} archived file(s) "
+                f"({trim.entry}: {trim.bytes_before} -> {trim.bytes_after} bytes)")
 
 
 def read_by_every_restore_point(checkpoint: Path, lake: str) -> tuple[set[str], set[str]]:
@@ -126,7 +149,41 @@ def archive_read_files(settings: Settings, target: str, *, dry_run: bool = False
             continue  # taken away meanwhile (by another archive run, say)
         moved += 1
         moved_bytes += size
-    return ArchiveReport(str(destination), moved, moved_bytes, kept, dry_run)
+    trim, skipped = forget_archived(settings, landing, checkpoint, destination, dry_run)
+    return ArchiveReport(str(destination), moved, moved_bytes, kept, dry_run, trim, skipped)
+
+
+def forget_archived(
+    settings: Settings, landing: Path, checkpoint: Path, destination: Path, dry_run: bool
+) -> tuple[LogTrim | None, str | None]:
+    """Drop from the checkpoint's file source log the files archived to ``destination``
+    (:func:`sessionlake.checkpoint.trim_source_log`), while holding the locks a run holds;
+    the trim and ``None``, or ``None`` and why not.
+
+    A file is forgotten when a committed batch read it, it is gone from the landing folder
+    and it is in ``destination`` under the same path: what this command moved. A file
+    merely missing (a folder not mounted, say) is not, or it would be read again as new
+    when it came back. The snapshots' copies of the checkpoint keep their whole logs.
+    """
+    spark_checkpoint = checkpoint / SPARK_CHECKPOINT
+    prefix = f"{landing}{os.sep}"
+
+    def archived(path: str) -> bool:
+        return (path.startswith(prefix) and not os.path.lexists(path)
+                and os.path.isfile(destination / path[len(prefix):]))
+
+    try:
+        if dry_run:
+            return trim_source_log(spark_checkpoint, archived, write=False), None
+        if (checkpoint / RESTORING_MARKER).exists():
+            return None, "a restore of the checkpoint did not finish"
+        with stream_locks(settings.lake, settings.checkpoint):
+            return trim_source_log(spark_checkpoint, archived), None
+    except StreamAlreadyRunning:
+        return None, "a stream is running"
+    except (OSError, ValueError, KeyError, IndexError) as error:
+        log.warning("the checkpoint's source log was not trimmed: %s", error)
+        return None, f"it could not be trimmed: {error}"
 
 
 def _check(settings: Settings, target: str) -> tuple[Path, Path, Path]:

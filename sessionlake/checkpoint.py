@@ -8,12 +8,13 @@ Kept free of PySpark so that the Airflow DAGs and the health page can look at a 
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import logging
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,11 +292,7 @@ def files_read(spark_checkpoint: Path) -> set[str]:
     read, from its file source log (the newest ``N.compact`` entry lists every file up to
     it; later entries one batch each), up to the entry the last committed batch's offset
     names."""
-    commits = spark_checkpoint / "commits"
-    names = [p.name for p in commits.iterdir()] if commits.is_dir() else []
-    committed = max((int(n) for n in names if n.isdigit()), default=-1)
-    offsets = spark_checkpoint / SPARK_OFFSETS_LOG / str(committed)
-    last = file_source_offset(offsets.read_text()) if committed >= 0 else -1
+    last = committed_source_offset(spark_checkpoint)
     entries = _source_log_entries(spark_checkpoint)
     compacts = [number for number, compact, _ in entries if compact]
     since = compacts[-1] if compacts else -1
@@ -305,6 +302,16 @@ def files_read(spark_checkpoint: Path) -> set[str]:
             read.update(local_file(logged["path"]) for logged in _source_log_json(
                 entry.read_text()) if int(logged.get("batchId", 0)) <= last)
     return read
+
+
+def committed_source_offset(spark_checkpoint: Path) -> int:
+    """The file source log's entry up to which committed batches read (-1: none)."""
+    commits = spark_checkpoint / "commits"
+    names = [p.name for p in commits.iterdir()] if commits.is_dir() else []
+    committed = max((int(n) for n in names if n.isdigit()), default=-1)
+    if committed < 0:
+        return -1
+    return file_source_offset((spark_checkpoint / SPARK_OFFSETS_LOG / str(committed)).read_text())
 
 
 def file_source_offset(offsets_entry: str) -> int:
@@ -378,6 +385,70 @@ def _source_log_json(text: str) -> list[dict[str, Any]]:
     a compacted entry of a million lines (5.1 s one by one, 0.7 s so)."""
     lines = text.split("\n")[1:]
     return list(json.loads("[" + ",".join(line for line in lines if line.strip()) + "]"))
+
+
+def first_logged_file(text: str) -> str | None:
+    """The local path of the first file an entry of the file source log lists, read
+    without parsing the rest (a compacted entry may list a million files)."""
+    lines = io.StringIO(text)
+    next(lines, None)  # the version
+    for line in lines:
+        if line.strip():
+            return local_file(json.loads(line)["path"])
+    return None
+
+
+@dataclass(frozen=True)
+class LogTrim:
+    """What trimming the file source log's newest compacted entry did, or would do."""
+
+    #: The entry's file name; ``None`` when the log has no compacted entry yet.
+    entry: str | None
+    dropped: int
+    kept: int
+    bytes_before: int
+    bytes_after: int
+
+
+def trim_source_log(
+    spark_checkpoint: Path, forget: Callable[[str], bool], *, write: bool = True
+) -> LogTrim:
+    """Drop the files ``forget`` names, of those committed batches read, from the file
+    source log's newest compacted entry, so that runs stop reading them back.
+
+    Spark's file source never forgets a file it read (dropping aged entries, SPARK-17604,
+    was never merged): every run reads the newest compacted entry, which lists every file
+    ever read, and every tenth batch writes it anew; at 10^6 files that is 115 MB and about
+    12 s a run (docs/performance.md). Only that entry is rewritten: Spark reads it and the
+    entries after it, and its next compaction starts from it. Files of a batch not yet
+    committed stay (its replay reads them again), and one line always stays, so that the
+    log still names the folder read (:func:`first_logged_file`). The new entry is renamed
+    over the old one, Hadoop's checksum of it removed first. The caller makes sure that no
+    stream runs on the checkpoint.
+    """
+    compacts = [path for _, compact, path in _source_log_entries(spark_checkpoint) if compact]
+    if not compacts:
+        return LogTrim(None, 0, 0, 0, 0)
+    path, last = compacts[-1], committed_source_offset(spark_checkpoint)
+    text = path.read_text()
+    version, _, body = text.partition("\n")
+    lines = [line for line in body.split("\n") if line.strip()]
+    keep = [line for line, entry in zip(lines, _source_log_json(text), strict=True)
+            if int(entry.get("batchId", 0)) > last or not forget(local_file(entry["path"]))]
+    keep = keep or lines[-1:]
+    trimmed = version + "".join(f"\n{line}" for line in keep)
+    size = len(text.encode())
+    if len(keep) == len(lines):
+        return LogTrim(path.name, 0, len(keep), size, size)
+    if write:
+        path.with_name(f".{path.name}.crc").unlink(missing_ok=True)
+        temporary = path.with_name(f".{path.name}.trimmed")
+        with open(temporary, "w", encoding="utf-8") as out:
+            out.write(trimmed)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    return LogTrim(path.name, len(lines) - len(keep), len(keep), size, len(trimmed.encode()))
 
 
 def local_file(uri: str) -> str:

@@ -46,12 +46,12 @@ from sessionlake.checkpoint import (
     STREAMS_DIR,
     batch_file_count,
     changed_since_read,
+    first_logged_file,
     hidden_from_spark,
     lake_lock_folder,
     landing_subfolders_read,
     lock_held,
     partition_folder,
-    source_log_files,
 )
 from sessionlake.config import ENV, ConfigError, Settings
 from sessionlake.kafkaadmin import KafkaTopic, KafkaUnavailable, describe_topic
@@ -293,8 +293,9 @@ def recorded_source_file(spark: SparkSession | None, checkpoint: str) -> str | N
                for name in storage.list_names(spark, folder)
                if (m := SOURCE_LOG_ENTRY.match(name))]
     for _, _, name in sorted(entries):
-        for logged in source_log_files(storage.read_text(spark, f"{folder}/{name}") or ""):
-            return logged.path
+        path = first_logged_file(storage.read_text(spark, f"{folder}/{name}") or "")
+        if path is not None:
+            return path
     return None
 
 

@@ -13,13 +13,27 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
 from sessionlake.archive import ArchiveError, archive_read_files, warn_of_read_files_left
-from sessionlake.checkpoint import MANIFEST, UnreadInput, unread_input
+from sessionlake.checkpoint import (
+    MANIFEST,
+    RESTORING_MARKER,
+    SOURCE_LOG,
+    UnreadInput,
+    files_read,
+    first_logged_file,
+    unread_input,
+)
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
 from sessionlake.snapshots import Snapshot
-from tests.helpers import write_source_log
+from sessionlake.stream import run_stream
+from sessionlake.tables import read_table
+from tests.helpers import NOW, event, held_by_another_process, write_source_log
+
+#: How often Spark's file source compacts its log (every tenth batch by default).
+COMPACT_INTERVAL = "spark.sql.streaming.fileSource.log.compactInterval"
 
 
 def settings(tmp_path: Path, source: str | None = None) -> Settings:
@@ -149,3 +163,130 @@ def test_a_run_says_when_read_files_pile_up_in_the_landing_folder(
     warn_of_read_files_left(unread, str(landing), at_least)
     assert ("2 files the stream has read are still in the landing folder" in caplog.text) \
         is warned
+
+
+def compacted(tmp_path: Path) -> tuple[Path, Path]:
+    """A landing folder whose checkpoint's newest compacted entry lists a and c (batch 0)
+    and b (batch 1), both batches committed, and whose entry 2 lists d, of batch 2, not
+    committed; c was then deleted by hand. The compacted entry has Hadoop's checksum."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for name in ("a.jsonl", "b.jsonl", "d.jsonl"):
+        (landing / name).write_text('{"user_id": "u"}\n')
+    spark_checkpoint = tmp_path / "lake" / "_checkpoints" / "stream"
+    write_source_log(spark_checkpoint, {
+        "1.compact": [(str(landing / n), b) for n, b in [("a.jsonl", 0), ("c.jsonl", 0),
+                                                          ("b.jsonl", 1)]],
+        "2": [(str(landing / "d.jsonl"), 2)]}, committed=1, offsets={0: 0, 1: 1, 2: 2})
+    log = spark_checkpoint / "spark" / "sources" / "0"
+    (log / ".1.compact.crc").write_bytes(b"crc")
+    return landing, log
+
+
+def test_the_source_log_forgets_the_files_archived_and_only_those(tmp_path: Path) -> None:
+    """a and b are forgotten; c, gone but not archived, and d, of a batch not committed,
+    stay: a file merely missing would be read again as new if it came back."""
+    landing, log = compacted(tmp_path)
+    before = (log / "1.compact").read_text()
+    report = archive_read_files(settings(tmp_path), str(tmp_path / "archive"))
+    assert report.moved == 2 and report.log_trim is not None
+    assert (report.log_trim.entry, report.log_trim.dropped, report.log_trim.kept) == (
+        "1.compact", 2, 1)
+    after = (log / "1.compact").read_text()
+    assert after.splitlines() == [before.splitlines()[0], before.splitlines()[2]]
+    assert len(after.encode()) == report.log_trim.bytes_after < report.log_trim.bytes_before
+    assert not (log / ".1.compact.crc").exists()
+    assert (log / "2").read_text().count("d.jsonl") == 1
+    assert files_read(tmp_path / "lake" / "_checkpoints" / "stream" / "spark") == {
+        str(landing / "c.jsonl")}
+    assert report.summary().endswith(
+        f"; the checkpoint's source log forgot 2 archived file(s) (1.compact: "
+        f"{len(before.encode())} -> {len(after.encode())} bytes)")
+    again = archive_read_files(settings(tmp_path), str(tmp_path / "archive"))
+    assert (again.moved, again.log_trim and again.log_trim.dropped) == (0, 0)
+
+
+def test_a_dry_run_says_what_the_source_log_would_forget(tmp_path: Path) -> None:
+    _, log = compacted(tmp_path)
+    before = (log / "1.compact").read_text()
+    report = archive_read_files(settings(tmp_path), str(tmp_path / "archive"), dry_run=True)
+    # Nothing moved, so nothing is archived yet: nothing to forget.
+    assert report.log_trim is not None and report.log_trim.dropped == 0
+    assert (log / "1.compact").read_text() == before and (log / ".1.compact.crc").exists()
+
+
+@pytest.mark.parametrize("blocker", ["stream", "restore"])
+def test_the_source_log_waits_for_no_stream_and_a_finished_restore(
+    tmp_path: Path, blocker: str
+) -> None:
+    """The files move all the same; the next archive, with nothing in the way, forgets."""
+    _, log = compacted(tmp_path)
+    before = (log / "1.compact").read_text()
+    config = settings(tmp_path)
+    if blocker == "stream":
+        with held_by_another_process("stream_locks", config.lake, config.checkpoint):
+            report = archive_read_files(config, str(tmp_path / "archive"))
+        why = "a stream is running"
+    else:
+        marker = Path(config.checkpoint) / RESTORING_MARKER
+        marker.write_text('{"snapshot_id": "s1"}')
+        report = archive_read_files(config, str(tmp_path / "archive"))
+        marker.unlink()
+        why = "a restore of the checkpoint did not finish"
+    assert (report.moved, report.log_trim, report.log_trim_skipped) == (2, None, why)
+    assert (log / "1.compact").read_text() == before
+    assert report.summary().endswith(
+        f"; the checkpoint's source log still lists the archived files ({why}): the next "
+        "archive forgets them")
+    later = archive_read_files(config, str(tmp_path / "archive"))
+    assert later.log_trim is not None and later.log_trim.dropped == 2
+
+
+def test_the_source_log_keeps_one_line_to_name_the_folder_read(tmp_path: Path) -> None:
+    landing = landing_with(tmp_path, "a.jsonl", "b.jsonl")
+    log = tmp_path / "lake" / "_checkpoints" / "stream" / "spark" / "sources" / "0"
+    (log / "0").rename(log / "0.compact")
+    report = archive_read_files(settings(tmp_path), str(tmp_path / "archive"))
+    assert report.log_trim is not None and (report.log_trim.dropped, report.log_trim.kept) == (
+        1, 1)
+    assert first_logged_file((log / "0.compact").read_text()) == str(landing / "b.jsonl")
+
+
+def test_a_stream_reads_on_after_its_source_log_forgot_the_files_archived(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Real Spark, compacting its source log every second batch: after the archive trims
+    the compacted entry, the stream reads the new files once each, the archived ones never
+    again, and compacts on from the trimmed entry."""
+    config = settings_from({"lake": str(tmp_path / "lake"), "source": str(tmp_path / "landing"),
+                            "max_files_per_trigger": 1}, env={})
+    landing, log = Path(config.source or ""), Path(config.checkpoint) / SOURCE_LOG
+
+    def land(*indexes: int) -> None:
+        landing.mkdir(exist_ok=True)
+        for index in indexes:
+            path = landing / f"part-{index}.jsonl"
+            path.write_text(event(f"u{index}", f"10:{index:02d}", "/") + "\n")
+            os.utime(path, (1_700_000_000 + 60 * index,) * 2)
+
+    def run() -> list[int]:
+        return [m["input_records"] for m in run_stream(spark, config, clock=lambda: NOW).processed]
+
+    spark.conf.set(COMPACT_INTERVAL, "2")
+    try:
+        land(0, 1, 2, 3)
+        assert run() == [1, 1, 1, 1]  # batches 0-3; 1 and 3 compacted
+        first = archive_read_files(config, str(tmp_path / "archive"))
+        assert first.moved == 4 and first.log_trim is not None
+        assert (first.log_trim.entry, first.log_trim.dropped, first.log_trim.kept) == (
+            "3.compact", 3, 1)
+        land(4, 5)
+        assert run() == [1, 1]  # batches 4 and 5; 5 compacted from the trimmed entry
+        assert len((log / "5.compact").read_text().splitlines()) == 1 + 3
+        assert run() == []
+        second = archive_read_files(config, str(tmp_path / "archive"))
+        assert second.log_trim is not None and (second.moved, second.log_trim.dropped) == (2, 2)
+    finally:
+        spark.conf.unset(COMPACT_INTERVAL)
+    events = read_table(spark, config.lake, "events")
+    assert sorted(r.user_id for r in events.collect()) == [f"u{i}" for i in range(6)]
