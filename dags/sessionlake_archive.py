@@ -6,7 +6,8 @@ Daily: move the landing folder's files that no restore can make the stream read 
 archive folder, each to the same path below it. Files read and left in the landing folder
 cost every micro-batch run its listing. A file move, no Spark job; safe beside the stream.
 While no stream runs, the checkpoint's file source log then forgets the files archived
-(else the next run of this DAG does it).
+(else the next run of this DAG does it); that writes the checkpoint, so the task runs in
+the one-slot pool `sessionlake_checkpoint`, never beside a micro-batch run.
 
 Params: `archive_to` (a folder outside the landing folder; empty: `SESSIONLAKE_ARCHIVE`
 of the workers' environment), `dry_run` (only count what would move).
@@ -44,9 +45,10 @@ with DAG(
         """Check the params before any file moves (a dict: what XCom carries)."""
         return asdict(orch.validate_archive_params(trigger_params()))
 
-    @task
+    @task(pool=orch.CHECKPOINT_POOL)
     def archive(checked: dict[str, Any]) -> str:
-        """Move the files; the summary line is the task's result and log."""
+        """Move the files, then trim the checkpoint's source log (which writes the
+        checkpoint: hence the pool); the summary line is the task's result and log."""
         summary = orch.archive_landing(orch.locations_from_env(), orch.ArchiveParams(**checked))
         print(summary)
         return summary
