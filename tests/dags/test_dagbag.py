@@ -63,6 +63,7 @@ CHECKPOINT_TASKS = {
     "sessionlake_restore": {"restore"},
     "sessionlake_restart": {"stop_running_stream", "start_stream", "verify_resumed"},
     "sessionlake_retention": {"enforce_retention"},
+    "sessionlake_archive": {"archive"},
 }
 
 
