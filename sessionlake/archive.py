@@ -59,7 +59,8 @@ class ArchiveError(ValueError):
 
 @dataclass(frozen=True)
 class ArchiveReport:
-    """What an archive run moved, and what it left for the snapshots."""
+    """What an archive run moved, what it left for the snapshots, and what the checkpoint's
+    source log forgot."""
 
     target: str
     moved: int

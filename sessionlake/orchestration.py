@@ -51,8 +51,9 @@ JOB_SCRIPT = PROJECT_ROOT / "jobs" / "sessionlake_job.py"
 #: Where the archive DAG moves read landing files when its ``archive_to`` param is empty.
 ARCHIVE_ENV = "SESSIONLAKE_ARCHIVE"
 #: The Airflow pool of the tasks that write the streaming checkpoint (micro-batch run,
-#: restore, restart, retention's erasure, the archive's trim of the source log): one slot, so that Airflow never runs two of them
-#: at once, across DAGs. ``make airflow`` and docker/ create it.
+#: restore, restart, retention's erasure, the archive's trim of the source log): one
+#: slot, so that Airflow never runs two of them at once, across DAGs. ``make airflow``
+#: and docker/ create it.
 CHECKPOINT_POOL = "sessionlake_checkpoint"
 CHECKPOINT_POOL_SLOTS = 1
 #: Written by :func:`sessionlake.stream.checkpoint_lock` while a run holds the checkpoint.
