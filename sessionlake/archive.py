@@ -13,7 +13,7 @@ read every file moved.
 
 Then, while no stream runs (it takes the locks a run holds), the checkpoint's file source
 log forgets the files archived, which Spark would otherwise read back at every run for
-good (:func:`forget_archived`); when a stream runs, the next archive does it.
+good (:func:`forget_archived`); when a stream runs, its next start does it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from sessionlake.checkpoint import (
     LogTrim,
     UnreadInput,
     files_read,
-    trim_source_log,
+    forget_archived_files,
+    note_archive_target,
 )
 from sessionlake.config import Settings
 from sessionlake.snapshots import CHECKPOINT_COPY, list_snapshots, snapshots_root
@@ -85,7 +86,8 @@ class ArchiveReport:
     def _trim_summary(self) -> str:
         if self.log_trim_skipped:
             return (f"; the checkpoint's source log still lists the archived files "
-                    f"({self.log_trim_skipped}): the next archive forgets them")
+                    f"({self.log_trim_skipped}): the stream's next start, or the next "
+                    "archive while none runs, forgets them")
         trim = self.log_trim
         if trim is None or not trim.dropped:
             return ""
@@ -157,29 +159,20 @@ def archive_read_files(settings: Settings, target: str, *, dry_run: bool = False
 def forget_archived(
     settings: Settings, landing: Path, checkpoint: Path, destination: Path, dry_run: bool
 ) -> tuple[LogTrim | None, str | None]:
-    """Drop from the checkpoint's file source log the files archived to ``destination``
-    (:func:`sessionlake.checkpoint.trim_source_log`), while holding the locks a run holds;
-    the trim and ``None``, or ``None`` and why not.
-
-    A file is forgotten when a committed batch read it, it is gone from the landing folder
-    and it is in ``destination`` under the same path: what this command moved. A file
-    merely missing (a folder not mounted, say) is not, or it would be read again as new
-    when it came back. The snapshots' copies of the checkpoint keep their whole logs.
+    """Note ``destination`` in the checkpoint, and drop the files archived there from its
+    file source log (:func:`sessionlake.checkpoint.forget_archived_files`) while holding
+    the locks a run holds; the trim and ``None``, or ``None`` and why not (a running stream
+    forgets them at its next start). The snapshots' copies of the checkpoint keep their
+    whole logs.
     """
-    spark_checkpoint = checkpoint / SPARK_CHECKPOINT
-    prefix = f"{landing}{os.sep}"
-
-    def archived(path: str) -> bool:
-        return (path.startswith(prefix) and not os.path.lexists(path)
-                and os.path.isfile(destination / path[len(prefix):]))
-
     try:
-        if dry_run:
-            return trim_source_log(spark_checkpoint, archived, write=False), None
+        if dry_run:  # what earlier archives left listed
+            return forget_archived_files(checkpoint, landing, write=False), None
         if (checkpoint / RESTORING_MARKER).exists():
             return None, "a restore of the checkpoint did not finish"
+        note_archive_target(checkpoint, destination)
         with stream_locks(settings.lake, settings.checkpoint):
-            return trim_source_log(spark_checkpoint, archived), None
+            return forget_archived_files(checkpoint, landing), None
     except StreamAlreadyRunning:
         return None, "a stream is running"
     except (OSError, ValueError, KeyError, IndexError) as error:

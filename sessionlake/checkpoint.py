@@ -64,6 +64,9 @@ SOURCE_LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
 #: Spark's offsets log in its checkpoint: entry ``N`` holds where batch ``N`` ends in each
 #: source; for the file source, the number of its log's last entry the batch reads.
 SPARK_OFFSETS_LOG = "offsets"
+#: In a checkpoint: the folders ``sessionlake archive`` moved the files the stream read
+#: to, ``{"targets": [...]}`` (:func:`forget_archived_files`).
+ARCHIVE_NOTE = "archived.json"
 #: In a checkpoint: whether its stream reads the landing folder's subfolders,
 #: ``{"subfolders": true}`` (:func:`landing_subfolders_read`).
 LANDING_NOTE = "landing.json"
@@ -449,6 +452,40 @@ def trim_source_log(
             os.fsync(out.fileno())
         os.replace(temporary, path)
     return LogTrim(path.name, len(lines) - len(keep), len(keep), size, len(trimmed.encode()))
+
+
+def note_archive_target(checkpoint: Path, target: Path) -> None:
+    """Note in the checkpoint that read files of its landing folder were moved to
+    ``target``, so that its source log may forget them (:func:`forget_archived_files`)."""
+    note = checkpoint / ARCHIVE_NOTE
+    targets = json.loads(note.read_text())["targets"] if note.exists() else []
+    if str(target) not in targets:
+        temporary = note.with_name(f".{ARCHIVE_NOTE}.new")
+        temporary.write_text(json.dumps({"targets": [*targets, str(target)]}))
+        os.replace(temporary, note)
+
+
+def forget_archived_files(checkpoint: Path, landing: Path, *, write: bool = True) -> LogTrim:
+    """Drop from the checkpoint's file source log the files ``sessionlake archive`` moved
+    out of ``landing`` (:func:`trim_source_log`); the archive does it while no stream runs,
+    and a run at its start, holding the locks, for what a running stream kept it from.
+
+    A file is forgotten when a committed batch read it, it is gone from the landing folder
+    and it is, under the same path, in a folder the archive noted (:data:`ARCHIVE_NOTE`). A
+    file merely missing (a folder not mounted, say) is not, or it would be read again as
+    new when it came back.
+    """
+    note = checkpoint / ARCHIVE_NOTE
+    targets = [Path(t) for t in json.loads(note.read_text())["targets"]] if note.exists() else []
+    if not targets:
+        return LogTrim(None, 0, 0, 0, 0)
+    prefix = f"{os.path.abspath(landing)}{os.sep}"
+
+    def archived(path: str) -> bool:
+        return path.startswith(prefix) and not os.path.lexists(path) and any(
+            os.path.isfile(target / path[len(prefix):]) for target in targets)
+
+    return trim_source_log(checkpoint / SPARK_CHECKPOINT, archived, write=write)
 
 
 def local_file(uri: str) -> str:

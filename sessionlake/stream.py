@@ -47,6 +47,7 @@ from sessionlake.checkpoint import (
     batch_file_count,
     changed_since_read,
     first_logged_file,
+    forget_archived_files,
     hidden_from_spark,
     lake_lock_folder,
     landing_subfolders_read,
@@ -360,6 +361,24 @@ def check_landing_folder(spark: SparkSession, settings: Settings) -> None:
             )
 
 
+def forget_files_archived_meanwhile(settings: Settings) -> None:
+    """Drop from the source log the files ``sessionlake archive`` moved out while this
+    stream ran, which kept it from doing so
+    (:func:`sessionlake.checkpoint.forget_archived_files`); run holding the stream's locks.
+    A failure is a warning: the log is only bigger."""
+    checkpoint, landing = local_path(settings.checkpoint), local_path(settings.source or "")
+    if checkpoint is None or landing is None or is_glob(settings.source or ""):
+        return
+    try:
+        trim = forget_archived_files(checkpoint, landing)
+    except (OSError, ValueError, KeyError, IndexError) as error:
+        log.warning("the checkpoint's source log was not trimmed of archived files: %s", error)
+        return
+    if trim.dropped:
+        log.info("the checkpoint's source log forgot %s archived file(s) (%s: %s -> %s "
+                 "bytes)", trim.dropped, trim.entry, trim.bytes_before, trim.bytes_after)
+
+
 def warn_of_files_changed_since_read(checkpoint: str) -> None:
     """Say which landing files changed after the stream read them: what was added to them
     since is not read (:func:`sessionlake.checkpoint.changed_since_read`)."""
@@ -643,6 +662,7 @@ def run_stream(
         else:
             check_landing_folder(spark, settings)
             warn_of_files_changed_since_read(settings.checkpoint)
+            forget_files_archived_meanwhile(settings)
         register_stream(spark, settings.lake, settings.checkpoint, source_key(settings),
                         kafka_cluster)
         # The stream's own queries (tables, ledger, Delta's log replays) are small:

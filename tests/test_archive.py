@@ -207,11 +207,19 @@ def test_the_source_log_forgets_the_files_archived_and_only_those(tmp_path: Path
 
 
 def test_a_dry_run_says_what_the_source_log_would_forget(tmp_path: Path) -> None:
+    """What earlier archives moved while a stream ran, and the log still lists."""
     _, log = compacted(tmp_path)
+    config, target = settings(tmp_path), str(tmp_path / "archive")
+    nothing_yet = archive_read_files(config, target, dry_run=True).log_trim
+    assert nothing_yet is not None and nothing_yet.dropped == 0
+    with held_by_another_process("stream_locks", config.lake, config.checkpoint):
+        archive_read_files(config, target)
     before = (log / "1.compact").read_text()
-    report = archive_read_files(settings(tmp_path), str(tmp_path / "archive"), dry_run=True)
-    # Nothing moved, so nothing is archived yet: nothing to forget.
-    assert report.log_trim is not None and report.log_trim.dropped == 0
+    report = archive_read_files(config, target, dry_run=True)
+    assert report.log_trim is not None and report.log_trim.dropped == 2
+    assert report.summary().endswith(
+        f"; the checkpoint's source log would forget 2 archived file(s) (1.compact: "
+        f"{len(before.encode())} -> {report.log_trim.bytes_after} bytes)")
     assert (log / "1.compact").read_text() == before and (log / ".1.compact.crc").exists()
 
 
@@ -236,8 +244,8 @@ def test_the_source_log_waits_for_no_stream_and_a_finished_restore(
     assert (report.moved, report.log_trim, report.log_trim_skipped) == (2, None, why)
     assert (log / "1.compact").read_text() == before
     assert report.summary().endswith(
-        f"; the checkpoint's source log still lists the archived files ({why}): the next "
-        "archive forgets them")
+        f"; the checkpoint's source log still lists the archived files ({why}): the "
+        "stream's next start, or the next archive while none runs, forgets them")
     later = archive_read_files(config, str(tmp_path / "archive"))
     assert later.log_trim is not None and later.log_trim.dropped == 2
 
@@ -255,9 +263,9 @@ def test_the_source_log_keeps_one_line_to_name_the_folder_read(tmp_path: Path) -
 def test_a_stream_reads_on_after_its_source_log_forgot_the_files_archived(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """Real Spark, compacting its source log every second batch: after the archive trims
-    the compacted entry, the stream reads the new files once each, the archived ones never
-    again, and compacts on from the trimmed entry."""
+    """Real Spark, compacting its source log every second batch: after the stream's start
+    or the archive trims the compacted entry, the stream reads the new files once each,
+    the archived ones never again, and compacts on from the trimmed entry."""
     config = settings_from({"lake": str(tmp_path / "lake"), "source": str(tmp_path / "landing"),
                             "max_files_per_trigger": 1}, env={})
     landing, log = Path(config.source or ""), Path(config.checkpoint) / SOURCE_LOG
@@ -276,17 +284,22 @@ def test_a_stream_reads_on_after_its_source_log_forgot_the_files_archived(
     try:
         land(0, 1, 2, 3)
         assert run() == [1, 1, 1, 1]  # batches 0-3; 1 and 3 compacted
-        first = archive_read_files(config, str(tmp_path / "archive"))
-        assert first.moved == 4 and first.log_trim is not None
-        assert (first.log_trim.entry, first.log_trim.dropped, first.log_trim.kept) == (
-            "3.compact", 3, 1)
+        with held_by_another_process("stream_locks", config.lake, config.checkpoint):
+            first = archive_read_files(config, str(tmp_path / "archive"))
+        assert (first.moved, first.log_trim_skipped) == (4, "a stream is running")
+        assert len((log / "3.compact").read_text().splitlines()) == 1 + 4
         land(4, 5)
-        assert run() == [1, 1]  # batches 4 and 5; 5 compacted from the trimmed entry
+        assert run() == [1, 1]  # its start forgot 3 of 4; 5 compacted from the trimmed entry
         assert len((log / "5.compact").read_text().splitlines()) == 1 + 3
-        assert run() == []
+        assert run() == []  # its start forgets the line kept of part 3: 4 and 5 remain
+        assert len((log / "5.compact").read_text().splitlines()) == 1 + 2
         second = archive_read_files(config, str(tmp_path / "archive"))
-        assert second.log_trim is not None and (second.moved, second.log_trim.dropped) == (2, 2)
+        assert second.log_trim is not None  # one line stays, naming the folder read
+        assert (second.moved, second.log_trim.entry, second.log_trim.dropped) == (
+            2, "5.compact", 1)
+        land(6)
+        assert run() == [1]
     finally:
         spark.conf.unset(COMPACT_INTERVAL)
     events = read_table(spark, config.lake, "events")
-    assert sorted(r.user_id for r in events.collect()) == [f"u{i}" for i in range(6)]
+    assert sorted(r.user_id for r in events.collect()) == [f"u{i}" for i in range(7)]
