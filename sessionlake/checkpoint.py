@@ -268,15 +268,33 @@ def changed_since_read(spark_checkpoint: Path, batches: int = 3) -> list[Path]:
     for number, _, entry in reversed(entries):
         if number <= since:
             break
-        for logged in source_log_files(entry.read_text()):
+        for logged in logged_after(entry.read_text(), since):
             path = Path(logged.path)
             try:
-                if logged.batch_id > since and logged.timestamp_ms is not None and (
+                if logged.timestamp_ms is not None and (
                         path.stat().st_mtime_ns // 1_000_000 > logged.timestamp_ms):
                     changed.add(path)
             except FileNotFoundError:
                 continue
     return sorted(changed)
+
+
+def logged_after(text: str, batch_id: int) -> list[LoggedFile]:
+    """The files an entry of the file source log lists for batches after ``batch_id``,
+    read from its end: a compacted entry lists every file ever read, in batch order, and
+    the newest batches' few are all that is wanted of it."""
+    files = []
+    end = len(text)
+    while (start := text.rfind("\n", 0, end)) >= 0:  # the line before the first is the version
+        line, end = text[start + 1:end], start
+        if not line.strip():
+            continue
+        entry = json.loads(line)
+        if int(entry.get("batchId", 0)) <= batch_id:
+            break
+        files.append(LoggedFile(local_file(entry["path"]), int(entry.get("batchId", 0)),
+                                None if "timestamp" not in entry else int(entry["timestamp"])))
+    return files[::-1]
 
 
 def _source_log_entries(spark_checkpoint: Path) -> list[tuple[int, bool, Path]]:

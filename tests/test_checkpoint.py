@@ -13,8 +13,10 @@ from sessionlake.checkpoint import (
     LANDING_NOTE,
     UnreadInput,
     batch_file_count,
+    changed_since_read,
     files_read,
     local_file,
+    logged_after,
     source_log_files,
     unread_input,
 )
@@ -137,6 +139,31 @@ def test_a_logged_uri_gives_the_path_spark_read(uri: str, path: str) -> None:
     assert local_file(uri) == path
     text = "v1\n" + json.dumps({"path": uri, "timestamp": 5, "batchId": 2}) + "\n\n"
     assert [tuple(f) for f in source_log_files(text)] == [(path, 2, 5)]
+
+
+@pytest.mark.parametrize(("batch_id", "batches"), [(-1, [0, 0, 1, 2, 3]), (1, [2, 3]),
+                                                   (3, [])])
+@pytest.mark.parametrize("end", ["", "\n"])
+def test_an_entry_s_newest_batches_are_read_from_its_end(
+    batch_id: int, batches: list[int], end: str
+) -> None:
+    text = "v1" + "".join(
+        "\n" + json.dumps({"path": f"file:///l/{n}", "timestamp": n, "batchId": b})
+        for n, b in enumerate([0, 0, 1, 2, 3])) + end
+    assert [f.batch_id for f in logged_after(text, batch_id)] == batches
+    assert logged_after(text, -1) == source_log_files(text)
+
+
+def test_a_changed_file_is_looked_for_among_the_newest_batches_of_a_compacted_entry(
+    tmp_path: Path
+) -> None:
+    """Both files changed since they were listed; only the one of a newest batch is named
+    (a run does not stat every file ever read)."""
+    old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+    for path in (old, new):
+        path.write_text("{}\n")  # modified now, long after the log's time 0
+    write_source_log(tmp_path / "cp", {"9.compact": [(str(old), 0), (str(new), 9)]}, 9)
+    assert changed_since_read(tmp_path / "cp" / "spark") == [new]
 
 
 @pytest.mark.parametrize(("source", "checkpoint"), [
