@@ -169,6 +169,9 @@ class UnreadInput:
     #: Files that committed batches read, still in the landing folder: each run lists them
     #: again (``sessionlake archive`` moves them out).
     read_left: int = 0
+    #: The bytes of the file source log each run reads back: every file it ever read,
+    #: but those ``sessionlake archive`` made it forget.
+    log_bytes: int = 0
 
     @property
     def archive_due(self) -> bool:
@@ -250,7 +253,8 @@ def unread_files(folder: Path, spark_checkpoint: Path, subfolders: bool = True) 
         elif not hidden and seen and path.is_file():
             total += path.stat().st_size
             files += 1
-    return UnreadInput(bytes=total, files=files, read_left=read_left)
+    log_bytes = sum(entry.stat().st_size for entry in _entries_read_back(spark_checkpoint))
+    return UnreadInput(bytes=total, files=files, read_left=read_left, log_bytes=log_bytes)
 
 
 def changed_since_read(spark_checkpoint: Path, batches: int = 3) -> list[Path]:
@@ -314,15 +318,20 @@ def files_read(spark_checkpoint: Path) -> set[str]:
     it; later entries one batch each), up to the entry the last committed batch's offset
     names."""
     last = committed_source_offset(spark_checkpoint)
+    read: set[str] = set()
+    for entry in _entries_read_back(spark_checkpoint):
+        read.update(local_file(logged["path"]) for logged in _source_log_json(
+            entry.read_text()) if int(logged.get("batchId", 0)) <= last)
+    return read
+
+
+def _entries_read_back(spark_checkpoint: Path) -> list[Path]:
+    """The file source log's entries Spark reads at a stream's start, which list every
+    file read: the newest compacted one and those after it."""
     entries = _source_log_entries(spark_checkpoint)
     compacts = [number for number, compact, _ in entries if compact]
     since = compacts[-1] if compacts else -1
-    read: set[str] = set()
-    for number, _, entry in entries:
-        if number >= since:
-            read.update(local_file(logged["path"]) for logged in _source_log_json(
-                entry.read_text()) if int(logged.get("batchId", 0)) <= last)
-    return read
+    return [entry for number, _, entry in entries if number >= since]
 
 
 def committed_source_offset(spark_checkpoint: Path) -> int:

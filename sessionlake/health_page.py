@@ -123,11 +123,13 @@ def archive_note(health: Health) -> str:
         return ""
     text = (f"{waiting.read_left} files the stream has read are still in the landing folder"
             f" {health.source}")
+    log = (f" The checkpoint's file source log, which every run reads back, holds "
+           f"{fmt_bytes(waiting.log_bytes)}.")
     if not waiting.archive_due:
-        return f'<p id="archive-due">{escape(text)}.</p>'
+        return f'<p id="archive-due">{escape(text)}.{escape(log)}</p>'
     return (f'<p class="warn" id="archive-due">{escape(text)}, and every run lists them '
             "again: <code>sessionlake archive --to DIR</code> or the DAG "
-            "<code>sessionlake_archive</code> moves them out.</p>")
+            f"<code>sessionlake_archive</code> moves them out.{escape(log)}</p>")
 
 
 def _stream_text(health: Health) -> str:

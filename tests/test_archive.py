@@ -20,7 +20,6 @@ from sessionlake.checkpoint import (
     MANIFEST,
     RESTORING_MARKER,
     SOURCE_LOG,
-    UnreadInput,
     files_read,
     first_logged_file,
     unread_input,
@@ -159,7 +158,7 @@ def test_a_run_says_when_read_files_pile_up_in_the_landing_folder(
     landing = landing_with(tmp_path, "a.jsonl", "2026/01/05/b.jsonl")
     config = settings(tmp_path)
     unread = unread_input(str(landing), config.checkpoint)
-    assert unread == UnreadInput(0, files=0, read_left=2)
+    assert unread is not None and (unread.files, unread.read_left) == (0, 2)
     warn_of_read_files_left(unread, str(landing), at_least)
     assert ("2 files the stream has read are still in the landing folder" in caplog.text) \
         is warned
@@ -197,6 +196,9 @@ def test_the_source_log_forgets_the_files_archived_and_only_those(tmp_path: Path
     assert len(after.encode()) == report.log_trim.bytes_after < report.log_trim.bytes_before
     assert not (log / ".1.compact.crc").exists()
     assert (log / "2").read_text().count("d.jsonl") == 1
+    unread = unread_input(str(landing), settings(tmp_path).checkpoint)
+    assert unread is not None and unread.log_bytes == len(after.encode()) + (
+        log / "2").stat().st_size  # what each run reads back now
     assert files_read(tmp_path / "lake" / "_checkpoints" / "stream" / "spark") == {
         str(landing / "c.jsonl")}
     assert report.summary().endswith(

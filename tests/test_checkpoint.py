@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from pyspark.sql import SparkSession
 
 from sessionlake.checkpoint import (
     LANDING_NOTE,
+    SOURCE_LOG,
     UnreadInput,
     batch_file_count,
     changed_since_read,
@@ -34,6 +36,12 @@ def _land(folder: Path, name: str, users: list[str], minute: int) -> Path:
     return path
 
 
+def sized(source: str, checkpoint: str) -> UnreadInput | None:
+    """:func:`unread_input` without the source log's size (asserted on its own)."""
+    unread = unread_input(source, checkpoint)
+    return None if unread is None else replace(unread, log_bytes=0)
+
+
 def test_a_real_checkpoint_counts_new_files_and_uncommitted_batches(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -43,22 +51,26 @@ def test_a_real_checkpoint_counts_new_files_and_uncommitted_batches(
     second = _land(landing, "b.jsonl", ["u3"], 1)
     settings = settings_from({"lake": str(tmp_path / "lake"), "source": str(landing),
                               "max_files_per_trigger": 1}, env={})
-    assert unread_input(str(landing), settings.checkpoint) == UnreadInput(
+    assert sized(str(landing), settings.checkpoint) == UnreadInput(
         first.stat().st_size + second.stat().st_size, files=2)  # no checkpoint yet
     assert len(run_stream(spark, settings, clock=lambda: NOW).processed) == 2
     assert files_read(Path(settings.checkpoint) / "spark") == {str(first), str(second)}
-    assert unread_input(str(landing), settings.checkpoint) == UnreadInput(0, 0, read_left=2)
+    log, unread = Path(settings.checkpoint) / SOURCE_LOG, unread_input(str(landing),
+                                                                      settings.checkpoint)
+    assert unread is not None  # what each run reads back: both entries of the log
+    assert unread.log_bytes == sum((log / entry).stat().st_size for entry in ("0", "1"))
+    assert sized(str(landing), settings.checkpoint) == UnreadInput(0, 0, read_left=2)
 
     third = _land(landing, "c.jsonl", ["u4", "u5", "u6"], 2)
     (landing / ".c.jsonl.crc").write_text("hidden")  # Spark skips these; so does the count
     (landing / "_SUCCESS").write_text("")
     only_third = UnreadInput(third.stat().st_size, files=1, read_left=2)
-    assert unread_input(str(landing), settings.checkpoint) == only_third
-    assert unread_input(f"file://{landing}", f"file://{settings.checkpoint}") == only_third
+    assert sized(str(landing), settings.checkpoint) == only_third
+    assert sized(f"file://{landing}", f"file://{settings.checkpoint}") == only_third
 
     # A batch planned but not committed (a crash before its commit) is read again.
     (Path(settings.checkpoint) / "spark" / "commits" / "1").unlink()
-    assert unread_input(str(landing), settings.checkpoint) == UnreadInput(
+    assert sized(str(landing), settings.checkpoint) == UnreadInput(
         second.stat().st_size + third.stat().st_size, files=2, read_left=1)
 
 
@@ -79,7 +91,7 @@ def test_the_unread_files_are_those_the_stream_would_list(
     write_source_log(checkpoint, {"0": [("/elsewhere/read.jsonl", 0)]} if noted else {}, 0)
     if isinstance(noted, dict):
         (checkpoint / LANDING_NOTE).write_text(json.dumps(noted))
-    unread = unread_input(str(landing), str(checkpoint))
+    unread = sized(str(landing), str(checkpoint))
     sizes = {"top.jsonl": 3, "2026/01/05/deep.jsonl": 5, "dt=2026-01-05/part.jsonl": 7}
     assert unread == UnreadInput(sum(sizes[n] for n in counted), files=len(counted))
 

@@ -108,12 +108,15 @@ def test_the_input_waiting_is_what_no_committed_batch_read(
     settings = settings_from({"lake": str(lake), "source": str(landing)}, env={})
 
     health = collect_health(settings)
+    log = lake / "_checkpoints" / "stream" / "spark" / "sources" / "0" / "0"
     assert health.as_json()["input_waiting"] == {
-        "bytes": 17, "files": 1, "read_left": 1, "archive_due": False}
+        "bytes": 17, "files": 1, "read_left": 1, "log_bytes": log.stat().st_size,
+        "archive_due": False}
     assert health.as_json()["source"] == str(landing)
     assert input_waiting_text(health) == "1 files, 17 B"
     page = render_health_page(health)
     assert '<p id="archive-due">1 files the stream has read' in page
+    assert f"file source log, which every run reads back, holds {log.stat().st_size} B." in page
 
     monkeypatch.setattr(sessionlake.checkpoint, "ARCHIVE_HINT_FILES", 1)
     page = render_health_page(collect_health(settings))

@@ -115,8 +115,10 @@ def test_health_json_holds_what_the_lake_holds(
     assert health["snapshots"][0]["name"] == "nightly"
     # The three landing files were read: nothing waits, and all three are still there.
     assert health["source"] == observed_lake.settings.source
+    log = Path(observed_lake.settings.checkpoint) / "spark" / "sources" / "0"
     assert health["input_waiting"] == {
-        "files": 0, "bytes": 0, "read_left": 3, "archive_due": False}
+        "files": 0, "bytes": 0, "read_left": 3, "archive_due": False,
+        "log_bytes": sum(entry.stat().st_size for entry in log.glob("[0-9]*"))}
     assert health["problems"] == []
 
 
