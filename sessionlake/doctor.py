@@ -37,6 +37,7 @@ from sessionlake.snapshots import Snapshot, list_snapshots, snapshots_root
 from sessionlake.stream import (
     MOVED_SOURCE_WHY,
     SOURCE_LOG,
+    SourceLogUnreadable,
     checkpoint_key,
     lake_streams,
     source_moved_from,
@@ -328,7 +329,10 @@ def check_source_folder(spark: SparkSession | None, settings: Settings) -> list[
         root = storage.path_part(spark, settings.source)
     else:
         return []
-    before = source_moved_from(spark, settings.checkpoint, root)
+    try:
+        before = source_moved_from(spark, settings.checkpoint, root)
+    except SourceLogUnreadable:
+        return []  # named by the checkpoint's own check (check_checkpoint), once
     if before is None:
         return []
     return [Finding(CHECKPOINT, f"its files were read from {before}, not from --source "

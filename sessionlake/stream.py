@@ -282,19 +282,36 @@ def check_source(settings: Settings) -> str:
     return settings.source
 
 
+class SourceLogUnreadable(ConfigError):
+    """An entry of the checkpoint's file source log is not what Spark writes."""
+
+    def __init__(self, entry: str, error: Exception) -> None:
+        super().__init__(
+            f"the checkpoint's file source log entry {entry} cannot be read ({error!r}): "
+            "restore a snapshot (`sessionlake restore --snapshot ID`), which brings the "
+            "checkpoint back as it was")
+        self.entry = entry
+
+
 def recorded_source_file(spark: SparkSession | None, checkpoint: str) -> str | None:
     """The path of a file the stream's checkpoint says Spark's file source read, if any.
 
     Spark keeps each file it read by its absolute path in ``<checkpoint>/spark/sources/0``
     (a version line, then one JSON object per file). The newest batch's own entry is read
     first: a compacted entry (``N.compact``) lists every file the stream ever read.
+
+    :raises SourceLogUnreadable: naming the entry, and the way back (Spark would fail on
+        it too, after the run had started).
     """
     folder = f"{checkpoint.rstrip('/')}/{SOURCE_LOG}"
     entries = [(bool(m.group(2)), -int(m.group(1)), name)
                for name in storage.list_names(spark, folder)
                if (m := SOURCE_LOG_ENTRY.match(name))]
     for _, _, name in sorted(entries):
-        path = first_logged_file(storage.read_text(spark, f"{folder}/{name}") or "")
+        try:
+            path = first_logged_file(storage.read_text(spark, f"{folder}/{name}") or "")
+        except (ValueError, KeyError, TypeError) as error:
+            raise SourceLogUnreadable(f"{folder}/{name}", error) from None
         if path is not None:
             return path
     return None

@@ -141,6 +141,13 @@ def corrupt_offsets(settings: Settings) -> str:
     return "spark/offsets/1"
 
 
+def garble_source_log(settings: Settings) -> str:
+    log = Path(settings.checkpoint) / "spark" / "sources" / "0"
+    newest = max((p for p in log.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    newest.write_text('v1\n{"path":"file:///landing/a.js')  # cut off mid-line
+    return f"spark/sources/0/{newest.name}"
+
+
 def delete_newest_events_commit(settings: Settings) -> str:
     commit = _newest_commit(settings, "events")
     commit.unlink()
@@ -181,6 +188,7 @@ def half_write_changelog_commit(settings: Settings) -> str:
     [
         (delete_checkpoint, "checkpoint", "is missing", "restore"),
         (corrupt_offsets, "checkpoint", "not complete JSON", "restore"),
+        (garble_source_log, "checkpoint", "not complete JSON", "restore"),
         (delete_newest_events_commit, "events", "missing Delta log entry", "restore"),
         (delete_first_state_commit, OPEN_SESSIONS, "missing Delta log entry", "rebuild-state"),
         (delete_state_folder, OPEN_SESSIONS, "table folder is missing", "rebuild-state"),

@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from sessionlake import faults
+from sessionlake import cli, faults
 from sessionlake.checkpoint import LANDING_NOTE, LOCK_FILE, PID_FILE, lock_held
 from sessionlake.config import ConfigError, settings_from
 from sessionlake.sessionize import sessionize_events
@@ -169,6 +169,24 @@ def test_the_recorded_source_file_is_the_newest_batchs_own(
         (folder / name).write_text("v1\n" + "".join(
             f'{{"path":"file://{p}","timestamp":0,"batchId":0}}\n' for p in paths))
     assert recorded_source_file(None, str(tmp_path)) == expected
+
+
+def test_a_garbled_source_log_is_refused_in_one_line_before_a_batch(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Spark would fail on it too, after the run had started."""
+    split_log(tmp_path / "landing", 1)
+    run(spark, tmp_path / "landing", tmp_path / "lake")
+    entry = tmp_path / "lake" / "_checkpoints" / "stream" / "spark" / "sources" / "0" / "0"
+    entry.write_text('v1\n{"path":"file:///landing/a.js')
+    argv = ["run", "--lake", str(tmp_path / "lake"), "--source", str(tmp_path / "landing")]
+    assert cli.main(argv) == cli.EXIT_USAGE
+    [line] = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith(f"sessionlake: error: the checkpoint's file source log entry {entry} "
+                           "cannot be read")
+    assert line.endswith("restore a snapshot (`sessionlake restore --snapshot ID`), which "
+                         "brings the checkpoint back as it was")
+    assert read_table(spark, str(tmp_path / "lake"), "batch_metrics").count() == 1
 
 
 def test_a_run_with_nothing_new_changes_nothing(spark: SparkSession, tmp_path: Path) -> None:
