@@ -296,8 +296,7 @@ def logged_after(text: str, batch_id: int) -> list[LoggedFile]:
         entry = json.loads(line)
         if int(entry.get("batchId", 0)) <= batch_id:
             break
-        files.append(LoggedFile(local_file(entry["path"]), int(entry.get("batchId", 0)),
-                                None if "timestamp" not in entry else int(entry["timestamp"])))
+        files.append(_logged(entry))
     return files[::-1]
 
 
@@ -383,30 +382,35 @@ def batch_file_count(spark: SparkSession | None, checkpoint: str, batch_id: int)
         return None
     total = 0
     for number in range(start + 1, end + 1):
-        logged = _source_log_entry(spark, spark_checkpoint, number)
+        logged = _entry_s_own_files(spark, spark_checkpoint, number)
         if logged is None:
             return None
         total += sum(1 for file in logged if file.batch_id == number)
     return total
 
 
-def _source_log_entry(
+def _entry_s_own_files(
     spark: SparkSession | None, spark_checkpoint: str, number: int
 ) -> list[LoggedFile] | None:
-    """The files the file source log's entry ``number`` lists (a compacted entry lists
-    those of earlier entries too); ``None`` when it is not there."""
+    """The files the file source log's entry ``number`` lists for its own batch, read from
+    its end (a compacted entry lists every earlier file before them); ``None`` when it is
+    not there."""
     for name in (str(number), f"{number}.compact"):
         text = read_text(spark, f"{spark_checkpoint}/{SPARK_SOURCE_LOG}/{name}")
         if text is not None:
-            return source_log_files(text)
+            return logged_after(text, number - 1)
     return None
 
 
 def source_log_files(text: str) -> list[LoggedFile]:
     """The files an entry of Spark's file source log lists."""
-    return [LoggedFile(local_file(entry["path"]), int(entry.get("batchId", 0)),
-                       None if "timestamp" not in entry else int(entry["timestamp"]))
-            for entry in _source_log_json(text)]
+    return [_logged(entry) for entry in _source_log_json(text)]
+
+
+def _logged(entry: dict[str, Any]) -> LoggedFile:
+    """One JSON object of the file source log as a :class:`LoggedFile`."""
+    return LoggedFile(local_file(entry["path"]), int(entry.get("batchId", 0)),
+                      None if "timestamp" not in entry else int(entry["timestamp"]))
 
 
 def _source_log_json(text: str) -> list[dict[str, Any]]:
