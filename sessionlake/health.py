@@ -274,15 +274,16 @@ def collect_health(settings: Settings, now: datetime | None = None) -> Health:
         snapshots=list_snapshot_entries(lake, problems),
         retention=_retention_runs(states.get("retention_audit"), problems),
         source=settings.source,
-        input_waiting=_input_waiting(settings, problems),
+        input_waiting=_input_waiting(settings, running[1] if running else None, problems),
         problems=problems,
     )
 
 
-def _input_waiting(settings: Settings, problems: list[str]) -> UnreadInput | None:
-    """The landing folder's backlog against the stream's checkpoint (``--checkpoint``'s
-    default, as ``sessionlake run`` and ``archive`` take it); a missing folder is a
-    problem."""
+def _input_waiting(settings: Settings, running_checkpoint: str | None,
+                   problems: list[str]) -> UnreadInput | None:
+    """The landing folder's backlog against the checkpoint of the stream running on the
+    lake, whatever ``--checkpoint`` it was given, else against the one ``settings`` name
+    (as ``sessionlake run`` and ``archive`` take it); a missing folder is a problem."""
     source = settings.source
     if not source:
         return None
@@ -290,7 +291,7 @@ def _input_waiting(settings: Settings, problems: list[str]) -> UnreadInput | Non
     if folder is not None and not is_glob(source) and not folder.is_dir():
         problems.append(f"no landing folder at {source}: the stream has nothing to read")
         return None
-    return unread_input(source, settings.checkpoint)
+    return unread_input(source, running_checkpoint or settings.checkpoint)
 
 
 def _table_states(lake: Path, problems: list[str]) -> dict[str, deltareader.TableState]:

@@ -498,10 +498,14 @@ def lake_lock(lake: str, checkpoint: str) -> Iterator[None]:
 
     Two streams on one lake, on two checkpoints, would each MERGE the open sessions they
     read before the other's commit, and judge lateness each by its own watermark; the
-    second is refused, naming the first's checkpoint. (Local lakes only, as above.)
+    second is refused, naming the first's checkpoint. (Local lakes only, as above.) The
+    holder file names a local checkpoint by its absolute path, so that the health page,
+    in another process and folder, sizes the stream's input on it.
     """
     folder = local_path(lake_lock_folder(lake))
-    holder = json.dumps({"pid": os.getpid(), "checkpoint": checkpoint})
+    local = local_path(checkpoint)
+    holder = json.dumps({"pid": os.getpid(),
+                         "checkpoint": os.path.abspath(local) if local else checkpoint})
 
     def refusal(text: str) -> str:
         try:

@@ -123,6 +123,28 @@ def test_the_input_waiting_is_what_no_committed_batch_read(
     assert '<p class="warn" id="archive-due">' in page and "sessionlake_archive" in page
 
 
+def test_the_input_waiting_is_counted_on_the_running_stream_s_own_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream started with its own ``--checkpoint`` (here a relative one) is sized
+    against that checkpoint, not the default the page's settings name, on which every file
+    it read would count as waiting."""
+    landing, lake, elsewhere = tmp_path / "landing", tmp_path / "lake", tmp_path / "elsewhere"
+    landing.mkdir()
+    (landing / "read.json").write_text("{}\n")
+    write_source_log(elsewhere, {"0": [(str(landing / "read.json"), 0)]}, 0)
+    settings = settings_from({"lake": str(lake), "source": str(landing)}, env={})
+    waiting = collect_health(settings).input_waiting
+    assert waiting is not None and (waiting.files, waiting.read_left) == (1, 0)
+
+    monkeypatch.chdir(tmp_path)
+    with held_by_another_process("stream_locks", lake, "elsewhere"):
+        health = collect_health(settings)
+    assert health.stream_checkpoint == str(elsewhere)
+    assert health.input_waiting is not None
+    assert (health.input_waiting.files, health.input_waiting.read_left) == (0, 1)
+
+
 @pytest.mark.parametrize(("source", "text", "problem"), [
     (None, "no landing folder set", None),
     ("kafka", "a Kafka topic (see its consumer lag)", None),
