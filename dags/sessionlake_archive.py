@@ -6,7 +6,8 @@ Daily: move the landing folder's files that no restore can make the stream read 
 archive folder, each to the same path below it. Files read and left in the landing folder
 cost every micro-batch run its listing. A file move, no Spark job; safe beside the stream.
 While no stream runs, the checkpoint's file source log then forgets the files archived
-(else the stream's next start does it); that writes the checkpoint, so the task runs in
+(else the running stream does it: a continuous one between two batches, any at its next
+start); that writes the checkpoint, so the task runs in
 the one-slot pool `sessionlake_checkpoint`, never beside a micro-batch run.
 
 Params: `archive_to` (a folder outside the landing folder; empty: `SESSIONLAKE_ARCHIVE`

@@ -13,7 +13,8 @@ read every file moved.
 
 Then, while no stream runs (it takes the locks a run holds), the checkpoint's file source
 log forgets the files archived, which Spark would otherwise read back at every run for
-good (:func:`forget_archived`); when a stream runs, its next start does it.
+good (:func:`forget_archived`); when a stream runs, it does so itself: between two
+batches if it runs continuously, else at its next start.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from sessionlake.checkpoint import (
     files_read,
     forget_archived_files,
     note_archive_target,
+    request_forget,
 )
 from sessionlake.config import Settings
 from sessionlake.snapshots import CHECKPOINT_COPY, list_snapshots, snapshots_root
@@ -86,8 +88,9 @@ class ArchiveReport:
     def _trim_summary(self) -> str:
         if self.log_trim_skipped:
             return (f"; the checkpoint's source log still lists the archived files "
-                    f"({self.log_trim_skipped}): the stream's next start, or the next "
-                    "archive while none runs, forgets them")
+                    f"({self.log_trim_skipped}): a continuous stream forgets them between "
+                    "two batches, any stream at its next start, or the next archive while "
+                    "none runs")
         trim = self.log_trim
         if trim is None or not trim.dropped:
             return ""
@@ -162,7 +165,7 @@ def forget_archived(
     """Note ``destination`` in the checkpoint, and drop the files archived there from its
     file source log (:func:`sessionlake.checkpoint.forget_archived_files`) while holding
     the locks a run holds; the trim and ``None``, or ``None`` and why not (a running stream
-    forgets them at its next start). The snapshots' copies of the checkpoint keep their
+    is asked to forget them itself). The snapshots' copies of the checkpoint keep their
     whole logs.
     """
     try:
@@ -174,6 +177,7 @@ def forget_archived(
         with stream_locks(settings.lake, settings.checkpoint):
             return forget_archived_files(checkpoint, landing), None
     except StreamAlreadyRunning:
+        request_forget(checkpoint)
         return None, "a stream is running"
     except (OSError, ValueError, KeyError, IndexError) as error:
         log.warning("the checkpoint's source log was not trimmed: %s", error)

@@ -67,6 +67,9 @@ SPARK_OFFSETS_LOG = "offsets"
 #: In a checkpoint: the folders ``sessionlake archive`` moved the files the stream read
 #: to, ``{"targets": [...]}`` (:func:`forget_archived_files`).
 ARCHIVE_NOTE = "archived.json"
+#: In a checkpoint: an archive found its stream running and left the trim of the source log
+#: to it (:func:`request_forget`); a continuous run does it between two batches.
+FORGET_REQUEST = "archived.pending"
 #: In a checkpoint: whether its stream reads the landing folder's subfolders,
 #: ``{"subfolders": true}`` (:func:`landing_subfolders_read`).
 LANDING_NOTE = "landing.json"
@@ -496,6 +499,17 @@ def note_archive_target(checkpoint: Path, target: Path) -> None:
         os.replace(temporary, note)
 
 
+def request_forget(checkpoint: Path) -> None:
+    """Ask the stream running on ``checkpoint`` to forget the files archived
+    (:data:`FORGET_REQUEST`), which the archive could not do beside it."""
+    (checkpoint / FORGET_REQUEST).touch()
+
+
+def forget_requested(checkpoint: Path) -> bool:
+    """Whether an archive asked the stream on ``checkpoint`` to forget what it archived."""
+    return (checkpoint / FORGET_REQUEST).exists()
+
+
 def forget_archived_files(checkpoint: Path, landing: Path, *, write: bool = True) -> LogTrim:
     """Drop from the checkpoint's file source log the files ``sessionlake archive`` moved
     out of ``landing`` (:func:`trim_source_log`); the archive does it while no stream runs,
@@ -504,8 +518,10 @@ def forget_archived_files(checkpoint: Path, landing: Path, *, write: bool = True
     A file is forgotten when a committed batch read it, it is gone from the landing folder
     and it is, under the same path, in a folder the archive noted (:data:`ARCHIVE_NOTE`). A
     file merely missing (a folder not mounted, say) is not, or it would be read again as
-    new when it came back.
+    new when it came back. Writing answers an archive's request (:func:`request_forget`).
     """
+    if write:  # first, so that a trim that fails is not asked for again and again
+        (checkpoint / FORGET_REQUEST).unlink(missing_ok=True)
     note = checkpoint / ARCHIVE_NOTE
     targets = [Path(t) for t in json.loads(note.read_text())["targets"]] if note.exists() else []
     if not targets:

@@ -193,6 +193,12 @@ class BatchMonitor(StreamingQueryListener):
             log.info("stream stopped: run %s", event.runId)
         self._terminated.set()
 
+    def query_restarted(self) -> None:
+        """The run started its query anew after stopping it itself: what follows is the
+        new query's."""
+        self.stop_requested = False
+        self._terminated.clear()
+
     def wait_terminated(self, timeout: float = 10.0) -> bool:
         """Wait until Spark has told the listener that the query ended.
 

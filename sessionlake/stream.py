@@ -27,7 +27,7 @@ from types import FrameType
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from sessionlake import faults, storage
 from sessionlake.batch import BatchReport, Clock, process_lines, stream_identity, utc_now
@@ -48,6 +48,7 @@ from sessionlake.checkpoint import (
     changed_since_read,
     first_logged_file,
     forget_archived_files,
+    forget_requested,
     hidden_from_spark,
     lake_lock_folder,
     landing_subfolders_read,
@@ -735,6 +736,10 @@ def run_stream(
             seconds = int(settings.processing_interval.total_seconds())
             writer = writer.trigger(processingTime=f"{seconds} seconds")
         monitor = BatchMonitor(settings, reports)
+        # Where a continuous run on files looks for an archive's request to forget files
+        # (answered by a new query: see _restarted_forgetting).
+        requests_in = None if settings.reads_kafka or settings.trigger == "available-now" \
+            else local_path(settings.checkpoint)
         spark.streams.addListener(monitor)
         quiet_after_stop = _QuietAfterStop(monitor)
         _PY4J_LOG.addFilter(quiet_after_stop)
@@ -754,6 +759,12 @@ def run_stream(
                             monitor.stop_requested = True
                             query.stop()
                             break
+                    elif (requests_in is not None and not in_batch.is_set()
+                          and forget_requested(requests_in) and _between_triggers(query)):
+                        query = _restarted_forgetting(query, writer, monitor, settings)
+                        if forget_requested(requests_in):  # the trim failed: not again
+                            requests_in = None
+                        continue
                     query.awaitTermination(1)
             error = query.exception()
             if error is not None and monitor.stop_requested:
@@ -772,6 +783,29 @@ def run_stream(
             spark.streams.removeListener(monitor)
             _PY4J_LOG.removeFilter(quiet_after_stop)
     return summary
+
+
+def _restarted_forgetting(query: StreamingQuery, writer: DataStreamWriter,
+                          monitor: BatchMonitor, settings: Settings) -> StreamingQuery:
+    """``query`` stopped between two triggers and started anew on its checkpoint, the files
+    ``sessionlake archive`` moved meanwhile forgotten in between
+    (:func:`forget_files_archived_meanwhile`), as a run's start does.
+
+    A running file source holds every file it ever read in memory and writes them all into
+    every tenth entry of its log; only a new query reads the trimmed log. A trigger that
+    began just before the stop is interrupted and its batch runs again in the new query,
+    as after a crash (every table write is idempotent per batch id).
+    """
+    monitor.stop_requested = True
+    query.stop()
+    monitor.wait_terminated()
+    error = query.exception()
+    if error is not None:
+        log.warning("a trigger began as the stream stopped to forget archived files (%s): "
+                    "its batch runs again", str(error).splitlines()[0])
+    forget_files_archived_meanwhile(settings)
+    monitor.query_restarted()
+    return writer.start()
 
 
 #: py4j reports, with a traceback, an error of the Python side of a batch.

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from pyspark.sql import SparkSession
 
 from sessionlake.archive import ArchiveError, archive_read_files, warn_of_read_files_left
 from sessionlake.checkpoint import (
+    FORGET_REQUEST,
     MANIFEST,
     RESTORING_MARKER,
     SOURCE_LOG,
@@ -27,7 +31,7 @@ from sessionlake.checkpoint import (
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
 from sessionlake.snapshots import Snapshot
-from sessionlake.stream import run_stream
+from sessionlake.stream import RunSummary, run_stream
 from sessionlake.tables import read_table
 from tests.helpers import NOW, event, held_by_another_process, write_source_log
 
@@ -246,10 +250,14 @@ def test_the_source_log_waits_for_no_stream_and_a_finished_restore(
     assert (report.moved, report.log_trim, report.log_trim_skipped) == (2, None, why)
     assert (log / "1.compact").read_text() == before
     assert report.summary().endswith(
-        f"; the checkpoint's source log still lists the archived files ({why}): the "
-        "stream's next start, or the next archive while none runs, forgets them")
+        f"; the checkpoint's source log still lists the archived files ({why}): a "
+        "continuous stream forgets them between two batches, any stream at its next start, "
+        "or the next archive while none runs")
+    request = Path(config.checkpoint) / FORGET_REQUEST
+    assert request.exists() == (blocker == "stream")  # the running stream is asked
     later = archive_read_files(config, str(tmp_path / "archive"))
     assert later.log_trim is not None and later.log_trim.dropped == 2
+    assert not request.exists()
 
 
 def test_the_source_log_keeps_one_line_to_name_the_folder_read(tmp_path: Path) -> None:
@@ -305,3 +313,67 @@ def test_a_stream_reads_on_after_its_source_log_forgot_the_files_archived(
         spark.conf.unset(COMPACT_INTERVAL)
     events = read_table(spark, config.lake, "events")
     assert sorted(r.user_id for r in events.collect()) == [f"u{i}" for i in range(7)]
+
+
+def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.2)
+
+
+def test_a_continuous_stream_forgets_the_files_archived_while_it_runs(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """An archive beside a continuous stream asks it to forget: the stream starts its query
+    anew between two batches on the trimmed log, then reads each new file once, the
+    archived ones never again, and compacts on from the trimmed entry."""
+    config = settings_from({"lake": str(tmp_path / "lake"), "source": str(tmp_path / "landing"),
+                            "max_files_per_trigger": 1, "trigger": "continuous",
+                            "processing_interval": "1s"}, env={})
+    landing, checkpoint = Path(config.source or ""), Path(config.checkpoint)
+    log, commits = checkpoint / SOURCE_LOG, checkpoint / "spark" / "commits"
+    landing.mkdir()
+
+    def land(*indexes: int) -> None:
+        for index in indexes:
+            path = landing / f"part-{index}.jsonl"
+            path.write_text(event(f"u{index}", f"10:{index:02d}", "/") + "\n")
+            os.utime(path, (1_700_000_000 + 60 * index,) * 2)
+
+    def lines(entry: str) -> int:
+        return len((log / entry).read_text().splitlines()) if (log / entry).exists() else 0
+
+    runs: list[RunSummary | BaseException] = []
+
+    def run() -> None:
+        try:
+            runs.append(run_stream(spark, config, clock=lambda: NOW))
+        except BaseException as error:  # handed to the test's thread
+            runs.append(error)
+
+    spark.conf.set(COMPACT_INTERVAL, "2")
+    stream = threading.Thread(target=run, daemon=True)
+    try:
+        land(0, 1, 2, 3)
+        stream.start()
+        _wait_until(lambda: (commits / "3").exists() or bool(runs), "batches 0-3 committed")
+        report = archive_read_files(config, str(tmp_path / "archive"))
+        assert (report.moved, report.log_trim_skipped) == (4, "a stream is running")
+        _wait_until(lambda: lines("3.compact") == 1 + 1 or bool(runs), "3.compact trimmed")
+        assert not (checkpoint / FORGET_REQUEST).exists()
+        land(4, 5)
+        _wait_until(lambda: (commits / "5").exists() or bool(runs), "batches 4-5 committed")
+        assert lines("5.compact") == 1 + 3  # compacted on from the trimmed entry
+        (query,) = spark.streams.active
+        _wait_until(lambda: not query.status["isTriggerActive"], "a quiet moment")
+        query.stop()
+        stream.join(60)
+    finally:
+        spark.conf.unset(COMPACT_INTERVAL)
+        for query in spark.streams.active:
+            query.stop()
+    assert len(runs) == 1 and isinstance(runs[0], RunSummary), runs
+    assert [m["input_records"] for m in runs[0].processed] == [1] * 6
+    events = read_table(spark, config.lake, "events")
+    assert sorted(r.user_id for r in events.collect()) == [f"u{i}" for i in range(6)]
