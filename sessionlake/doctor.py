@@ -42,7 +42,13 @@ from sessionlake.stream import (
     lake_streams,
     source_moved_from,
 )
-from sessionlake.tables import BATCH_METRICS, OPEN_SESSIONS, STREAM_TABLES, table_path
+from sessionlake.tables import (
+    BATCH_METRICS,
+    OPEN_SESSIONS,
+    RETENTION_AUDIT,
+    STREAM_TABLES,
+    table_path,
+)
 
 CHECKPOINT = "checkpoint"
 SNAPSHOTS = "snapshots"
@@ -377,7 +383,7 @@ def restore_target(
     ``open_sessions`` counts too: the restore returns that table as well.
     """
     needs = [f for f in findings if not f.ok and f.version is not None
-             and (f.subject != OPEN_SESSIONS or f.in_log)]
+             and (f.subject != OPEN_SESSIONS or f.in_log) and f.subject != RETENTION_AUDIT]
     for snapshot in reversed(snapshots):
         if all(snapshot.table_versions.get(f.subject, -1) < (f.version or 0) for f in needs):
             return snapshot
@@ -408,6 +414,11 @@ def advise(
         elif finding.detail == RESTORING_MARKER:
             again = _command(settings, "restore", "--snapshot", finding.lost)
             recovery = f"recover: run `{again}` again"
+        elif finding.subject == RETENTION_AUDIT:
+            recovery = (f"no snapshot holds it (the erasures it records outlive any restore): "
+                        f"{finding.lost}; the erasures themselves stay done. Move "
+                        f"{table_path(settings.lake, RETENTION_AUDIT)} aside, and the next "
+                        "`sessionlake run` creates it anew, empty")
         elif finding.subject == OPEN_SESSIONS:
             recovery = (f"recover: `{_command(settings, 'rebuild-state')}` (recomputes it "
                         "from events and sessions)")
@@ -445,6 +456,8 @@ def check_lake(spark: SparkSession | None, settings: Settings) -> HealthReport:
     for table in STREAM_TABLES:
         logs[table], table_findings = check_table(spark, lake, table)
         findings += table_findings
+    if storage.exists(spark, table_path(lake, RETENTION_AUDIT)):  # else the next run makes it
+        findings += check_table(spark, lake, RETENTION_AUDIT)[1]
     given = checkpoint_key(settings.checkpoint)
     elsewhere = [checkpoint for checkpoint in lake_streams(spark, lake)
                  if checkpoint != given and storage.exists(spark, f"{checkpoint}/spark")]

@@ -30,7 +30,7 @@ from sessionlake.doctor import check_lake
 from sessionlake.rebuild import RebuildError, rebuild_open_sessions
 from sessionlake.snapshots import SnapshotError, create_snapshot, restore_snapshot
 from sessionlake.stream import checkpoint_lock, lake_lock, register_stream, run_stream
-from sessionlake.tables import OPEN_SESSIONS, read_table, table_path
+from sessionlake.tables import OPEN_SESSIONS, RETENTION_AUDIT, read_table, table_path
 from tests.helpers import NOW, event, held_by_another_process, hm
 
 #: Batch 0 closes c's session and the bot's first one-hour chunk (watermark 10:35); the
@@ -109,7 +109,8 @@ def test_a_healthy_lake_passes_every_check(
 ) -> None:
     assert main(["doctor", "--lake", str(built.root / "lake")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines] == ["ok"] * 8 + ["healthy:"]
+    assert [line.split()[0] for line in lines] == ["ok"] * 9 + ["healthy:"]
+    assert any(line.split()[:2] == ["ok", "retention_audit:"] for line in lines), lines
     assert "last committed batch 1" in lines[0]
 
 
@@ -212,6 +213,19 @@ def test_damage_is_named_with_its_recovery(
                if recovery == "restore" else f"sessionlake rebuild-state --lake {copy.lake}")
     assert f"recover: `{command}`" in finding.line()
     assert report.lines()[-1].startswith("damaged: 1 problem(s); recover with: " + command)
+
+
+def test_a_damaged_retention_audit_is_named_with_no_restore(copy: Settings) -> None:
+    """No snapshot holds the audit (erasures outlive restores): a restore is not offered for
+    it, and the way out says what is lost and what stays done."""
+    commit = _newest_commit(copy, RETENTION_AUDIT)
+    commit.write_text("garbage")
+    report = check_lake(None, copy)
+    [finding] = [f for f in report.findings if not f.ok]
+    assert (finding.subject, finding.detail) == (RETENTION_AUDIT, f"_delta_log/{commit.name}")
+    assert "sessionlake restore" not in (finding.recovery or "")
+    assert f"Move {table_path(copy.lake, RETENTION_AUDIT)} aside" in (finding.recovery or "")
+    assert report.lines()[-1] == "damaged: 1 problem(s); no command recovers it"
 
 
 def test_a_moved_landing_folder_is_named_with_the_run_that_still_works(
