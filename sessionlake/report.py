@@ -16,11 +16,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from html import escape
 from pathlib import Path
 from statistics import median
+
+import pyarrow as pa
 
 from sessionlake import deltareader
 from sessionlake.charts import bar_chart
@@ -60,13 +62,19 @@ class LakeReport:
 
 
 def build_report(settings: Settings) -> LakeReport:
-    """Read the lake's health and its closed sessions."""
+    """Read the lake's health and its closed sessions. A data file of ``sessions`` that is
+    missing or cut short is named among the problems, the session figures left empty: the
+    report shows what it can, and ``sessionlake doctor`` says how to recover."""
     health = collect_health(settings)
     sessions_table = deltareader.local_table_path(settings.lake) / "sessions"
+    stats = SessionStats(0, None, None, None, [], [])
     if deltareader.is_delta_table(sessions_table):
-        stats = session_stats(deltareader.read_state(sessions_table))
-    else:
-        stats = SessionStats(0, None, None, None, [], [])
+        try:
+            stats = session_stats(deltareader.read_state(sessions_table))
+        except (OSError, pa.ArrowException) as error:
+            problem = (f"sessions could not be read ({str(error).splitlines()[0]}): "
+                       "`sessionlake doctor` names the damage and its recovery")
+            health = replace(health, problems=[*health.problems, problem])
     return LakeReport(health, stats)
 
 

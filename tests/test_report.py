@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -84,3 +85,23 @@ def test_progress_draws_on_a_terminal_only(capsys: pytest.CaptureFixture[str]) -
     with progress("compaction", total=3) as step:  # pytest's stderr is no terminal
         step("events")
     assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("damage", ["missing", "cut short"])
+def test_a_damaged_sessions_file_is_a_problem_line_not_a_traceback(
+    observed_lake: ObservedLake, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    damage: str,
+) -> None:
+    lake = tmp_path / "lake"
+    shutil.copytree(observed_lake.settings.lake, lake)
+    data = sorted((lake / "sessions").rglob("*.parquet"))[0]
+    if damage == "missing":
+        data.unlink()
+    else:
+        data.write_bytes(data.read_bytes()[:100])
+    assert cli.main(["report", "--lake", str(lake)]) == 0
+    out = capsys.readouterr().out
+    [problem] = [line for line in out.splitlines() if "sessions could not be read" in line]
+    assert problem.split()[0] == "problem" and problem.endswith(
+        "`sessionlake doctor` names the damage and its recovery")
+    assert "3 closed, 1 open" in out  # the rest of the report is there
