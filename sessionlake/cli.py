@@ -12,9 +12,11 @@ import sys
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from datetime import date
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from sessionlake import __version__
 from sessionlake.config import ConfigError, Settings, settings_from
 from sessionlake.progress import Step, progress
 
@@ -53,10 +55,24 @@ def _lake(parser: argparse.ArgumentParser, required: bool = False) -> None:
                         help="lake folder or URI (default $SESSIONLAKE_LAKE)")
 
 
+def _versions() -> str:
+    """sessionlake's version, and those of the PySpark and Delta packages it runs on."""
+    found = []
+    for package in ("pyspark", "delta-spark"):
+        try:
+            found.append(f"{package} {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{package} not installed")
+    return f"sessionlake {__version__} ({', '.join(found)})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     parser = _Parser(prog="sessionlake", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log every batch")
+    parser.add_argument("--version", action="version", version=_versions())
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log at INFO: the stream's start and stop, each batch's rows "
+                             "and progress, the code generation chosen, py4j's connections")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = commands.add_parser(
@@ -360,6 +376,7 @@ def _batch_step(step: Step | None) -> Callable[[Any], None] | None:
 def cmd_sql(args: argparse.Namespace) -> int:
     """``sessionlake sql``: run a statement or a named query and print its rows."""
     from pyspark.errors import AnalysisException, ParseException
+    from pyspark.logger import PySparkLogger
 
     from sessionlake.query import (
         LakeNotFound,
@@ -388,6 +405,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     settings = _settings(args)
     spark = _spark(settings, "sessionlake-sql")
+    # PySpark logs an analysis error with its query context as a JSON record with a Java
+    # stack trace before raising it; the one line below says what is wrong.
+    PySparkLogger.getLogger("SQLQueryContextLogger").disabled = True
     try:
         if args.query is not None:
             frame = run_named_query(spark, settings.lake, args.query, params, as_of)

@@ -135,7 +135,7 @@ def summary_lines(report: LakeReport) -> list[tuple[str, str]]:
         ("watermark", fmt_time(health.watermark)),
         ("input", _input_text(health)),
         ("sessions", f"{health.closed_sessions or 0} closed, {health.open_sessions or 0} open;"
-                     f" median length {fmt_seconds(stats.median_duration_s)}, "
+                     f" the closed: median length {fmt_seconds(stats.median_duration_s)}, "
                      f"{_percent(stats.bounce_rate)} bounces, "
                      + ("—" if stats.mean_events is None else f"{stats.mean_events:.1f}")
                      + " events per session"),

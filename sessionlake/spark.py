@@ -16,6 +16,7 @@ import hashlib
 import os
 import re
 import tempfile
+import time
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -250,6 +251,21 @@ def check_kafka_jars(jars_dir: str | os.PathLike[str] | None = None) -> None:
 LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 
 
+def use_utc_in_python() -> None:
+    """Make this process's local time UTC, the Spark session's time zone.
+
+    PySpark hands a collected timestamp back as a naive datetime in the Python process's
+    local time, whatever ``spark.sql.session.timeZone`` says: on a machine set to New York,
+    10:00 UTC came back as 05:00. sessionlake reads such values as UTC (the watermark a
+    batch takes from ``batch_metrics``, the one ``rebuild-state`` starts from) and
+    ``sessionlake sql`` prints them as the tables' UTC; they would be off by the machine's
+    offset. Set before the JVM starts, the JVM and its Python workers inherit it too.
+    """
+    if os.environ.get("TZ") != "UTC":
+        os.environ["TZ"] = "UTC"
+        time.tzset()
+
+
 def build_spark(
     master: str = "local[*]",
     *,
@@ -281,6 +297,7 @@ def build_spark(
     spark-submit the session predates this call and ``master`` is ignored.
     :return: the session.
     """
+    use_utc_in_python()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or _python())
     builder = SparkSession.builder.master(master).appName(app_name)

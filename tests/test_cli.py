@@ -14,7 +14,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sessionlake.cli import main
-from tests.conftest import DATA, REPO
+from tests.conftest import DATA, REPO, ObservedLake
 
 LOG_LINES = (DATA / "apache_access_2015_head3000.log").read_text().splitlines(keepends=True)
 
@@ -79,12 +79,46 @@ def test_sql_on_a_missing_lake_and_bad_sql_exit_2(
     assert "no sessionlake tables" in capsys.readouterr().err
 
 
-def _cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SESSIONLAKE_DRIVER_MEMORY": "1g"}
+@pytest.mark.parametrize("statement", ["SELECT * FROM nosuch", "SELECT nosuch FROM sessions"])
+def test_an_analysis_error_is_one_line_without_a_stack_trace(
+    observed_lake: ObservedLake, capfd: pytest.CaptureFixture[str], statement: str
+) -> None:
+    assert main(["sql", "--lake", observed_lake.settings.lake, statement]) == 2
+    err = capfd.readouterr().err
+    assert "SQLQueryContextLogger" not in err and "\tat org.apache" not in err, err[:2000]
+    assert err.strip().splitlines()[-1].startswith("sessionlake: error: the query failed: ")
+
+
+def test_version_names_the_packages_it_runs_on(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert re.fullmatch(r"sessionlake \S+ \(pyspark 4\.2\.\d+, delta-spark 4\.4\.\d+\)\n",
+                        capsys.readouterr().out)
+
+
+def _cli(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None
+         ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sessionlake.cli", *args],
-        capture_output=True, text=True, cwd=cwd, env=env, timeout=600, check=False,
+        [sys.executable, "-m", "sessionlake.cli", *args], capture_output=True, text=True,
+        cwd=cwd, env={**os.environ, "SESSIONLAKE_DRIVER_MEMORY": "1g", **(env or {})},
+        timeout=600, check=False,
     )
+
+
+def test_sql_prints_utc_times_on_a_machine_in_another_time_zone(
+    spark: SparkSession, observed_lake: ObservedLake
+) -> None:
+    """PySpark hands timestamps to Python in the process's local time: the command line
+    must print (and the engine read) the tables' UTC whatever the machine's zone."""
+    lake = observed_lake.settings.lake
+    statement = "SELECT max(max_event_time) AS newest FROM batch_metrics"
+    newest = spark.sql(statement.replace("batch_metrics", f"delta.`{lake}/batch_metrics`")
+                       ).head()[0]  # this test process runs in UTC (conftest)
+    result = _cli("sql", "--lake", lake, "--output", "csv", statement,
+                  env={"TZ": "America/New_York"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == ["newest", newest.isoformat(sep=" ")]
 
 
 @pytest.mark.slow
