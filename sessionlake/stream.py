@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
 from types import FrameType
@@ -55,7 +55,7 @@ from sessionlake.checkpoint import (
     lock_held,
     partition_folder,
 )
-from sessionlake.config import ENV, ConfigError, Settings
+from sessionlake.config import ENV, ConfigError, Settings, format_duration
 from sessionlake.kafkaadmin import KafkaTopic, KafkaUnavailable, describe_topic
 from sessionlake.monitor import BatchMonitor
 from sessionlake.sources import KAFKA_SCHEME, file_lines, kafka_lines, number_lines
@@ -116,6 +116,39 @@ def check_no_batch_cut_off_elsewhere(spark: SparkSession, settings: Settings) ->
                 "checkpoint once first (`sessionlake run --checkpoint "
                 f"{checkpoint}` with its --source), so that the lake holds whole batches"
             )
+
+
+#: In the lake's ``_checkpoints`` folder: the gap its stream cuts sessions with, noted at
+#: the first run (:func:`check_gap_unchanged`).
+GAP_NOTE = "gap.json"
+
+
+def check_gap_unchanged(spark: SparkSession, settings: Settings) -> None:
+    """Refuse a run whose ``--gap`` is not the one the lake's stream has cut its sessions
+    with; note it at the lake's first run.
+
+    Open sessions cut with one gap and extended with another are neither: the lake would
+    no longer match a batch sessionization of its events with any gap. A gap changed by
+    mistake (``--gap 30``, which is 30 seconds; a DAG's environment other than the
+    command line's) is refused before any batch. Sessions with another gap are a backfill
+    of a date range (``sessionlake backfill --gap``) or a new lake.
+    """
+    uri = f"{lake_lock_folder(settings.lake)}/{GAP_NOTE}"
+    text = storage.read_text(spark, uri)
+    gap_s = settings.gap.total_seconds()
+    if text is None:
+        storage.write_text(spark, uri, json.dumps({"gap_s": gap_s}))
+        return
+    noted = float(json.loads(text)["gap_s"])
+    if noted != gap_s:
+        lake_gap = format_duration(timedelta(seconds=noted))
+        raise ConfigError(
+            f"the stream of lake {settings.lake} cuts its sessions with --gap {lake_gap}; "
+            f"--gap {format_duration(settings.gap)} would cut the rest with another. Pass "
+            f"--gap {lake_gap} (a number without a unit is seconds); for sessions with "
+            "another gap, `sessionlake backfill --gap` re-cuts a date range, or start a new "
+            "lake"
+        )
 
 
 def checkpoint_key(checkpoint: str) -> str:
@@ -679,6 +712,7 @@ def run_stream(
     with stream_locks(settings.lake, settings.checkpoint):
         check_no_restore_pending(spark, settings.checkpoint)
         check_no_batch_cut_off_elsewhere(spark, settings)
+        check_gap_unchanged(spark, settings)
         if settings.reads_kafka:
             check_topic_not_read_elsewhere(spark, settings, kafka_cluster)
         else:

@@ -268,6 +268,29 @@ def test_a_run_starting_while_a_reader_probes_its_lock_waits_the_probe_out(
             probe_ends.join()
 
 
+@pytest.mark.parametrize(("gap", "refused"), [("30", True), ("45m", True), ("1800s", False)])
+def test_a_run_with_another_gap_than_the_lake_s_is_refused_before_any_batch(
+    spark: SparkSession, tmp_path: Path, gap: str, refused: bool
+) -> None:
+    """Open sessions cut with one gap and extended with another match no batch
+    sessionization; a bare number is seconds, so ``--gap 30`` on a 30m lake is a mistake."""
+    files = split_log(tmp_path / "landing", 2)
+    files[1].rename(tmp_path / "later.log")
+    lake = tmp_path / "lake"
+    assert len(run(spark, tmp_path / "landing", lake)) == 1  # the default gap, 30m
+    (tmp_path / "later.log").rename(files[1])
+    versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+    if refused:
+        with pytest.raises(ConfigError, match=(
+                f"the stream of lake {lake} cuts its sessions with --gap 30m; --gap "
+                rf"{'30s' if gap == '30' else gap} would cut the rest with another\. Pass "
+                r"--gap 30m \(a number without a unit is seconds\)")):
+            run(spark, tmp_path / "landing", lake, gap=gap)
+        assert versions == {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+    else:  # the same gap, spelled otherwise
+        assert len(run(spark, tmp_path / "landing", lake, gap=gap)) == 1
+
+
 def test_a_second_stream_on_a_lake_is_refused_whatever_its_checkpoint(
     spark: SparkSession, tmp_path: Path
 ) -> None:
