@@ -113,8 +113,9 @@ def test_sql_prints_utc_times_on_a_machine_in_another_time_zone(
     must print (and the engine read) the tables' UTC whatever the machine's zone."""
     lake = observed_lake.settings.lake
     statement = "SELECT max(max_event_time) AS newest FROM batch_metrics"
-    newest = spark.sql(statement.replace("batch_metrics", f"delta.`{lake}/batch_metrics`")
-                       ).head()[0]  # this test process runs in UTC (conftest)
+    # This test process runs in UTC (conftest).
+    [(newest,)] = spark.sql(
+        statement.replace("batch_metrics", f"delta.`{lake}/batch_metrics`")).collect()
     result = _cli("sql", "--lake", lake, "--output", "csv", statement,
                   env={"TZ": "America/New_York"})
     assert result.returncode == 0, result.stderr[-2000:]
