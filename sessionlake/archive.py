@@ -31,7 +31,7 @@ from sessionlake.checkpoint import (
     SPARK_CHECKPOINT,
     LogTrim,
     UnreadInput,
-    files_read,
+    files_read_as_listed,
     forget_archived_files,
     note_archive_target,
     request_forget,
@@ -42,6 +42,9 @@ from sessionlake.storage import is_glob, local_path, within
 from sessionlake.stream import StreamAlreadyRunning, stream_locks
 
 log = logging.getLogger(__name__)
+
+#: How many changed files an archive's summary names.
+CHANGED_NAMED = 5
 
 
 def warn_of_read_files_left(
@@ -75,6 +78,9 @@ class ArchiveReport:
     log_trim: LogTrim | None = None
     #: Why the source log was left as it was, when it was.
     log_trim_skipped: str | None = None
+    #: Files moved (below the landing folder) that changed after the stream read them:
+    #: what was added to them later was never read.
+    changed_after_read: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """One line for the command line and task logs."""
@@ -83,7 +89,15 @@ class ArchiveReport:
                 "snapshot had not read them, and a restore to it reads them again"
                 if self.kept_for_snapshots else "")
         return (f"{verb} {self.moved} file(s), {self.moved_bytes} bytes, to "
-                f"{self.target}{kept}{self._trim_summary()}")
+                f"{self.target}{kept}{self._changed_summary()}{self._trim_summary()}")
+
+    def _changed_summary(self) -> str:
+        changed = self.changed_after_read
+        if not changed:
+            return ""
+        more = f" and {len(changed) - CHANGED_NAMED} more" if len(changed) > CHANGED_NAMED else ""
+        return (f"; {len(changed)} of them changed after the stream read them, and what was "
+                f"added later was never read: {', '.join(changed[:CHANGED_NAMED])}{more}")
 
     def _trim_summary(self) -> str:
         if self.log_trim_skipped:
@@ -99,10 +113,13 @@ class ArchiveReport:
                 f"({trim.entry}: {trim.bytes_before} -> {trim.bytes_after} bytes)")
 
 
-def read_by_every_restore_point(checkpoint: Path, lake: str) -> tuple[set[str], set[str]]:
-    """The files the checkpoint's committed batches read, and of those the ones every
-    snapshot of the lake had read too (a snapshot of another checkpoint, or taken before
-    any batch, keeps every file in place).
+def read_by_every_restore_point(
+    checkpoint: Path, lake: str
+) -> tuple[dict[str, int | None], set[str]]:
+    """The files the checkpoint's committed batches read (with their modification times
+    as listed, :func:`~sessionlake.checkpoint.files_read_as_listed`), and of those the ones
+    every snapshot of the lake had read too (a snapshot of another checkpoint, or taken
+    before any batch, keeps every file in place).
 
     :raises ArchiveError: a log that cannot be read.
     """
@@ -112,15 +129,15 @@ def read_by_every_restore_point(checkpoint: Path, lake: str) -> tuple[set[str], 
     for snapshot in list_snapshots(lake):
         assert root is not None  # list_snapshots refuses a remote lake without Spark
         copy = root / snapshot.snapshot_id / CHECKPOINT_COPY / SPARK_CHECKPOINT
-        safe &= _files_read(copy, f"snapshot {snapshot.snapshot_id}") \
+        safe &= set(_files_read(copy, f"snapshot {snapshot.snapshot_id}")) \
             if snapshot.has_checkpoint else set()
     return read, safe
 
 
-def _files_read(spark_checkpoint: Path, what: str) -> set[str]:
-    """:func:`files_read`, or the refusal when the logs cannot be read."""
+def _files_read(spark_checkpoint: Path, what: str) -> dict[str, int | None]:
+    """:func:`files_read_as_listed`, or the refusal when the logs cannot be read."""
     try:
-        return files_read(spark_checkpoint)
+        return files_read_as_listed(spark_checkpoint)
     except (OSError, ValueError, KeyError, IndexError) as error:
         raise ArchiveError(f"cannot tell which files {what} has read ({error}); nothing "
                            "moved: `sessionlake doctor` checks a checkpoint") from None
@@ -143,20 +160,28 @@ def archive_read_files(settings: Settings, target: str, *, dry_run: bool = False
     read, safe = read_by_every_restore_point(checkpoint, settings.lake)
     prefix = f"{landing}{os.sep}"
     moving = sorted(p for p in safe if p.startswith(prefix) and os.path.isfile(p))
-    kept = sum(1 for p in read - safe if p.startswith(prefix) and os.path.isfile(p))
+    kept = sum(1 for p in read.keys() - safe if p.startswith(prefix) and os.path.isfile(p))
     moved = moved_bytes = 0
+    changed = []
     for path in moving:
         source = Path(path)
         try:
-            size = source.stat().st_size
+            stat = source.stat()
             if not dry_run and not _move(source, destination / source.relative_to(landing)):
                 continue
         except FileNotFoundError:
             continue  # taken away meanwhile (by another archive run, say)
         moved += 1
-        moved_bytes += size
+        moved_bytes += stat.st_size
+        listed = read[path]
+        if listed is not None and stat.st_mtime_ns // 1_000_000 > listed:
+            changed.append(str(source.relative_to(landing)))
+    if changed:
+        log.warning("%s archived file(s) changed after the stream read them; what was added "
+                    "later was never read: %s", len(changed), ", ".join(changed[:CHANGED_NAMED]))
     trim, skipped = forget_archived(settings, landing, checkpoint, destination, dry_run)
-    return ArchiveReport(str(destination), moved, moved_bytes, kept, dry_run, trim, skipped)
+    return ArchiveReport(str(destination), moved, moved_bytes, kept, dry_run, trim, skipped,
+                         tuple(changed))
 
 
 def forget_archived(

@@ -319,11 +319,18 @@ def files_read(spark_checkpoint: Path) -> set[str]:
     read, from its file source log (the newest ``N.compact`` entry lists every file up to
     it; later entries one batch each), up to the entry the last committed batch's offset
     names."""
+    return set(files_read_as_listed(spark_checkpoint))
+
+
+def files_read_as_listed(spark_checkpoint: Path) -> dict[str, int | None]:
+    """:func:`files_read`, each with its modification time (ms) when the file source
+    listed it: a file modified since has lines the stream never read."""
     last = committed_source_offset(spark_checkpoint)
-    read: set[str] = set()
+    read: dict[str, int | None] = {}
     for entry in _entries_read_back(spark_checkpoint):
-        read.update(local_file(logged["path"]) for logged in _source_log_json(
-            entry.read_text()) if int(logged.get("batchId", 0)) <= last)
+        read.update((local_file(logged["path"]), logged.get("timestamp"))
+                    for logged in _source_log_json(entry.read_text())
+                    if int(logged.get("batchId", 0)) <= last)
     return read
 
 

@@ -262,7 +262,10 @@ def as_of_versions(spark: SparkSession, lake: str, as_of: AsOf) -> dict[str, int
         found = next((c for c in histories.get(SESSIONS, []) if c.version == as_of.version),
                      None)
         if found is None:
-            raise QueryError(f"--as-of {as_of.version}: sessions has no version {as_of.version}")
+            kept = [c.version for c in histories.get(SESSIONS, [])]
+            have = f"versions {min(kept)} to {max(kept)}" if kept else "no version"
+            raise QueryError(f"--as-of {as_of.version}: sessions has no version "
+                             f"{as_of.version} (it has {have})")
         batch_done = [c.micros for c in metrics if found.batch and c.batch == found.batch]
         moment = max([found.micros, *batch_done])
     finished = finished_batches(metrics, moment)

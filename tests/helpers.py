@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -142,12 +143,18 @@ def held_by_another_process(locks: str, *paths: str | Path) -> Iterator[subproce
 def write_source_log(checkpoint: Path, entries: dict[str, list[tuple[str, int]]],
                      committed: int, offsets: dict[int, int] | None = None) -> None:
     """Spark's file source log with ``entries``, and batches up to ``committed`` planned
-    (with the source log ``offsets`` given, else batch N ending at entry N) and committed."""
+    (with the source log ``offsets`` given, else batch N ending at entry N) and committed.
+    A file is logged with its modification time, as Spark lists it (0 if it is not there)."""
     folder = checkpoint / "spark" / "sources" / "0"
     folder.mkdir(parents=True)
+
+    def listed_at(path: str) -> int:
+        return os.stat(path).st_mtime_ns // 1_000_000 if os.path.exists(path) else 0
+
     for name, files in entries.items():
         (folder / name).write_text("v1\n" + "".join(
-            json.dumps({"path": f"file://{path}", "timestamp": 0, "batchId": batch}) + "\n"
+            json.dumps({"path": f"file://{path}", "timestamp": listed_at(path),
+                        "batchId": batch}) + "\n"
             for path, batch in files))
     for log in ("offsets", "commits"):
         (checkpoint / "spark" / log).mkdir()

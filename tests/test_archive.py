@@ -80,6 +80,21 @@ def test_read_files_move_with_their_paths_and_times(tmp_path: Path) -> None:
     assert moved.stat().st_mtime == 1_700_000_000
 
 
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_files_changed_after_they_were_read_are_named(tmp_path: Path, dry_run: bool) -> None:
+    """Spark read each file once, as it was then: lines added later were never read, and
+    the archive says so for the files it moves (they keep those lines in the archive)."""
+    landing = landing_with(tmp_path, "a.jsonl", "b.jsonl", "2026/c.jsonl")
+    for name in ("a.jsonl", "2026/c.jsonl"):
+        with (landing / name).open("a") as appended:
+            appended.write('{"user_id": "late"}\n')
+        os.utime(landing / name, (1_700_000_060, 1_700_000_060))
+    report = archive_read_files(settings(tmp_path), str(tmp_path / "archive"), dry_run=dry_run)
+    assert (report.moved, report.changed_after_read) == (3, ("2026/c.jsonl", "a.jsonl"))
+    assert ("; 2 of them changed after the stream read them, and what was added later was "
+            "never read: 2026/c.jsonl, a.jsonl") in report.summary()
+
+
 def test_a_dry_run_moves_nothing(tmp_path: Path) -> None:
     landing = landing_with(tmp_path, "a.jsonl")
     report = archive_read_files(settings(tmp_path), str(tmp_path / "archive"), dry_run=True)

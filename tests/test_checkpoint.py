@@ -172,9 +172,9 @@ def test_a_changed_file_is_looked_for_among_the_newest_batches_of_a_compacted_en
     """Both files changed since they were listed; only the one of a newest batch is named
     (a run does not stat every file ever read)."""
     old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+    write_source_log(tmp_path / "cp", {"9.compact": [(str(old), 0), (str(new), 9)]}, 9)
     for path in (old, new):
         path.write_text("{}\n")  # modified now, long after the log's time 0
-    write_source_log(tmp_path / "cp", {"9.compact": [(str(old), 0), (str(new), 9)]}, 9)
     assert changed_since_read(tmp_path / "cp" / "spark") == [new]
 
 

@@ -182,6 +182,16 @@ def test_as_of_a_time_before_the_lake_says_when_it_began(
         run_sql(spark, known_lake["lake"], "SELECT 1", AsOf(timestamp=datetime(2000, 1, 1)))
 
 
+def test_as_of_a_version_sessions_never_had_names_those_it_has(
+    spark: SparkSession, known_lake: dict[str, Any]
+) -> None:
+    newest = run_sql(spark, known_lake["lake"], "DESCRIBE HISTORY sessions").collect()[0][
+        "version"]
+    with pytest.raises(QueryError, match=rf"--as-of 999: sessions has no version 999 \(it has "
+                                         rf"versions 0 to {newest}\)$"):
+        run_sql(spark, known_lake["lake"], "SELECT 1", AsOf(version=999))
+
+
 def test_delta_sql_reaches_the_tables_by_name(
     spark: SparkSession, known_lake: dict[str, Any]
 ) -> None:
