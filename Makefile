@@ -60,7 +60,7 @@ $(LOCAL_FS_JAR): $(LOCAL_FS_SOURCES) $(VENV)/.installed
 
 jars/.resolved: build/pom.xml
 	mkdir -p jars
-	mvn --batch-mode --quiet -Dstyle.color=never -f build/pom.xml dependency:copy-dependencies \
+	mvn --batch-mode --quiet -f build/pom.xml dependency:copy-dependencies \
 	  dependency:copy@kafka-jars -Djars.dir=$(abspath jars)
 	touch $@
 
@@ -69,7 +69,7 @@ kafka-broker: kafka-broker/.resolved
 
 kafka-broker/.resolved: build/kafka-broker-pom.xml
 	mkdir -p kafka-broker
-	mvn --batch-mode --quiet -Dstyle.color=never -f build/kafka-broker-pom.xml dependency:copy-dependencies \
+	mvn --batch-mode --quiet -f build/kafka-broker-pom.xml dependency:copy-dependencies \
 	  -Dbroker.dir=$(abspath kafka-broker)
 	touch $@
 
