@@ -142,7 +142,7 @@ def summary_lines(report: LakeReport) -> list[tuple[str, str]]:
         ("records", f"{totals.get('input_records', 0)} in, {totals.get('accepted', 0)} "
                     f"accepted, {totals.get('late', 0)} late, {totals.get('quarantined', 0)} "
                     f"quarantined, {totals.get('duplicates', 0)} duplicates "
-                    f"({health.batch_count} batches)"),
+                    f"({health.batch_count} batch{'es' if health.batch_count != 1 else ''})"),
         ("busiest hour", f"{busiest[0].strftime('%Y-%m-%d %H:00 UTC')}: {busiest[1]} sessions"
                          if busiest else "—"),
         ("tables", f"{len(health.tables)} tables, {sum(t.files for t in health.tables)} "
