@@ -125,10 +125,17 @@ SESSIONLAKE_ARCHIVE ?= $(abspath $(DEMO))/archive
 # generates itself is 16 bytes, which PyJWT warns is too short for HS512 at every token.
 AIRFLOW_JWT_SECRET ?= airflow_home/jwt_secret
 
+# The UI and API listen on this machine only (Airflow's default is every interface), and
+# the LocalExecutor starts AIRFLOW_PARALLELISM workers, not its default 32 (7 GiB on a
+# 2-core machine, for DAGs that run one Spark job at a time).
+AIRFLOW_HOST ?= 127.0.0.1
+AIRFLOW_PARALLELISM ?= 4
 AIRFLOW_ENV = AIRFLOW_HOME=$(PWD)/airflow_home \
 	AIRFLOW__CORE__DAGS_FOLDER=$(PWD)/dags \
 	AIRFLOW__CORE__PLUGINS_FOLDER=$(PWD)/plugins \
 	AIRFLOW__CORE__LOAD_EXAMPLES=False \
+	AIRFLOW__CORE__PARALLELISM=$(AIRFLOW_PARALLELISM) \
+	AIRFLOW__API__HOST=$(AIRFLOW_HOST) \
 	AIRFLOW__API_AUTH__JWT_SECRET_CMD="cat $(abspath $(AIRFLOW_JWT_SECRET))"
 
 $(AIRFLOW_JWT_SECRET):
@@ -136,7 +143,7 @@ $(AIRFLOW_JWT_SECRET):
 
 # The one-slot pool of the tasks that write the streaming checkpoint (see
 # docs/airflow-at-scale.md): without it the scheduler never starts those tasks.
-airflow: setup $(AIRFLOW_JWT_SECRET)
+airflow: $(VENV)/.installed jars/.resolved $(LOCAL_FS_JAR) class-archive $(AIRFLOW_JWT_SECRET)
 	mkdir -p airflow_home $(SESSIONLAKE_SOURCE)
 	$(AIRFLOW_ENV) $(BIN)/airflow db migrate
 	$(AIRFLOW_ENV) $(BIN)/airflow pools set sessionlake_checkpoint 1 \

@@ -233,6 +233,9 @@ def _check(settings: Settings, target: str) -> tuple[Path, Path, Path]:
     if within(str(destination), str(landing)):
         raise ArchiveError(f"the target {target} is inside the landing folder {source}: its "
                            "files would be read again as new; pick a folder outside it")
+    if within(str(destination), os.path.abspath(str(local["lake"]))):
+        raise ArchiveError(f"the target {target} is inside the lake {settings.lake}, whose "
+                           "folders are its tables' and checkpoints'; pick a folder outside it")
     return landing, checkpoint, destination
 
 

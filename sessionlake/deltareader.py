@@ -171,6 +171,8 @@ def read_state(location: str | Path) -> TableState:
     _check_contiguous(root, checkpoint_version, newer)
     for version in newer:
         replay.apply_commit(log_dir / f"{version:020d}.json")
+    if not newer and checkpoint_files:  # the newest commit's own info, beside its checkpoint
+        replay.read_commit_info(log_dir / f"{checkpoint_version:020d}.json")
     return replay.state(root, max(commits), log_dir)
 
 
@@ -232,6 +234,13 @@ class _Replay:
         for line in commit.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 self.apply(json.loads(line))
+
+    def read_commit_info(self, commit: Path) -> None:
+        """Only the commit's ``commitInfo`` (when, which operation): its other actions are
+        already in the checkpoint written at its version."""
+        for line in commit.read_text(encoding="utf-8").splitlines():
+            if '"commitInfo"' in line:
+                self.commit_info = json.loads(line)["commitInfo"]
 
     def apply(self, action: dict[str, Any]) -> None:
         if action.get("add"):

@@ -45,6 +45,7 @@ from sessionlake.spark import (
     java_options,
     quick_start_for,
 )
+from sessionlake.storage import local_path
 
 #: The spark-submit entry point every Spark task runs.
 JOB_SCRIPT = PROJECT_ROOT / "jobs" / "sessionlake_job.py"
@@ -308,6 +309,11 @@ def validate_archive_params(
         raise _bad("archive_to", params.get("archive_to"),
                    f"name the folder to move read files to, or set {ARCHIVE_ENV} in the "
                    "Airflow workers' environment")
+    local = local_path(value.strip())
+    if local is not None and not local.is_absolute():
+        # A worker resolves a relative path against its own working directory.
+        raise _bad("archive_to", value, "must be an absolute path (a relative one would "
+                   "land in the Airflow worker's working directory)")
     dry_run = params.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise _bad("dry_run", dry_run, "must be true or false")

@@ -133,6 +133,7 @@ def test_a_move_cut_off_is_finished_and_a_clash_is_left(tmp_path: Path) -> None:
     ("{landing}/*.jsonl", "archive", "glob"),
     ("{landing}", "landing/old", "inside the landing folder"),
     ("{landing}", "landing", "inside the landing folder"),
+    ("{landing}", "lake/_archive", "inside the lake"),
     ("s3a://bucket/landing", "archive", "not on this machine"),
     ("{tmp}/nowhere", "archive", "does not exist"),
 ])

@@ -55,6 +55,19 @@ def test_rows_leave_deleted_rows_out(spark: SparkSession, dv_table: Path) -> Non
         sorted((r["id"], r["part"], r["at"]) for r in theirs)
 
 
+def test_the_newest_operation_is_known_when_a_checkpoint_was_written_at_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    path = tmp_path / "t"
+    spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT) USING DELTA "
+              "TBLPROPERTIES ('delta.checkpointInterval' = '2')")
+    spark.range(3).write.format("delta").mode("append").save(str(path))
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 0")  # version 2, and its checkpoint
+    assert (path / "_delta_log" / f"{2:020d}.checkpoint.parquet").exists()
+    state = deltareader.read_state(path)
+    assert (state.version, state.last_operation, state.row_count()) == (2, "DELETE", 2)
+
+
 def test_z85_decodes_the_protocol_example() -> None:
     # The Delta protocol's example: this UUID is written "vBn[lx{q8@P<9BNH/isA".
     import uuid

@@ -54,3 +54,12 @@ def test_make_airflow_signs_tokens_with_a_random_64_byte_key_kept_from_run_to_ru
     done = subprocess.run([str(AIRFLOW), "config", "get-value", "api_auth", "jwt_secret"],
                           env=env, check=True, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == key.strip()
+
+
+def test_make_airflow_listens_on_this_machine_only_with_a_few_workers(tmp_path: Path) -> None:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AIRFLOW")}
+    env |= {**_airflow_env(tmp_path / "jwt_secret"), "AIRFLOW_HOME": str(tmp_path)}
+    done = subprocess.run([str(AIRFLOW), "config", "get-value", "api", "host"], env=env,
+                          check=True, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "127.0.0.1"
+    assert _airflow_env(tmp_path / "jwt_secret")["AIRFLOW__CORE__PARALLELISM"] == "4"

@@ -122,6 +122,9 @@ def test_bad_params_name_the_param_value_and_reason(
      orch.ArchiveParams("/param", False)),
     ({"archive_to": None}, {}, "param archive_to=None is invalid: name the folder"),
     ({"archive_to": "  "}, {}, "archive_to='  '"),
+    ({"archive_to": "relative/dir"}, {}, "param archive_to='relative/dir' is invalid: must be "
+                                         "an absolute path"),
+    ({"archive_to": None}, {orch.ARCHIVE_ENV: "archive"}, "archive_to='archive'"),
     ({"archive_to": "/a", "dry_run": "yes"}, {}, "param dry_run='yes' is invalid"),
 ])
 def test_the_archive_folder_comes_from_the_param_else_the_environment(

@@ -1,0 +1,1 @@
+/work/main/sessionlake/__init__.py

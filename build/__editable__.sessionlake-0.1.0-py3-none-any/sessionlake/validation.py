@@ -1,0 +1,1 @@
+/work/main/sessionlake/validation.py
