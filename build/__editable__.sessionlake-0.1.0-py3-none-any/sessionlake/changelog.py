@@ -1,1 +1,0 @@
-/work/main/sessionlake/changelog.py

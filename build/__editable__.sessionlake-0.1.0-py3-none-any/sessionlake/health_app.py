@@ -1,1 +1,0 @@
-/work/main/sessionlake/health_app.py

@@ -1,1 +1,0 @@
-/work/main/sessionlake/tables.py
