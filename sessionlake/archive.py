@@ -33,6 +33,7 @@ from sessionlake.checkpoint import (
     UnreadInput,
     files_read_as_listed,
     forget_archived_files,
+    modified_since_listed,
     note_archive_target,
     request_forget,
 )
@@ -173,8 +174,7 @@ def archive_read_files(settings: Settings, target: str, *, dry_run: bool = False
             continue  # taken away meanwhile (by another archive run, say)
         moved += 1
         moved_bytes += stat.st_size
-        listed = read[path]
-        if listed is not None and stat.st_mtime_ns // 1_000_000 > listed:
+        if modified_since_listed(stat.st_mtime_ns, read[path]):
             changed.append(str(source.relative_to(landing)))
     if changed:
         log.warning("%s archived file(s) changed after the stream read them; what was added "

@@ -260,6 +260,13 @@ def unread_files(folder: Path, spark_checkpoint: Path, subfolders: bool = True) 
     return UnreadInput(bytes=total, files=files, read_left=read_left, log_bytes=log_bytes)
 
 
+def modified_since_listed(mtime_ns: int, listed_ms: int | None) -> bool:
+    """Whether a file whose modification time is now ``mtime_ns`` changed after Spark's file
+    source listed it at ``listed_ms`` (as its log notes): lines added since were never
+    read. A file merely touched counts too."""
+    return listed_ms is not None and mtime_ns // 1_000_000 > listed_ms
+
+
 def changed_since_read(spark_checkpoint: Path, batches: int = 3) -> list[Path]:
     """The local files of the stream's newest ``batches`` batches whose modification time
     is now later than when Spark's file source listed them.
@@ -278,8 +285,7 @@ def changed_since_read(spark_checkpoint: Path, batches: int = 3) -> list[Path]:
         for logged in logged_after(entry.read_text(), since):
             path = Path(logged.path)
             try:
-                if logged.timestamp_ms is not None and (
-                        path.stat().st_mtime_ns // 1_000_000 > logged.timestamp_ms):
+                if modified_since_listed(path.stat().st_mtime_ns, logged.timestamp_ms):
                     changed.add(path)
             except FileNotFoundError:
                 continue

@@ -537,9 +537,7 @@ def lake_lock(lake: str, checkpoint: str) -> Iterator[None]:
     in another process and folder, sizes the stream's input on it.
     """
     folder = local_path(lake_lock_folder(lake))
-    local = local_path(checkpoint)
-    holder = json.dumps({"pid": os.getpid(),
-                         "checkpoint": os.path.abspath(local) if local else checkpoint})
+    holder = json.dumps({"pid": os.getpid(), "checkpoint": checkpoint_key(checkpoint)})
 
     def refusal(text: str) -> str:
         try:
