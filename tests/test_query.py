@@ -28,6 +28,7 @@ from pyspark.sql import SparkSession
 from sessionlake import faults
 from sessionlake.cli import main
 from sessionlake.config import settings_from
+from sessionlake.report import duration_classes
 from sessionlake.query import (
     AsOf,
     Commit,
@@ -98,8 +99,8 @@ HAND_ANSWERS: dict[str, list[tuple[Any, ...]]] = {
     "entry_pages": [("/", 4, 50.0), ("/about", 1, 0.0), ("/product", 1, 100.0)],
     "exit_pages": [("/", 2), ("/checkout", 2), ("/about", 1), ("/product", 1)],
     # durations 420, 0, 5, 0, 30, 0
-    "duration_distribution": [(0, "0 s", 3, 50.0), (1, "1-10 s", 1, 16.7),
-                              (2, "11-60 s", 1, 16.7), (4, "3-10 min", 1, 16.7)],
+    "duration_distribution": [(0, "0 s", 3, 50.0), (1, "<10 s", 1, 16.7),
+                              (2, "10-60 s", 1, 16.7), (4, "5-15 min", 1, 16.7)],
     # event counts 3, 1, 2, 1, 2, 1
     "events_per_session_distribution": [(0, "1", 3, 50.0), (1, "2", 2, 33.3),
                                         (2, "3", 1, 16.7)],
@@ -126,6 +127,22 @@ def test_named_query_gives_the_hand_worked_answer(
 def test_every_named_query_has_a_hand_worked_answer_or_its_own_test() -> None:
     assert set(named_queries()) == set(HAND_ANSWERS) | {"all_sessions"}
     assert all(q.description for q in named_queries().values())
+
+
+def test_duration_distribution_uses_the_report_s_classes(spark: SparkSession) -> None:
+    """The named query and ``sessionlake report`` count session lengths in the same classes,
+    at every class's bounds."""
+    seconds = [0.0, 0.001, 9.999, 10.0, 59.9, 60.0, 299.0, 300.0, 899.0, 900.0, 1799.0,
+               1800.0, 3599.0, 3600.0, 7199.0, 7200.0, 86400.0, 86400.0]
+    spark.createDataFrame([(s,) for s in seconds], "duration_s double") \
+        .createOrReplaceTempView("sessions")
+    try:
+        rows = spark.sql(named_queries()["duration_distribution"].text).collect()
+    finally:
+        spark.catalog.dropTempView("sessions")
+    assert [(r["duration"], r["sessions"]) for r in rows] == [
+        (label, n) for label, n in duration_classes(seconds) if n
+    ]
 
 
 def test_all_sessions_marks_open_and_closed(
