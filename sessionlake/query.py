@@ -20,12 +20,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, DataType, MapType, StructType, TimestampType
 
 from sessionlake.deltalog import BatchKey, tag_batch
 from sessionlake.tables import (
@@ -395,21 +397,43 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: Any, kind: DataType | None = None) -> Any:
+    """A collected value of Spark type ``kind`` as JSON. A ``TIMESTAMP`` is an instant:
+    it is written with its zone (``+00:00``), so that no reader takes it for local time.
+    PySpark hands it back as a naive datetime in the process's local time, which
+    ``astimezone`` reads as such. A struct becomes an object with its field names."""
+    if value is None:
+        return None
+    if isinstance(kind, TimestampType) and isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat()
     if isinstance(value, datetime | date):
         return value.isoformat()
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(kind, StructType) and isinstance(value, tuple):
+        return {f.name: _jsonable(v, f.dataType)
+                for f, v in zip(kind.fields, value, strict=True)}
+    if isinstance(kind, MapType) and isinstance(value, dict):
+        return {str(k): _jsonable(v, kind.valueType) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        element = kind.elementType if isinstance(kind, ArrayType) else None
+        return [_jsonable(v, element) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, Decimal):
+        return float(value)
     return value
 
 
-def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], output: str) -> str:
-    """Rows as an aligned text table, CSV with a header, or JSON lines."""
+def format_rows(
+    columns: Sequence[str], rows: Sequence[Sequence[Any]], output: str,
+    types: Sequence[DataType] | None = None,
+) -> str:
+    """Rows as an aligned text table, CSV with a header, or JSON lines (whose values
+    :func:`_jsonable` writes by the columns' Spark ``types``, when given)."""
     if output == "json":
+        kinds: Sequence[DataType | None] = types or [None] * len(columns)
         return "".join(
-            json.dumps({c: _jsonable(v) for c, v in zip(columns, row, strict=True)}) + "\n"
+            json.dumps({c: _jsonable(v, k)
+                        for c, v, k in zip(columns, row, kinds, strict=True)}) + "\n"
             for row in rows
         )
     if output == "csv":
@@ -432,4 +456,5 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], output: s
 def format_frame(frame: DataFrame, output: str, limit: int | None = None) -> str:
     """Collect ``frame`` (up to ``limit`` rows) and format it with :func:`format_rows`."""
     rows = frame.limit(limit).collect() if limit else frame.collect()
-    return format_rows(frame.columns, [tuple(r) for r in rows], output)
+    return format_rows(frame.columns, [tuple(r) for r in rows], output,
+                       [f.dataType for f in frame.schema.fields])

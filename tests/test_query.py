@@ -16,7 +16,8 @@ Batch A holds 2026-01-05 and u4's event (which closes the first day); batch B th
 
 from __future__ import annotations
 
-from datetime import date, datetime
+import json
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -28,18 +29,19 @@ from pyspark.sql import SparkSession
 from sessionlake import faults
 from sessionlake.cli import main
 from sessionlake.config import settings_from
-from sessionlake.report import duration_classes
 from sessionlake.query import (
     AsOf,
     Commit,
     QueryError,
     bind_params,
+    format_frame,
     named_queries,
     parse_as_of,
     run_named_query,
     run_sql,
     version_at,
 )
+from sessionlake.report import duration_classes
 from sessionlake.tables import table_path
 from tests.helpers import event, run_batches
 
@@ -143,6 +145,36 @@ def test_duration_distribution_uses_the_report_s_classes(spark: SparkSession) ->
     assert [(r["duration"], r["sessions"]) for r in rows] == [
         (label, n) for label, n in duration_classes(seconds) if n
     ]
+
+
+@pytest.mark.parametrize("name", sorted(HAND_ANSWERS))
+def test_named_query_answers_as_json_lines(
+    spark: SparkSession, known_lake: dict[str, Any], name: str
+) -> None:
+    text = format_frame(run_named_query(spark, known_lake["lake"], name), "json")
+    rows = [json.loads(line) for line in text.splitlines()]
+    assert [tuple(r.values()) for r in rows] == [
+        tuple(v.replace(tzinfo=UTC).isoformat() if isinstance(v, datetime)
+              else v.isoformat() if isinstance(v, date) else v for v in want)
+        for want in HAND_ANSWERS[name]
+    ]
+
+
+def test_json_lines_write_instants_with_their_zone_and_structs_as_objects(
+    spark: SparkSession,
+) -> None:
+    frame = spark.sql(
+        "SELECT 1.5 AS d, TIMESTAMP'2026-01-05 10:00:00' AS t,"
+        " TIMESTAMP_NTZ'2026-01-05 10:00:00' AS n, DATE'2026-01-05' AS day,"
+        " named_struct('a', 1, 't', TIMESTAMP'2026-01-05 10:00:00') AS s,"
+        " array(TIMESTAMP'2026-01-05 10:00:00') AS ts,"
+        " map('k', TIMESTAMP'2026-01-05 10:00:00') AS m, CAST(NULL AS TIMESTAMP) AS none"
+    )
+    at = "2026-01-05T10:00:00+00:00"
+    assert json.loads(format_frame(frame, "json")) == {
+        "d": 1.5, "t": at, "n": "2026-01-05T10:00:00", "day": "2026-01-05",
+        "s": {"a": 1, "t": at}, "ts": [at], "m": {"k": at}, "none": None,
+    }
 
 
 def test_all_sessions_marks_open_and_closed(
