@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from sessionlake.checkpoint import UnreadInput
 
 EXIT_USAGE = 2
+#: ``sessionlake sql``: the statement was valid but failed while it ran.
+EXIT_QUERY_FAILED = 1
 
 log = logging.getLogger("sessionlake.cli")
 
@@ -375,7 +377,7 @@ def _batch_step(step: Step | None) -> Callable[[Any], None] | None:
 
 def cmd_sql(args: argparse.Namespace) -> int:
     """``sessionlake sql``: run a statement or a named query and print its rows."""
-    from pyspark.errors import AnalysisException, ParseException
+    from pyspark.errors import AnalysisException, ParseException, PySparkException
     from pyspark.logger import PySparkLogger
 
     from sessionlake.query import (
@@ -388,6 +390,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
         run_named_query,
         run_sql,
     )
+    from sessionlake.spark import quiet_task_failures
 
     if args.list:
         for name, query in named_queries().items():
@@ -409,16 +412,21 @@ def cmd_sql(args: argparse.Namespace) -> int:
     # stack trace before raising it; the one line below says what is wrong.
     PySparkLogger.getLogger("SQLQueryContextLogger").disabled = True
     try:
-        if args.query is not None:
-            frame = run_named_query(spark, settings.lake, args.query, params, as_of)
-        else:
-            frame = run_sql(spark, settings.lake, args.statement, as_of)
-        sys.stdout.write(format_frame(frame, args.output, args.limit))
+        with quiet_task_failures(spark):
+            if args.query is not None:
+                frame = run_named_query(spark, settings.lake, args.query, params, as_of)
+            else:
+                frame = run_sql(spark, settings.lake, args.statement, as_of)
+            sys.stdout.write(format_frame(frame, args.output, args.limit))
     except (LakeNotFound, QueryError) as error:
         raise UsageError(str(error)) from None
     except (AnalysisException, ParseException) as error:
         first = str(error).strip().splitlines()[0]
         raise UsageError(f"the query failed: {first}") from None
+    except PySparkException as error:  # at run time: a division by zero, a bad cast...
+        first = str(error).strip().splitlines()[0]
+        print(f"sessionlake: error: the query failed while running: {first}", file=sys.stderr)
+        return EXIT_QUERY_FAILED
     return 0
 
 

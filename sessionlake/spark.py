@@ -12,13 +12,14 @@ on an executor imports the very code the driver runs, whatever is installed on t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import tempfile
 import time
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from pyspark import SparkContext
@@ -322,6 +323,31 @@ def build_spark(
     spark.conf.set(LISTING_PARALLELISM, listing)
     spark.sparkContext.setLogLevel(os.environ.get("SESSIONLAKE_SPARK_LOG_LEVEL", "ERROR"))
     return spark
+
+
+#: The loggers that print a failed task's Java stack trace on the driver (in local mode,
+#: where the executor is the driver's JVM) before the failure reaches Python.
+TASK_FAILURE_LOGGERS = ("org.apache.spark.executor.Executor",
+                        "org.apache.spark.scheduler.TaskSetManager")
+
+
+@contextlib.contextmanager
+def quiet_task_failures(spark: SparkSession) -> Iterator[None]:
+    """Spark logs no failed task's stack trace meanwhile: for a command whose every
+    failure is the user's own query (``sessionlake sql``: a division by zero, a bad cast,
+    ``raise_error``) and is said once, in one line, when it reaches Python."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    configurator = jvm.org.apache.logging.log4j.core.config.Configurator
+    manager = jvm.org.apache.logging.log4j.LogManager
+    before = {name: manager.getLogger(name).getLevel() for name in TASK_FAILURE_LOGGERS}
+    for name in TASK_FAILURE_LOGGERS:
+        configurator.setLevel(name, jvm.org.apache.logging.log4j.Level.OFF)
+    try:
+        yield
+    finally:
+        for name, level in before.items():
+            configurator.setLevel(name, level)
 
 
 #: Rows a micro-batch works through (its records, plus the open sessions it reads: see

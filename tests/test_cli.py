@@ -89,6 +89,33 @@ def test_an_analysis_error_is_one_line_without_a_stack_trace(
     assert err.strip().splitlines()[-1].startswith("sessionlake: error: the query failed: ")
 
 
+@pytest.mark.parametrize("statement", [
+    "SELECT 1 / (event_count - event_count) FROM sessions",
+    "SELECT CAST(user_id AS INT) FROM sessions",
+    "SELECT raise_error('boom') FROM sessions",
+])
+def test_a_query_that_fails_while_running_is_one_line(
+    observed_lake: ObservedLake, capsys: pytest.CaptureFixture[str], statement: str
+) -> None:
+    assert main(["sql", "--lake", observed_lake.settings.lake, statement]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("sessionlake: error: the query failed while running: [")
+
+
+def test_a_failed_task_s_stack_trace_is_not_printed(observed_lake: ObservedLake) -> None:
+    """Spark's JVM (a child process, whose output no capture of this one sees) logs a
+    failed task's stack trace unless the command quiets it."""
+    result = _cli("sql", "--lake", observed_lake.settings.lake,
+                  "SELECT raise_error('boom') FROM sessions")
+    assert result.returncode == 1
+    assert "\tat org.apache" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "sessionlake: error: the query failed while running: [USER_RAISED_EXCEPTION] boom "
+        "SQLSTATE: P0001"
+    )
+
+
 def test_version_names_the_packages_it_runs_on(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
