@@ -75,6 +75,8 @@ class Finding:
     :param lost: what is lost if no snapshot can restore it (for an unfinished restore:
         the snapshot to restore again).
     :param recovery: what to do, filled in by :func:`advise`.
+    :param damage: whether the problem is damage to the lake or checkpoint, rather than
+        a mismatch with what the doctor was asked (another ``--source``).
     """
 
     subject: str
@@ -84,6 +86,7 @@ class Finding:
     in_log: bool = False
     lost: str = ""
     recovery: str | None = None
+    damage: bool = True
 
     @property
     def ok(self) -> bool:
@@ -121,7 +124,8 @@ class HealthReport:
         order = ("sessionlake restore", "sessionlake rebuild-state", "sessionlake run")
         steps = "; then ".join(sorted(commands, key=lambda c: next(
             (i for i, prefix in enumerate(order) if c.startswith(prefix)), len(order))))
-        return [*lines, f"damaged: {len(problems)} problem(s); "
+        verdict = "damaged:" if any(f.damage for f in problems) else "not damaged, but"
+        return [*lines, f"{verdict} {len(problems)} problem(s); "
                         f"{'recover with: ' + steps if steps else 'no command recovers it'}"]
 
 
@@ -343,7 +347,8 @@ def check_source_folder(spark: SparkSession | None, settings: Settings) -> list[
         return []
     return [Finding(CHECKPOINT, f"its files were read from {before}, not from --source "
                                 f"{settings.source}: {MOVED_SOURCE_WHY}",
-                    f"{settings.checkpoint.rstrip('/')}/{SOURCE_LOG}", lost=before)]
+                    f"{settings.checkpoint.rstrip('/')}/{SOURCE_LOG}", lost=before,
+                    damage=False)]
 
 
 def _batches_ran(log: TableLog) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 from sessionlake.charts import line_chart
 from sessionlake.config import KAFKA_SOURCE
 from sessionlake.health import BatchPoint, Health, series
+from sessionlake.storage import is_glob, local_path
 
 #: Batches listed in the table of recent batches.
 RECENT_BATCHES = 20
@@ -111,9 +112,19 @@ def input_waiting_text(health: Health) -> str:
     waiting = health.input_waiting
     if waiting is not None:
         return f"{waiting.files} files, {fmt_bytes(waiting.bytes)}"
-    if health.source == KAFKA_SOURCE:
+    source = health.source
+    if source == KAFKA_SOURCE:
         return "a Kafka topic (see its consumer lag)"
-    return "not known here" if health.source else "no landing folder set"
+    if not source:
+        return "no landing folder set"
+    if is_glob(source):
+        return "not counted: the landing folder is a pattern, which only Spark lists"
+    folder = local_path(source)
+    if folder is None:
+        return "not counted: the landing folder is not on this machine"
+    if not folder.is_dir():
+        return f"not counted: no landing folder at {source}"
+    return "not counted: the stream's checkpoint could not be read here"
 
 
 def archive_note(health: Health) -> str:

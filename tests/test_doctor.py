@@ -240,7 +240,7 @@ def test_a_moved_landing_folder_is_named_with_the_run_that_still_works(
         in (finding.problem or "")
     command = f"sessionlake run --lake {copy.lake} --source {built.root / 'landing'}"
     assert f"recover: `{command}` (a symbolic link" in finding.line()
-    assert report.lines()[-1] == f"damaged: 1 problem(s); recover with: {command}"
+    assert report.lines()[-1] == f"not damaged, but 1 problem(s); recover with: {command}"
     assert check_lake(None, copy).healthy
 
 

@@ -148,9 +148,11 @@ def test_the_input_waiting_is_counted_on_the_running_stream_s_own_checkpoint(
 @pytest.mark.parametrize(("source", "text", "problem"), [
     (None, "no landing folder set", None),
     ("kafka", "a Kafka topic (see its consumer lag)", None),
-    ("{landing}/2026-*", "not known here", None),
-    ("s3a://bucket/landing", "not known here", None),
-    ("{landing}/missing", "not known here", "no landing folder at {landing}/missing"),
+    ("{landing}/2026-*", "not counted: the landing folder is a pattern, which only Spark lists",
+     None),
+    ("s3a://bucket/landing", "not counted: the landing folder is not on this machine", None),
+    ("{landing}/missing", "not counted: no landing folder at {landing}/missing",
+     "no landing folder at {landing}/missing"),
 ])
 def test_input_that_cannot_be_sized_here_says_why(
     tmp_path: Path, source: str | None, text: str, problem: str | None
@@ -162,7 +164,7 @@ def test_input_that_cannot_be_sized_here_says_why(
         values["source"] = source.format(landing=tmp_path)
     health = collect_health(settings_from(values, env={}))
     assert health.input_waiting is None and health.as_json()["input_waiting"] is None
-    assert input_waiting_text(health) == text
+    assert input_waiting_text(health) == text.format(landing=tmp_path)
     assert 'id="archive-due"' not in render_health_page(health)
     named = [p for p in health.problems if p.startswith("no landing folder")]
     assert named == ([problem.format(landing=tmp_path) + ": the stream has nothing to read"]
