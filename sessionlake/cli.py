@@ -46,10 +46,11 @@ GENERATED_DUPLICATES = 0.01
 GENERATED_MALFORMED = 0.005
 
 
-def _common_spark(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--master", help="Spark master: local[*] (default) or spark://host:port")
+def _common_spark(parser: argparse.ArgumentParser, when: str = "") -> None:
+    parser.add_argument("--master", help="Spark master: local[*] (default) or "
+                                         f"spark://host:port{when}")
     parser.add_argument("--shuffle-partitions", type=int, dest="shuffle_partitions",
-                        help="spark.sql.shuffle.partitions (may change between runs)")
+                        help=f"spark.sql.shuffle.partitions (may change between runs){when}")
 
 
 def _lake(parser: argparse.ArgumentParser, required: bool = False) -> None:
@@ -249,12 +250,13 @@ def _add_maintenance(commands: Any) -> None:
     _common_spark(retention)
 
     doctor = commands.add_parser(
-        "doctor", help="check the lake and checkpoint for damage (read-only); exit 1 if any")
+        "doctor",
+        help="check the lake and checkpoint for damage (read-only); exit 1 if a check fails")
     _lake(doctor)
     doctor.add_argument("--checkpoint", help=checkpoint_help)
     doctor.add_argument("--source", help="landing folder, for the printed `run` command "
                                          "(default $SESSIONLAKE_SOURCE)")
-    _common_spark(doctor)
+    _common_spark(doctor, "; a local lake is checked without Spark")
 
     rebuild = commands.add_parser(
         "rebuild-state", help="recompute open_sessions from events and sessions")
@@ -570,7 +572,7 @@ EXIT_DAMAGED = 1
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """``sessionlake doctor``: one line per check; exit 1 when anything is damaged."""
+    """``sessionlake doctor``: one line per check; exit 1 when any check fails."""
     from sessionlake.doctor import DoctorError, check_lake
     from sessionlake.storage import local_path
 
