@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -34,8 +35,14 @@ class UsageError(Exception):
     """A bad argument or input: reported in one line, exit status 2."""
 
 
+_MISSING_VALUE = re.compile(r"^argument (--[\w-]+)(?:/[\w-]+)*: expected one argument$")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
+        # argparse reads a value starting with '-' (`--gap -5m`) as the next option.
+        if found := _MISSING_VALUE.match(message):
+            message += f" (a value that starts with '-' is written {found.group(1)}=VALUE)"
         self.exit(EXIT_USAGE, f"sessionlake: error: {message} (see `{self.prog} --help`)\n")
 
 
