@@ -6,9 +6,10 @@ A named query is one ``.sql`` file: a ``-- description:`` line, optional
 params from the one-row view ``query_params`` (``CROSS JOIN query_params p`` ... ``p.name``).
 User values reach Spark as the typed cells of that row, built with a DataFrame, never pasted
 into SQL text. (Spark's own parameter markers, ``spark.sql(text, args=...)``, would be the
-natural tool, but Delta 4.4's SQL extension leaves them unbound on Spark 4.2.) Queries
-without params are also registered as views under their names, so
-``SELECT * FROM bounce_rate`` works too.
+natural tool, but Delta 4.4's SQL extension leaves them unbound on Spark 4.2.) Every query
+is also registered as a view under its name (one with params, with their defaults), so
+``SELECT * FROM bounce_rate`` works too. ``sessionlake serve``'s catalog holds only those
+without params: a catalog view cannot read the temporary ``query_params``.
 """
 
 from __future__ import annotations
@@ -333,19 +334,22 @@ def register_tables(spark: SparkSession, lake: str, as_of: AsOf | None = None) -
 
 
 def register_views(spark: SparkSession, queries: Mapping[str, NamedQuery]) -> list[str]:
-    """Register the named queries without params as temporary views under their names."""
-    names = []
+    """Register every named query as a temporary view under its name, a query with params
+    with their defaults: ``SELECT * FROM funnel`` is ``--query funnel``.
+
+    Each view keeps the plan analysed when it was made, in which ``query_params`` is the
+    row of that query's defaults, so one ``query_params`` view serves them all in turn.
+    """
     for name, query in queries.items():
-        if not query.params:
-            spark.sql(query.text).createOrReplaceTempView(name)
-            names.append(name)
-    return names
+        register_params(spark, query, bind_params(query, {}))
+        spark.sql(query.text).createOrReplaceTempView(name)
+    return list(queries)
 
 
 def run_sql(
     spark: SparkSession, lake: str, statement: str, as_of: AsOf | None = None
 ) -> DataFrame:
-    """Run ``statement`` with the lake's tables and param-free named queries by name."""
+    """Run ``statement`` with the lake's tables and the named queries by name."""
     register_tables(spark, lake, as_of)
     register_views(spark, named_queries())
     return spark.sql(statement)

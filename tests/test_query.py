@@ -356,11 +356,13 @@ def test_version_at_steps_over_unfinished_batches(
     assert version_at(commits, moment, {"app": 0}) == expected
 
 
-def test_views_without_params_are_queryable_by_name(
-    spark: SparkSession, known_lake: dict[str, Any]
+@pytest.mark.parametrize("name", sorted(HAND_ANSWERS))
+def test_named_queries_are_views_by_name_with_their_params_defaults(
+    spark: SparkSession, known_lake: dict[str, Any], name: str
 ) -> None:
-    frame = run_sql(spark, known_lake["lake"], "SELECT * FROM bounce_rate ORDER BY 1")
-    assert [r["bounces"] for r in frame.collect()] == [2, 1]
+    frame = run_sql(spark, known_lake["lake"], f"SELECT * FROM {name}")
+    got = [tuple(float(v) if isinstance(v, Decimal) else v for v in r) for r in frame.collect()]
+    assert sorted(got) == sorted(HAND_ANSWERS[name])
 
 
 @pytest.mark.parametrize(
