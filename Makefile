@@ -141,9 +141,19 @@ AIRFLOW_ENV = AIRFLOW_HOME=$(PWD)/airflow_home \
 $(AIRFLOW_JWT_SECRET):
 	mkdir -p $(@D) && umask 077 && python3 -c 'import secrets; print(secrets.token_hex(64))' > $@
 
+# Airflow's simple auth manager writes the admin password it generates to this file, with
+# the umask's mode (644 as a rule). Made first, and mode 600, it keeps that mode: Airflow
+# opens it to append, reads an empty one as no passwords, and writes them into it.
+AIRFLOW_PASSWORDS ?= airflow_home/simple_auth_manager_passwords.json.generated
+.PHONY: airflow-passwords
+airflow-passwords:
+	mkdir -p $(dir $(AIRFLOW_PASSWORDS)) && touch $(AIRFLOW_PASSWORDS) \
+	  && chmod 600 $(AIRFLOW_PASSWORDS)
+
 # The one-slot pool of the tasks that write the streaming checkpoint (see
 # docs/airflow-at-scale.md): without it the scheduler never starts those tasks.
-airflow: $(VENV)/.installed jars/.resolved $(LOCAL_FS_JAR) class-archive $(AIRFLOW_JWT_SECRET)
+airflow: $(VENV)/.installed jars/.resolved $(LOCAL_FS_JAR) class-archive $(AIRFLOW_JWT_SECRET) \
+		airflow-passwords
 	mkdir -p airflow_home $(SESSIONLAKE_SOURCE)
 	$(AIRFLOW_ENV) $(BIN)/airflow db migrate
 	$(AIRFLOW_ENV) $(BIN)/airflow pools set sessionlake_checkpoint 1 \

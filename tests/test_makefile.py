@@ -6,6 +6,7 @@ here; the DAGs' own tests run them through ``dag.test()``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -63,3 +64,22 @@ def test_make_airflow_listens_on_this_machine_only_with_a_few_workers(tmp_path: 
                           check=True, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "127.0.0.1"
     assert _airflow_env(tmp_path / "jwt_secret")["AIRFLOW__CORE__PARALLELISM"] == "4"
+
+
+def test_make_airflow_keeps_the_generated_admin_password_from_other_users(
+        tmp_path: Path) -> None:
+    passwords = tmp_path / "simple_auth_manager_passwords.json.generated"
+    _make(f"AIRFLOW_PASSWORDS={passwords}", "airflow-passwords")
+    # Airflow's own simple auth manager then generates the admin's password into it.
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AIRFLOW")}
+    env |= {"AIRFLOW_HOME": str(tmp_path)}
+    subprocess.run(
+        [sys.executable, "-c", "from airflow.api_fastapi.auth.managers.simple."
+         "simple_auth_manager import SimpleAuthManager; SimpleAuthManager().init()"],
+        env=env, check=True, capture_output=True, text=True, timeout=120)
+    assert passwords.stat().st_mode & 0o777 == 0o600
+    assert set(json.loads(passwords.read_text())) == {"admin"}
+    passwords.chmod(0o644)  # a file from before: made private at the next `make airflow`
+    _make(f"AIRFLOW_PASSWORDS={passwords}", "airflow-passwords")
+    assert passwords.stat().st_mode & 0o777 == 0o600
+    assert set(json.loads(passwords.read_text())) == {"admin"}
