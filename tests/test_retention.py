@@ -151,6 +151,22 @@ def test_vacuum_keeps_what_a_snapshot_needs_and_a_restore_keeps_the_erasure(
     assert user_rows(spark, settings.lake, "u2") == dict.fromkeys(USER_TABLES, 0)
 
 
+def test_vacuum_keeps_the_files_of_a_snapshot_taken_a_moment_ago(
+    spark: SparkSession, settings: Settings
+) -> None:
+    """Delta rounds VACUUM's retention to whole hours: a floor of a few minutes must keep
+    an hour, not round down to none and delete the snapshot's files."""
+    snapshot = create_snapshot(spark, settings)
+    report = enforce_retention(spark, settings, RetentionRequest(
+        erase_users=("u2",), vacuum_retain_hours=0))
+    assert report.vacuum is not None and report.vacuum.hours == 1
+    assert "1h instead of 0h" in (report.note or "")
+
+    restore_snapshot(spark, settings, snapshot.snapshot_id)
+    assert read_table(spark, settings.lake, "events").where("user_id = 'u1'").count() == 2
+    assert user_rows(spark, settings.lake, "u2") == dict.fromkeys(USER_TABLES, 0)
+
+
 def test_force_vacuum_goes_below_the_snapshot_floor(
     spark: SparkSession, settings: Settings
 ) -> None:
