@@ -37,6 +37,7 @@ LOG_DIR = "_delta_log"
 LAST_CHECKPOINT = "_last_checkpoint"
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 _CHECKSUM = re.compile(r"^(\d{20})\.crc$")
+_HADOOP_CHECKSUM = re.compile(r"^\.(\d{20})\.json\.crc$")
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d+)\.(\d+))?\.parquet$")
 #: Any log entry of one version: commit, checksum, checkpoint, and Hadoop's ``.x.crc`` files.
 _OF_VERSION = re.compile(r"^\.?(\d{20})\.")
@@ -152,16 +153,20 @@ class TableLog:
         return min((d.version for d in self.damage), default=None)
 
 
-def read_log(spark: SparkSession | None, uri: str) -> TableLog:
+def read_log(spark: SparkSession | None, uri: str, version: int | None = None) -> TableLog:
     """Replay the log of the table at ``uri``: its live files, and damage of the log.
 
     ``spark`` is needed for non-local URIs only. Data files are not looked at (see
-    :func:`inspect_table`).
+    :func:`inspect_table`). With ``version``, the table as it stood at that version (what
+    a ``RESTORE`` to it reads): later entries are left out.
     """
     log = TableLog(uri=uri.rstrip("/"))
     names = storage.list_names(spark, f"{log.uri}/{LOG_DIR}")
     commits = sorted(int(m[1]) for n in names if (m := _COMMIT.match(n)))
     checkpoints = _complete_checkpoints(names)
+    if version is not None:
+        commits = [c for c in commits if c <= version]
+        checkpoints = {v: parts for v, parts in checkpoints.items() if v <= version}
     if not commits and not checkpoints:
         problem = ("the table folder is missing" if not storage.exists(spark, log.uri)
                    else "its _delta_log holds no commit: the table cannot be read")
@@ -170,7 +175,11 @@ def read_log(spark: SparkSession | None, uri: str) -> TableLog:
     log.exists, log.commits = True, commits
     newest = max([*commits, *checkpoints])
     log.newest_version = newest
-    _check_last_checkpoint(spark, log, names, checkpoints)
+    if version is None:
+        _check_last_checkpoint(spark, log, names, checkpoints)
+    elif newest < version:
+        log.damage.append(Damage(commit_file(newest + 1), f"missing Delta log entry: "
+                                 f"version {version} is not in the log", newest + 1, True))
 
     files: dict[tuple[str, str], LiveFile] = {}
     for version in sorted(checkpoints, reverse=True):
@@ -196,13 +205,17 @@ def read_log(spark: SparkSession | None, uri: str) -> TableLog:
             if missing[0] < last else "missing Delta log entry",
             missing[0], True,
         ))
-    orphans = [int(m[1]) for n in names if (m := _CHECKSUM.match(n)) and int(m[1]) > newest]
+    # A commit's checksums outlive it when only the commit is deleted: Delta's NNN.crc, and
+    # the .NNN.json.crc of Hadoop's local file system, which fails the next commit of NNN.
+    orphans = [int(m[1]) for n in names
+               if (m := _CHECKSUM.match(n) or _HADOOP_CHECKSUM.match(n)) and int(m[1]) > newest
+               and version is None]
     if orphans:
         version = min(orphans)
         log.damage.append(Damage(
             commit_file(version),
-            f"missing Delta log entry: the newest commit is gone, its checksum "
-            f"{version:020d}.crc is still there", version, True,
+            "missing Delta log entry: the newest commit is gone, a checksum of it is "
+            "still there", version, True,
         ))
     for version in range(start, end):
         if not _apply_commit(spark, log, version, files):
@@ -211,13 +224,14 @@ def read_log(spark: SparkSession | None, uri: str) -> TableLog:
     return log
 
 
-def inspect_table(spark: SparkSession | None, uri: str) -> TableLog:
+def inspect_table(spark: SparkSession | None, uri: str, version: int | None = None) -> TableLog:
     """:func:`read_log`, then every live data file and deletion vector checked on disk.
 
     A data file that is missing, or whose size differs from its ``add`` action (a file cut
-    short while written or copied), is damage from the version that added it.
+    short while written or copied), is damage from the version that added it. With
+    ``version``, the files of that version are checked (those a ``RESTORE`` to it needs).
     """
-    log = read_log(spark, uri)
+    log = read_log(spark, uri, version)
     if not log.exists:
         return log
     _check_checksum(spark, log)

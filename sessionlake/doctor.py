@@ -25,13 +25,14 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pyspark.sql import SparkSession
 
 from sessionlake import storage
 from sessionlake.checkpoint import IDENTITY_FILE, RESTORING_MARKER
 from sessionlake.config import Settings
-from sessionlake.deltalog import TableLog, inspect_table
+from sessionlake.deltalog import TableLog, commit_file, inspect_table
 from sessionlake.health import running_stream
 from sessionlake.snapshots import Snapshot, list_snapshots, snapshots_root
 from sessionlake.stream import (
@@ -250,11 +251,11 @@ def check_sessionlake_files(spark: SparkSession | None, checkpoint: str) -> list
     return findings
 
 
-def unfinished_batch(spark: SparkSession | None, checkpoint: str) -> int | None:
-    """The newest batch of the checkpoint's stream whose ledger entry is not done, if any.
-
-    Such a batch was cut off mid-way (or is running); ``sessionlake run`` replays it.
-    """
+def _newest_ledger_entry(
+    spark: SparkSession | None, checkpoint: str
+) -> tuple[int, str, dict[str, Any] | None] | None:
+    """The newest batch of the checkpoint's stream (its current epoch) with a ledger entry:
+    its id, the entry's location and its contents (``None`` when they do not parse)."""
     root = checkpoint.rstrip("/")
     try:
         identity = json.loads(storage.read_text(spark, f"{root}/{IDENTITY_FILE}") or "null")
@@ -266,11 +267,58 @@ def unfinished_batch(spark: SparkSession | None, checkpoint: str) -> int | None:
     if not batches:
         return None
     newest = max(batches)
+    uri = f"{root}/ledger/{prefix}{newest}.json"
     try:
-        entry = json.loads(storage.read_text(spark, f"{root}/ledger/{prefix}{newest}.json") or "")
+        entry = json.loads(storage.read_text(spark, uri) or "")
     except ValueError:
-        return newest
-    return None if isinstance(entry, dict) and entry.get("done") else newest
+        entry = None
+    return newest, uri, entry if isinstance(entry, dict) else None
+
+
+def unfinished_batch(spark: SparkSession | None, checkpoint: str) -> int | None:
+    """The newest batch of the checkpoint's stream whose ledger entry is not done, if any.
+
+    Such a batch was cut off mid-way (or is running); ``sessionlake run`` replays it.
+    """
+    newest = _newest_ledger_entry(spark, checkpoint)
+    if newest is None:
+        return None
+    batch, _, entry = newest
+    return None if entry is not None and entry.get("done") else batch
+
+
+def check_versions_the_stream_saw(
+    spark: SparkSession | None, checkpoint: str, logs: dict[str, TableLog]
+) -> list[Finding]:
+    """A table whose log ends before a version the stream's newest batch read or wrote (its
+    ledger entry): the newest log entries were deleted, every checksum with them, so the
+    log itself looks whole. The table silently went back in time (``open_sessions`` then
+    holds sessions that are also closed in ``sessions``). A table created after the entry
+    was written (``rebuild-state`` re-creates ``open_sessions``) has other version numbers
+    and is left out."""
+    newest = _newest_ledger_entry(spark, checkpoint)
+    if newest is None or newest[2] is None:
+        return []
+    batch, uri, entry = newest
+    seen = {t: int(v) for t, v in (entry.get("table_versions") or {}).items()}
+    if entry.get("done") and entry.get("open_sessions_version_after") is not None:
+        seen[OPEN_SESSIONS] = max(seen.get(OPEN_SESSIONS, -1),
+                                  int(entry["open_sessions_version_after"]))
+    written_ms = storage.modified_ms(spark, uri) or 0
+    findings = []
+    for table, version in sorted(seen.items()):
+        log = logs.get(table)
+        if log is None or not log.exists or log.damage or log.newest_version is None \
+                or (log.created_ms or 0) > written_ms or log.newest_version >= version:
+            continue
+        missing = log.newest_version + 1
+        findings.append(Finding(
+            table, f"missing Delta log entries: the log ends at version {log.newest_version}, "
+            f"but batch {batch} of the stream saw version {version} (its ledger entry "
+            f"{uri.rsplit('/', 1)[-1]}): the newest entries were deleted",
+            commit_file(missing), missing, True,
+            f"{table} from version {missing} on cannot be read: that data is lost"))
+    return findings
 
 
 def check_checkpoint(
@@ -469,7 +517,8 @@ def check_lake(spark: SparkSession | None, settings: Settings) -> HealthReport:
     findings = check_checkpoint(spark, settings.checkpoint,
                                 _batches_ran(logs[BATCH_METRICS]), elsewhere,
                                 running_stream(settings)) \
-        + check_source_folder(spark, settings) + findings
+        + check_source_folder(spark, settings) + findings \
+        + check_versions_the_stream_saw(spark, settings.checkpoint, logs)
     try:
         # A snapshot older than a table's creation cannot restore it (restore refuses).
         created = max((log.created_ms or 0 for log in logs.values()), default=0) / 1000

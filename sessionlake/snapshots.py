@@ -54,6 +54,7 @@ from sessionlake.deltalog import (
     batch_keys,
     clear_delta_cache,
     commit_actions,
+    inspect_table,
     read_log,
     set_aside_log_from,
 )
@@ -343,6 +344,24 @@ def _damage_to_set_aside(
     return damaged_from
 
 
+def _check_files_kept(spark: SparkSession, lake: str, table: str, version: int) -> None:
+    """Refuse, before anything changes, when ``RESTORE`` of ``table`` to ``version`` would
+    fail: a data file or deletion vector of that version is gone (a VACUUM removed it, or
+    it was deleted), or the log no longer reaches that version. Found only half-way, the
+    tables restored before would be left at the snapshot and the others not.
+
+    :raises SnapshotError: naming the table, the file and the version.
+    """
+    damage = inspect_table(spark, table_path(lake, table), version).damage
+    if damage:
+        first = min(damage, key=lambda d: d.version)
+        raise SnapshotError(
+            f"{table} cannot return to version {version}: {first.file}: {first.problem} "
+            "(a VACUUM or a deletion removed it since the snapshot was taken); nothing was "
+            f"restored: restore a newer snapshot (listed in {lake.rstrip('/')}/_snapshots)"
+        )
+
+
 def _set_aside(spark: SparkSession, lake: str, table: str, damaged_from: int,
                now: datetime) -> None:
     """Move the log entries of ``table`` from ``damaged_from`` on out of its log."""
@@ -419,6 +438,8 @@ def restore_snapshot(spark: SparkSession, settings: Settings, snapshot_id: str) 
             # Checked before anything changes: a refusal leaves no restore half done.
             damaged = {t: d for t, v in snapshot.table_versions.items()
                        if (d := _damage_to_set_aside(spark, lake, t, v, snapshot)) is not None}
+            for table, version in snapshot.table_versions.items():
+                _check_files_kept(spark, lake, table, version)
             with _restore_marked(spark, checkpoint, snapshot):
                 _restore_locked(spark, lake, checkpoint, snapshot, damaged)
     except StreamAlreadyRunning as error:

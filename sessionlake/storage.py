@@ -113,6 +113,17 @@ def file_size(spark: SparkSession | None, uri: str) -> int | None:
     return None if status.isDirectory() else int(status.getLen())
 
 
+def modified_ms(spark: SparkSession | None, uri: str) -> int | None:
+    """When the file at ``uri`` was last written, in ms since the epoch (``None``: none)."""
+    local = local_path(uri)
+    if local is not None:
+        return local.stat().st_mtime_ns // 1_000_000 if local.is_file() else None
+    fs, path = _fs_and_path(spark, uri)
+    if not fs.exists(path):
+        return None
+    return int(fs.getFileStatus(path).getModificationTime())
+
+
 def move(spark: SparkSession | None, source: str, target: str) -> None:
     """Move the file or folder ``source`` to ``target`` (which must not exist yet).
 

@@ -155,6 +155,24 @@ def delete_newest_events_commit(settings: Settings) -> str:
     return f"_delta_log/{commit.name}"
 
 
+def delete_newest_state_commit_and_its_crc(settings: Settings) -> str:
+    """As a hand clean-up does: Hadoop's hidden .NNN.json.crc stays, and fails the next
+    commit of that version."""
+    commit = _newest_commit(settings, OPEN_SESSIONS)
+    commit.unlink()
+    commit.with_suffix(".crc").unlink()
+    assert (commit.parent / f".{commit.name}.crc").exists()
+    return f"_delta_log/{commit.name}"
+
+
+def delete_newest_state_commit_and_every_checksum(settings: Settings) -> str:
+    """Nothing in the log shows it: only the stream's ledger says that version existed."""
+    commit = _newest_commit(settings, OPEN_SESSIONS)
+    for path in (commit, commit.with_suffix(".crc"), commit.parent / f".{commit.name}.crc"):
+        path.unlink()
+    return f"_delta_log/{commit.name}"
+
+
 def delete_first_state_commit(settings: Settings) -> str:
     (Path(table_path(settings.lake, OPEN_SESSIONS)) / "_delta_log"
      / f"{1:020d}.json").unlink()
@@ -191,6 +209,10 @@ def half_write_changelog_commit(settings: Settings) -> str:
         (corrupt_offsets, "checkpoint", "not complete JSON", "restore"),
         (garble_source_log, "checkpoint", "not complete JSON", "restore"),
         (delete_newest_events_commit, "events", "missing Delta log entry", "restore"),
+        (delete_newest_state_commit_and_its_crc, OPEN_SESSIONS, "missing Delta log entry",
+         "rebuild-state"),
+        (delete_newest_state_commit_and_every_checksum, OPEN_SESSIONS,
+         "the newest entries were deleted", "rebuild-state"),
         (delete_first_state_commit, OPEN_SESSIONS, "missing Delta log entry", "rebuild-state"),
         (delete_state_folder, OPEN_SESSIONS, "table folder is missing", "rebuild-state"),
         (truncate_events_file, "events", "half-written", "restore"),

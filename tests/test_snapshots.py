@@ -14,6 +14,7 @@ from sessionlake import storage
 from sessionlake.archive import archive_read_files
 from sessionlake.checkpoint import RESTORING_MARKER
 from sessionlake.config import Settings, settings_from
+from sessionlake.retention import RetentionRequest, enforce_retention
 from sessionlake.snapshots import (
     SnapshotError,
     create_snapshot,
@@ -180,6 +181,31 @@ def test_a_cut_off_restore_blocks_the_stream_until_it_is_run_again(
     restore_snapshot(spark, config, snapshot.snapshot_id)
     assert not marker.exists()
     assert run(spark, config) == []
+
+
+def test_a_restore_whose_files_were_vacuumed_is_refused_before_anything_changes(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    config = settings(tmp_path, "lake")
+    land(Path(config.source or ""), 0)
+    run(spark, config)
+    snapshot = create_snapshot(spark, config)
+    land(Path(config.source or ""), 1)
+    run(spark, config)
+    # u1's rows rewritten, and the files that held them before deleted at once.
+    enforce_retention(spark, config, RetentionRequest(
+        erase_users=("u1",), vacuum_retain_hours=0, force_vacuum=True))
+    versions = {t: table_version(spark, config.lake, t) for t in STREAM_TABLES}
+    rows_before = {t: read_table(spark, config.lake, t).count() for t in STREAM_TABLES}
+
+    with pytest.raises(SnapshotError, match="cannot return to version .* nothing was restored"):
+        restore_snapshot(spark, config, snapshot.snapshot_id)
+
+    assert versions == {t: table_version(spark, config.lake, t) for t in STREAM_TABLES}
+    assert rows_before == {t: read_table(spark, config.lake, t).count() for t in STREAM_TABLES}
+    assert not (Path(config.checkpoint) / RESTORING_MARKER).exists()
+    land(Path(config.source or ""), 2)
+    assert len(run(spark, config)) == 1  # the stream goes on
 
 
 @pytest.mark.parametrize("case", ["unknown id", "no lake"])
