@@ -73,6 +73,9 @@ FORGET_REQUEST = "archived.pending"
 #: In a checkpoint: whether its stream reads the landing folder's subfolders,
 #: ``{"subfolders": true}`` (:func:`landing_subfolders_read`).
 LANDING_NOTE = "landing.json"
+#: In a checkpoint: the format its stream parses records with, ``{"format": "apache"}``
+#: (:func:`noted_input_format`).
+FORMAT_NOTE = "format.json"
 
 log = logging.getLogger("sessionlake.checkpoint")
 
@@ -186,6 +189,13 @@ class UnreadInput:
         if not self.files:
             return 0
         return -(-self.files // max_files_per_trigger) if max_files_per_trigger else 1
+
+
+def noted_input_format(checkpoint: str, spark: SparkSession | None = None) -> str | None:
+    """The ``--format`` the checkpoint's stream reads its input with, as its first run
+    noted it (``None``: no note, from before the note or before any run)."""
+    text = read_text(spark, f"{checkpoint.rstrip('/')}/{FORMAT_NOTE}")
+    return None if text is None else str(json.loads(text)["format"])
 
 
 def landing_subfolders_read(checkpoint: str, spark: SparkSession | None = None) -> bool:

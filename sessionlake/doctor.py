@@ -30,7 +30,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from sessionlake import storage
-from sessionlake.checkpoint import IDENTITY_FILE, RESTORING_MARKER
+from sessionlake.checkpoint import IDENTITY_FILE, RESTORING_MARKER, noted_input_format
 from sessionlake.config import Settings
 from sessionlake.deltalog import TableLog, commit_file, inspect_table
 from sessionlake.health import running_stream
@@ -297,9 +297,11 @@ def check_versions_the_stream_saw(
     was written (``rebuild-state`` re-creates ``open_sessions``) has other version numbers
     and is left out."""
     newest = _newest_ledger_entry(spark, checkpoint)
-    if newest is None or newest[2] is None:
+    if newest is None:
         return []
     batch, uri, entry = newest
+    if entry is None:
+        return []
     seen = {t: int(v) for t, v in (entry.get("table_versions") or {}).items()}
     if entry.get("done") and entry.get("open_sessions_version_after") is not None:
         seen[OPEN_SESSIONS] = max(seen.get(OPEN_SESSIONS, -1),
@@ -415,14 +417,16 @@ def _command(settings: Settings, name: str, *extra: str) -> str:
 
 
 def _run_command(settings: Settings) -> str:
-    """``sessionlake run`` for this lake, with the landing folder when it is known."""
+    """``sessionlake run`` for this lake, with the landing folder when it is known, and the
+    input format when it is not the default (the run refuses another than its stream's)."""
+    form = [] if settings.input_format == "jsonl" else ["--format", settings.input_format]
     if settings.reads_kafka:
         return _command(settings, "run", "--source", settings.source or "kafka",
                         "--kafka-bootstrap", settings.kafka_bootstrap or "<HOST:PORT>",
-                        "--topic", settings.kafka_topic or "<topic>")
+                        "--topic", settings.kafka_topic or "<topic>", *form)
     if settings.source:
-        return _command(settings, "run", "--source", settings.source)
-    return f"{_command(settings, 'run')} --source <landing folder>"
+        return _command(settings, "run", "--source", settings.source, *form)
+    return f"{_command(settings, 'run', *form)} --source <landing folder>"
 
 
 def restore_target(
@@ -501,6 +505,12 @@ def check_lake(spark: SparkSession | None, settings: Settings) -> HealthReport:
     :raises DoctorError: when there is no lake at ``settings.lake``.
     """
     lake = settings.lake
+    try:
+        noted = noted_input_format(settings.checkpoint, spark)
+    except (ValueError, KeyError, TypeError):
+        noted = None  # a format note that does not parse: its run would say so
+    if noted is not None:
+        settings = settings.with_overrides(input_format=noted)
     if not any(storage.exists(spark, table_path(lake, t)) for t in STREAM_TABLES):
         raise DoctorError(f"no sessionlake lake at {lake} (no table folder there): check "
                           "--lake, or create it with `sessionlake run`")

@@ -32,6 +32,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from sessionlake import faults, storage
 from sessionlake.batch import BatchReport, Clock, process_lines, stream_identity, utc_now
 from sessionlake.checkpoint import (
+    FORMAT_NOTE,
     IDENTITY_FILE,
     LAKE_HOLDER_FILE,
     LAKE_LOCK_FILE,
@@ -53,6 +54,7 @@ from sessionlake.checkpoint import (
     lake_lock_folder,
     landing_subfolders_read,
     lock_held,
+    noted_input_format,
     partition_folder,
 )
 from sessionlake.config import ENV, ConfigError, Settings, format_duration
@@ -148,6 +150,26 @@ def check_gap_unchanged(spark: SparkSession, settings: Settings) -> None:
             f"--gap {lake_gap} (a number without a unit is seconds); for sessions with "
             "another gap, `sessionlake backfill --gap` re-cuts a date range, or start a new "
             "lake"
+        )
+
+
+def check_format_unchanged(spark: SparkSession, settings: Settings) -> None:
+    """Refuse a run whose ``--format`` is not the one the checkpoint's stream reads with;
+    note it at the stream's first run.
+
+    Run without ``--format apache`` (the default is ``jsonl``), a stream of access logs
+    would quarantine every new line as invalid JSON: refused before any batch instead.
+    """
+    noted = noted_input_format(settings.checkpoint, spark)
+    if noted is None:
+        storage.write_text(spark, f"{settings.checkpoint.rstrip('/')}/{FORMAT_NOTE}",
+                           json.dumps({"format": settings.input_format}))
+    elif noted != settings.input_format:
+        raise ConfigError(
+            f"the stream of checkpoint {settings.checkpoint} reads --format {noted}; "
+            f"--format {settings.input_format} would quarantine its input. Pass --format "
+            f"{noted} (jsonl is the default); another format needs another checkpoint "
+            "(--checkpoint) and landing folder"
         )
 
 
@@ -711,6 +733,7 @@ def run_stream(
         check_no_restore_pending(spark, settings.checkpoint)
         check_no_batch_cut_off_elsewhere(spark, settings)
         check_gap_unchanged(spark, settings)
+        check_format_unchanged(spark, settings)
         if settings.reads_kafka:
             check_topic_not_read_elsewhere(spark, settings, kafka_cluster)
         else:

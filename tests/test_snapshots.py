@@ -198,7 +198,7 @@ def test_a_restore_whose_files_were_vacuumed_is_refused_before_anything_changes(
     versions = {t: table_version(spark, config.lake, t) for t in STREAM_TABLES}
     rows_before = {t: read_table(spark, config.lake, t).count() for t in STREAM_TABLES}
 
-    with pytest.raises(SnapshotError, match="cannot return to version .* nothing was restored"):
+    with pytest.raises(SnapshotError, match=r"cannot return to version .* nothing was restored"):
         restore_snapshot(spark, config, snapshot.snapshot_id)
 
     assert versions == {t: table_version(spark, config.lake, t) for t in STREAM_TABLES}

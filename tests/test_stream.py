@@ -16,6 +16,7 @@ from pyspark.testing import assertDataFrameEqual
 from sessionlake import cli, faults
 from sessionlake.checkpoint import LANDING_NOTE, LOCK_FILE, PID_FILE, lock_held
 from sessionlake.config import ConfigError, settings_from
+from sessionlake.doctor import check_lake
 from sessionlake.sessionize import sessionize_events
 from sessionlake.sources import ApacheAccessLogAdapter
 from sessionlake.stream import (
@@ -179,7 +180,8 @@ def test_a_garbled_source_log_is_refused_in_one_line_before_a_batch(
     run(spark, tmp_path / "landing", tmp_path / "lake")
     entry = tmp_path / "lake" / "_checkpoints" / "stream" / "spark" / "sources" / "0" / "0"
     entry.write_text('v1\n{"path":"file:///landing/a.js')
-    argv = ["run", "--lake", str(tmp_path / "lake"), "--source", str(tmp_path / "landing")]
+    argv = ["run", "--lake", str(tmp_path / "lake"), "--source", str(tmp_path / "landing"),
+            "--format", "apache"]
     assert cli.main(argv) == cli.EXIT_USAGE
     [line] = capsys.readouterr().err.strip().splitlines()[-1:]
     assert line.startswith(f"sessionlake: error: the checkpoint's file source log entry {entry} "
@@ -289,6 +291,28 @@ def test_a_run_with_another_gap_than_the_lake_s_is_refused_before_any_batch(
         assert versions == {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
     else:  # the same gap, spelled otherwise
         assert len(run(spark, tmp_path / "landing", lake, gap=gap)) == 1
+
+
+def test_a_run_with_another_format_than_its_stream_s_is_refused_and_doctor_names_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Run without ``--format apache`` (jsonl is the default), an access-log stream would
+    quarantine every new line as invalid JSON."""
+    files = split_log(tmp_path / "landing", 2)
+    files[1].rename(tmp_path / "later.log")
+    lake = tmp_path / "lake"
+    assert len(run(spark, tmp_path / "landing", lake)) == 1  # --format apache
+    (tmp_path / "later.log").rename(files[1])
+    versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+    with pytest.raises(ConfigError, match=r"reads --format apache; --format jsonl would "
+                                          r"quarantine its input\. Pass --format apache"):
+        run(spark, tmp_path / "landing", lake, input_format="jsonl")
+    assert versions == {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+
+    moved = settings_from({"lake": str(lake), "source": str(tmp_path / "elsewhere")}, env={})
+    [finding] = [f for f in check_lake(None, moved).findings if not f.ok]
+    assert f"--source {tmp_path / 'landing'} --format apache`" in (finding.recovery or "")
+    assert len(run(spark, tmp_path / "landing", lake)) == 1
 
 
 def test_a_second_stream_on_a_lake_is_refused_whatever_its_checkpoint(
