@@ -83,7 +83,11 @@ THROUGHPUT_GC = "-XX:+UseParallelGC"
 #: 23.0-26.6; over 10^6, 28.5-30.3 against 33.3-34.7; 100,000 events (13 MB) in a new lake
 #: 28.3-31.3 s against 40.3-41.7; 300,000 (40 MB) 41.6-43.4 against 43.9-49.8; 1,000,000
 #: (134 MB, measured earlier) 63.5-65.5 against 50.5-52.8.
-QUICK_START_JIT = "-XX:TieredStopAtLevel=1"
+#: C1 alone gets a code cache of 48 MB, not the 240 MB of both compilers; five one-file
+#: batches of the bundled access log (2,000 lines each) filled it after 22 s ("CodeCache
+#: is full. Compiler has been disabled.") and ran 33.0 and 32.1 s, whole process; with the
+#: 240 MB, 28.9 and 28.5 s, the last batches 4.0-4.3 s against 4.5-6.7 (2026-12-01).
+QUICK_START_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 #: Input, in bytes, up to which a run's driver compiles with C1 only (see QUICK_START_JIT).
 QUICK_START_MAX_BYTES = 32 * 2**20
 #: Micro-batches up to which a run with little to read compiles with C1 only. Every batch
