@@ -433,6 +433,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
         first = str(error).strip().splitlines()[0]
         raise UsageError(f"the query failed: {first}") from None
     except PySparkException as error:  # at run time: a division by zero, a bad cast...
+        if _unreadable_file(error) is not None:
+            raise  # damage, not the query's fault: see main
         first = str(error).strip().splitlines()[0]
         print(f"sessionlake: error: the query failed while running: {first}", file=sys.stderr)
         return EXIT_QUERY_FAILED
@@ -658,6 +660,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ConfigError) as error:
         print(f"sessionlake: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except Exception as error:
+        unreadable = _unreadable_file(error)
+        if unreadable is None:
+            raise
+        print(f"sessionlake: error: a data file of the lake cannot be read ({unreadable}): "
+              "`sessionlake doctor` names the damage and how to recover from it",
+              file=sys.stderr)
+        return EXIT_DAMAGED
+
+
+def _unreadable_file(error: BaseException) -> str | None:
+    """Spark's message when ``error`` is its failure to read a data file that the Delta log
+    names (deleted, or cut short): damage, which ``sessionlake doctor`` diagnoses. Spark
+    raises it as PySpark's own exception or, from a collect, as a ``Py4JJavaError``
+    around the JVM's."""
+    java = getattr(error, "java_exception", None)
+    source: Any = error if java is None else java
+    try:
+        condition = str(source.getCondition() or "")
+        message = str(error) if java is None else str(java.getMessage())
+    except Exception:  # not a Spark error: no condition to ask for
+        return None
+    if not condition.startswith("FAILED_READ_FILE"):
+        return None
+    return message.strip().splitlines()[0]
 
 
 if __name__ == "__main__":

@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from pyspark.sql import SparkSession
 
 from sessionlake.cli import main
+from sessionlake.deltalog import read_log
 from tests.conftest import DATA, REPO, ObservedLake
 
 LOG_LINES = (DATA / "apache_access_2015_head3000.log").read_text().splitlines(keepends=True)
@@ -117,6 +120,26 @@ def test_a_failed_task_s_stack_trace_is_not_printed(observed_lake: ObservedLake)
         "sessionlake: error: the query failed while running: [USER_RAISED_EXCEPTION] boom "
         "SQLSTATE: P0001"
     )
+
+
+@pytest.mark.parametrize("argv", [
+    ["backfill", "--from", "2026-01-05", "--to", "2026-01-05"],
+    ["sql", "SELECT sum(event_count) FROM sessions"],
+])
+def test_a_deleted_data_file_is_named_as_damage_with_the_doctor(
+    observed_lake: ObservedLake, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+) -> None:
+    lake = tmp_path / "lake"
+    shutil.copytree(observed_lake.settings.lake, lake)
+    sessions = lake / "sessions"
+    live = read_log(None, str(sessions)).files.values()
+    (sessions / unquote(next(iter(live)).path)).unlink()
+    assert main([*argv[:1], "--lake", str(lake), *argv[1:]]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("sessionlake: error: a data file of the lake cannot be read "
+                           "([FAILED_READ_FILE"), line
+    assert line.endswith("`sessionlake doctor` names the damage and how to recover from it")
 
 
 def test_version_names_the_packages_it_runs_on(capsys: pytest.CaptureFixture[str]) -> None:
