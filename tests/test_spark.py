@@ -225,7 +225,8 @@ def test_a_wrong_jit_choice_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_only_the_driver_of_a_quick_start_stops_at_c1() -> None:
     quick, full = java_options(quick_start=True), java_options()
-    assert quick["spark.driver.extraJavaOptions"].split()[-1] == QUICK_START_JIT
+    assert quick["spark.driver.extraJavaOptions"].endswith(f" {QUICK_START_JIT}")
+    assert "-XX:ReservedCodeCacheSize=240m" in QUICK_START_JIT  # C1 alone would get 48 MB
     assert QUICK_START_JIT not in full["spark.driver.extraJavaOptions"]
     assert QUICK_START_JIT not in quick["spark.executor.extraJavaOptions"]
 
