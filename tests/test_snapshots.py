@@ -16,6 +16,7 @@ from sessionlake.checkpoint import RESTORING_MARKER
 from sessionlake.config import Settings, settings_from
 from sessionlake.retention import RetentionRequest, enforce_retention
 from sessionlake.snapshots import (
+    Snapshot,
     SnapshotError,
     create_snapshot,
     find_snapshot,
@@ -150,15 +151,21 @@ def test_the_catalog_lists_snapshots_oldest_first(spark: SparkSession, tmp_path:
     assert "one" in first.summary() and "after batch 0" in first.summary()
 
 
-@pytest.mark.parametrize("on", ["its checkpoint", "another checkpoint"])
-def test_restore_is_refused_while_a_stream_runs(spark: SparkSession, tmp_path: Path,
-                                                on: str) -> None:
+def snapshot_then_a_batch(spark: SparkSession, tmp_path: Path) -> tuple[Settings, Snapshot]:
+    """A lake of one batch, a snapshot of it, then a second batch."""
     config = settings(tmp_path, "lake")
     land(Path(config.source or ""), 0)
     run(spark, config)
     snapshot = create_snapshot(spark, config)
     land(Path(config.source or ""), 1)
     run(spark, config)
+    return config, snapshot
+
+
+@pytest.mark.parametrize("on", ["its checkpoint", "another checkpoint"])
+def test_restore_is_refused_while_a_stream_runs(spark: SparkSession, tmp_path: Path,
+                                                on: str) -> None:
+    config, snapshot = snapshot_then_a_batch(spark, tmp_path)
     versions = {t: table_version(spark, config.lake, t) for t in STREAM_TABLES}
     running = (checkpoint_lock(config.checkpoint) if on == "its checkpoint"
                else lake_lock(config.lake, str(tmp_path / "elsewhere")))
@@ -186,12 +193,7 @@ def test_a_cut_off_restore_blocks_the_stream_until_it_is_run_again(
 def test_a_restore_whose_files_were_vacuumed_is_refused_before_anything_changes(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    config = settings(tmp_path, "lake")
-    land(Path(config.source or ""), 0)
-    run(spark, config)
-    snapshot = create_snapshot(spark, config)
-    land(Path(config.source or ""), 1)
-    run(spark, config)
+    config, snapshot = snapshot_then_a_batch(spark, tmp_path)
     # u1's rows rewritten, and the files that held them before deleted at once.
     enforce_retention(spark, config, RetentionRequest(
         erase_users=("u1",), vacuum_retain_hours=0, force_vacuum=True))
