@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from sessionlake.config import KAFKA_SOURCE
-from sessionlake.storage import is_glob, list_names, local_path, read_text
+from sessionlake.storage import is_glob, list_names, local_path, read_text, write_text
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -193,9 +193,16 @@ class UnreadInput:
 
 def noted_input_format(checkpoint: str, spark: SparkSession | None = None) -> str | None:
     """The ``--format`` the checkpoint's stream reads its input with, as its first run
-    noted it (``None``: no note, from before the note or before any run)."""
+    noted it (:func:`note_input_format`; ``None``: no note, from before the note or before
+    any run)."""
     text = read_text(spark, f"{checkpoint.rstrip('/')}/{FORMAT_NOTE}")
     return None if text is None else str(json.loads(text)["format"])
+
+
+def note_input_format(spark: SparkSession, checkpoint: str, input_format: str) -> None:
+    """Note in the checkpoint the ``--format`` its stream reads its input with."""
+    write_text(spark, f"{checkpoint.rstrip('/')}/{FORMAT_NOTE}",
+               json.dumps({"format": input_format}))
 
 
 def landing_subfolders_read(checkpoint: str, spark: SparkSession | None = None) -> bool:

@@ -133,7 +133,10 @@ def check_request(request: RetentionRequest) -> None:
 
 
 def _hours_since(moment: datetime, now: datetime) -> float:
-    return max(0.0, math.ceil((now - moment).total_seconds() / 36) / 100)
+    """Whole hours from ``moment`` to ``now``, rounded up: Delta rounds VACUUM's retention
+    to whole hours (math.round), so a floor of 0.26 h would keep nothing and delete the
+    files of the snapshot taken 15 minutes ago."""
+    return float(max(0, math.ceil((now - moment).total_seconds() / 3600)))
 
 
 def streams_need_since(spark: SparkSession, settings: Settings
@@ -206,9 +209,6 @@ def plan_vacuum(
     if running:
         needs.append((RUNNING_STREAM_HOURS, "the running stream"))
     floor, why = max(needs, default=(0.0, None))
-    # Delta rounds VACUUM's retention to whole hours (math.round): a floor of 0.26 h would
-    # keep nothing and delete the files of the snapshot taken 15 minutes ago.
-    floor = float(math.ceil(floor))
     if request.force_vacuum or floor <= asked:
         return VacuumPlan(asked, asked)
     return VacuumPlan(asked, floor, f"VACUUM kept {floor:g}h instead of {asked:g}h for {why}")

@@ -32,7 +32,6 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from sessionlake import faults, storage
 from sessionlake.batch import BatchReport, Clock, process_lines, stream_identity, utc_now
 from sessionlake.checkpoint import (
-    FORMAT_NOTE,
     IDENTITY_FILE,
     LAKE_HOLDER_FILE,
     LAKE_LOCK_FILE,
@@ -54,6 +53,7 @@ from sessionlake.checkpoint import (
     lake_lock_folder,
     landing_subfolders_read,
     lock_held,
+    note_input_format,
     noted_input_format,
     partition_folder,
 )
@@ -162,8 +162,7 @@ def check_format_unchanged(spark: SparkSession, settings: Settings) -> None:
     """
     noted = noted_input_format(settings.checkpoint, spark)
     if noted is None:
-        storage.write_text(spark, f"{settings.checkpoint.rstrip('/')}/{FORMAT_NOTE}",
-                           json.dumps({"format": settings.input_format}))
+        note_input_format(spark, settings.checkpoint, settings.input_format)
     elif noted != settings.input_format:
         raise ConfigError(
             f"the stream of checkpoint {settings.checkpoint} reads --format {noted}; "
