@@ -8,7 +8,8 @@ audit row. A null limit leaves that step out. Runs in the one-slot pool
 wait for the batch in flight; in the pool Airflow queues it instead of holding executors).
 
 Params: `erase_user_ids` (list of user ids), `sessions_max_age_days`, `events_max_age_days`
-(days >= 1), `vacuum_retain_hours` (hours >= 0).
+(days >= 1), `vacuum_retain_hours` (hours >= 0), `dry_run` (only count what the run would
+delete and VACUUM; nothing changes, no audit row).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ with DAG(
         "sessions_max_age_days": Param(365, type=["null", "integer"], minimum=1),
         "events_max_age_days": Param(90, type=["null", "integer"], minimum=1),
         "vacuum_retain_hours": Param(168, type=["null", "integer"], minimum=0),
+        "dry_run": Param(False, type="boolean",
+                         description="only count what it would delete; change nothing"),
     },
 ):
 

@@ -254,6 +254,9 @@ def _add_maintenance(commands: Any) -> None:
                                 "or a kept snapshot needs, unless --force-vacuum)")
     retention.add_argument("--force-vacuum", dest="force_vacuum", action="store_true",
                            help="VACUUM even below what kept snapshots need (they expire)")
+    retention.add_argument("--dry-run", dest="dry_run", action="store_true",
+                           help="only count the rows it would delete and the files VACUUM "
+                                "would remove; change nothing, write no audit row")
     _common_spark(retention)
 
     doctor = commands.add_parser(
@@ -538,7 +541,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 
 def cmd_retention(args: argparse.Namespace) -> int:
-    """``sessionlake retention``: age limits, erasures, VACUUM, and an audit row."""
+    """``sessionlake retention``: age limits, erasures, VACUUM, and an audit row; or, with
+    ``--dry-run``, what they would delete."""
     from sessionlake.retention import RetentionError, RetentionRequest, enforce_retention
 
     settings = _settings(args)
@@ -548,6 +552,7 @@ def cmd_retention(args: argparse.Namespace) -> int:
         events_max_age_days=args.events_max_age_days,
         vacuum_retain_hours=args.vacuum_retain_hours,
         force_vacuum=args.force_vacuum,
+        dry_run=args.dry_run,
     )
     spark = _spark(settings, "sessionlake-retention")
     try:

@@ -195,6 +195,7 @@ class RetentionParams:
     sessions_max_age_days: int | None
     events_max_age_days: int | None
     vacuum_retain_hours: int | None
+    dry_run: bool = False
 
 
 @dataclass(frozen=True)
@@ -275,11 +276,20 @@ def validate_restore_params(params: Mapping[str, Any]) -> RestoreParams:
     return RestoreParams(_identifier(params, "snapshot_id"))
 
 
+def _flag(params: Mapping[str, Any], name: str) -> bool:
+    """The boolean param ``name`` (false when absent)."""
+    value = params.get(name, False)
+    if not isinstance(value, bool):
+        raise _bad(name, value, "must be true or false")
+    return value
+
+
 def validate_retention_params(params: Mapping[str, Any]) -> RetentionParams:
     """Check the retention DAG's params.
 
     ``erase_user_ids`` is a list of non-empty strings; the age limits are days >= 1 and
-    ``vacuum_retain_hours`` hours >= 0; ``None`` leaves a limit out.
+    ``vacuum_retain_hours`` hours >= 0; ``None`` leaves a limit out. ``dry_run`` (true or
+    false) only counts what the run would delete.
 
     :raises ValueError: naming the param, its value and why it is wrong.
     """
@@ -294,6 +304,7 @@ def validate_retention_params(params: Mapping[str, Any]) -> RetentionParams:
         sessions_max_age_days=_optional_whole(params, "sessions_max_age_days", 1),
         events_max_age_days=_optional_whole(params, "events_max_age_days", 1),
         vacuum_retain_hours=_optional_whole(params, "vacuum_retain_hours", 0),
+        dry_run=_flag(params, "dry_run"),
     )
 
 
@@ -314,10 +325,7 @@ def validate_archive_params(
         # A worker resolves a relative path against its own working directory.
         raise _bad("archive_to", value, "must be an absolute path (a relative one would "
                    "land in the Airflow worker's working directory)")
-    dry_run = params.get("dry_run", False)
-    if not isinstance(dry_run, bool):
-        raise _bad("dry_run", dry_run, "must be true or false")
-    return ArchiveParams(value.strip(), dry_run)
+    return ArchiveParams(value.strip(), _flag(params, "dry_run"))
 
 
 def validate_restart_params(
@@ -407,7 +415,7 @@ def retention_args(locations: Locations, params: RetentionParams) -> list[str]:
     for flag, value in limits:
         if value is not None:
             args += [flag, str(value)]
-    return args
+    return [*args, "--dry-run"] if params.dry_run else args
 
 
 # --- spark-submit ----------------------------------------------------------------------

@@ -12,6 +12,9 @@ VACUUM never goes below what is still needed unless the operator forces it:
 
 When that floor keeps erased rows reachable by time travel, the audit row and the report
 say so, and until when.
+
+A dry run counts what a run would delete and VACUUM, and changes nothing: retention is the
+one maintenance job that cannot be undone, so its effect can be read before it is had.
 """
 
 from __future__ import annotations
@@ -49,11 +52,13 @@ from sessionlake.tables import (
     SESSION_CHANGELOG,
     SESSIONS,
     STREAM_TABLES,
+    USER_TABLES,
     append,
     commit_metrics_since,
     each_table,
     ensure_tables,
     literal_row,
+    path_identifier,
     read_table,
     table_exists,
     table_path,
@@ -83,6 +88,7 @@ class RetentionRequest:
     events_max_age_days: int | None = None
     vacuum_retain_hours: int | None = None
     force_vacuum: bool = False
+    dry_run: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,14 +110,21 @@ class RetentionReport:
     files_vacuumed: int = 0
     time_travel_purged: bool = False
     note: str | None = None
+    dry_run: bool = False
 
     def summary(self) -> str:
         """One line for the command line and task logs."""
         deleted = ", ".join(f"{t} {n}" for t, n in self.rows_deleted.items() if n) or "nothing"
-        vacuum = "no VACUUM" if self.vacuum is None else (
-            f"VACUUM {self.vacuum.hours:g}h removed {self.files_vacuumed} files")
-        purged = "time travel purged" if self.time_travel_purged else "time travel kept"
         note = f" ({self.note})" if self.note else ""
+        files = f"{self.files_vacuumed} file{'' if self.files_vacuumed == 1 else 's'}"
+        if self.dry_run:
+            vacuum = "no VACUUM" if self.vacuum is None else (
+                f"VACUUM {self.vacuum.hours:g}h would remove {files}")
+            return (f"retention dry run {self.run_id}: would delete {deleted}; {vacuum}; "
+                    f"nothing changed{note}")
+        vacuum = "no VACUUM" if self.vacuum is None else (
+            f"VACUUM {self.vacuum.hours:g}h removed {files}")
+        purged = "time travel purged" if self.time_travel_purged else "time travel kept"
         return f"retention {self.run_id}: deleted {deleted}; {vacuum}; {purged}{note}"
 
 
@@ -248,16 +261,26 @@ def vacuum_tables(spark: SparkSession, lake: str, hours: float) -> int:
         return sum(each_table(vacuum, STREAM_TABLES).values())
 
 
-def age_limits(
-    spark: SparkSession, lake: str, request: RetentionRequest, today: date
-) -> tuple[dict[str, int], date | None, date | None]:
-    """Delete sessions and events older than their limits.
+def files_to_vacuum(spark: SparkSession, lake: str, hours: float) -> int:
+    """How many files and folders a VACUUM of every stream table with ``hours`` of
+    retention would delete now (Delta's ``DRY RUN``: no file deleted, no commit)."""
+    def dry_run(table: str) -> int:
+        name = path_identifier(table_path(lake, table))
+        return spark.sql(f"VACUUM {name} RETAIN {hours:g} HOURS DRY RUN").count()
+
+    with _retention_check_off(spark, hours):
+        return sum(each_table(dry_run, STREAM_TABLES).values())
+
+
+def age_conditions(
+    request: RetentionRequest, today: date
+) -> tuple[dict[str, Column], date | None, date | None]:
+    """The rows each age limit reaches, by table, and the two cut-off dates (``None``: no
+    limit).
 
     Sessions go by start date (with their changelog rows); events by event date, together
     with the late and quarantined records, which are events too. Open sessions are state in
     use and never aged out here (the maximum session duration bounds them).
-
-    :return: rows deleted per table, and the two cut-off dates (``None``: no limit).
     """
     limits: dict[str, Column] = {}
     sessions_cutoff = events_cutoff = None
@@ -272,8 +295,35 @@ def age_limits(
         limits[EVENTS] = F.col("event_date") < cutoff
         limits[LATE_EVENTS] = F.to_date("event_time") < cutoff
         limits[QUARANTINE] = F.to_date("quarantined_at") < cutoff
+    return limits, sessions_cutoff, events_cutoff
+
+
+def age_limits(
+    spark: SparkSession, lake: str, request: RetentionRequest, today: date
+) -> tuple[dict[str, int], date | None, date | None]:
+    """Delete sessions and events older than their limits (:func:`age_conditions`).
+
+    :return: rows deleted per table, and the two cut-off dates (``None``: no limit).
+    """
+    limits, sessions_cutoff, events_cutoff = age_conditions(request, today)
     deleted = each_table(lambda table: delete_rows(spark, lake, table, limits[table]), limits)
     return deleted, sessions_cutoff, events_cutoff
+
+
+def rows_to_delete(
+    spark: SparkSession, lake: str, request: RetentionRequest, today: date
+) -> dict[str, int]:
+    """How many rows of each table the request's erasures and age limits would delete.
+
+    A row that both rules reach counts once, as the run deletes it once.
+    """
+    reached, _, _ = age_conditions(request, today)
+    if request.erase_users:
+        named = users_named(request.erase_users)
+        for table in USER_TABLES:
+            reached[table] = reached[table] | named if table in reached else named
+    return each_table(
+        lambda table: read_table(spark, lake, table).where(reached[table]).count(), reached)
 
 
 def _require_lake(spark: SparkSession, lake: str) -> None:
@@ -294,16 +344,19 @@ def enforce_retention(
     """Apply erasures and age limits, VACUUM as planned, and append the audit row.
 
     Running it again after a crash is safe: deletes find nothing more to delete, and the
-    audit row is written last.
+    audit row is written last. A dry run (``request.dry_run``) only counts
+    (:func:`preview_retention`).
 
     :raises RetentionError: a malformed request or a missing lake (nothing changed).
     """
     check_request(request)
     lake = settings.lake
     _require_lake(spark, lake)
-    ensure_tables(spark, lake)
     started = now or datetime.now(UTC)
     run_id = f"{started.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}"
+    if request.dry_run:
+        return preview_retention(spark, settings, request, started, run_id)
+    ensure_tables(spark, lake)
     versions_before = {t: table_version(spark, lake, t) for t in STREAM_TABLES}
 
     deleted: dict[str, int] = {}
@@ -329,6 +382,33 @@ def enforce_retention(
     report = RetentionReport(run_id, deleted, plan, files, purged, note)
     _append_audit(spark, lake, report, request, started, sessions_cutoff, events_cutoff,
                   versions_before)
+    log.info("%s", report.summary())
+    return report
+
+
+def preview_retention(
+    spark: SparkSession,
+    settings: Settings,
+    request: RetentionRequest,
+    started: datetime,
+    run_id: str,
+) -> RetentionReport:
+    """What the request would delete and VACUUM as the lake is now; nothing is written.
+
+    The VACUUM is counted with the retention the run would use (:func:`plan_vacuum`); with
+    0 hours the run would also remove the files its own deletes rewrite, which do not exist
+    yet and are not counted.
+    """
+    deleted = rows_to_delete(spark, settings.lake, request, started.date())
+    plan = plan_vacuum(spark, settings, request, started)
+    files = files_to_vacuum(spark, settings.lake, plan.hours) if plan is not None else 0
+    notes = [plan.reason] if plan is not None and plan.reason else []
+    pending, _ = streams_need_since(spark, settings)
+    if request.erase_users and pending is not None:
+        notes.append(f"the erasure would be refused now: a batch of the stream on "
+                     f"{pending[1]} was cut off and is to be replayed first")
+    report = RetentionReport(run_id, deleted, plan, files, plan is not None and plan.hours == 0,
+                             "; ".join(notes) or None, dry_run=True)
     log.info("%s", report.summary())
     return report
 

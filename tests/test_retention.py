@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import threading
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from pyspark.sql import functions as F
 
 from sessionlake import faults
 from sessionlake.batch import stream_identity
+from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
 from sessionlake.erasure import user_hash, users_named
 from sessionlake.retention import (
@@ -192,6 +195,40 @@ def test_every_run_appends_one_audit_row_without_the_erased_ids(
     assert first["versions_after"]["events"] > first["versions_before"]["events"]
     assert first["vacuum_retain_hours"] is None
     assert second["vacuum_retain_hours"] == 200 and second["erased_users"] == 0
+
+
+def files_on_disk(lake: str) -> set[Path]:
+    """Every file under the lake, logs included."""
+    return {p for p in Path(lake).rglob("*") if p.is_file()}
+
+
+def test_a_dry_run_counts_what_the_run_deletes_and_changes_nothing(
+    spark: SparkSession, settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    now = datetime(2026, 1, 6, tzinfo=UTC)  # the age limits reach x's day (2026-01-01)
+    rows = RetentionRequest(erase_users=("u2",), sessions_max_age_days=3, events_max_age_days=3)
+    vacuum = RetentionRequest(vacuum_retain_hours=0)
+    versions = {t: table_version(spark, settings.lake, t) for t in STREAM_TABLES}
+    files = files_on_disk(settings.lake)
+
+    assert main(["retention", "--lake", settings.lake, "--erase-user", "u2",
+                 "--vacuum-retain-hours", "0", "--dry-run"]) == 0
+    preview = enforce_retention(
+        spark, settings, replace(rows, vacuum_retain_hours=0, dry_run=True), now=now)
+
+    assert files_on_disk(settings.lake) == files  # no file written, no file deleted
+    assert {t: table_version(spark, settings.lake, t) for t in STREAM_TABLES} == versions
+    printed = capsys.readouterr().out
+    assert re.fullmatch(r"retention dry run \S+: would delete events 3, open_sessions 1, "
+                        r"sessions 1, session_changelog \d+, late_events 1, quarantine 1; "
+                        r"VACUUM 0h would remove \d+ files; nothing changed\n", printed), printed
+    assert preview.files_vacuumed > 0  # the MERGEs left files behind
+    # What the dry run counted is what the runs then do.
+    assert enforce_retention(spark, settings, vacuum).files_vacuumed == preview.files_vacuumed
+    done = enforce_retention(spark, settings, rows, now=now).rows_deleted
+    assert {t: n for t, n in preview.rows_deleted.items() if n} == \
+        {t: n for t, n in done.items() if n}
+    assert preview.rows_deleted["events"] == 4  # u2's three, and x's, which is old
 
 
 @pytest.mark.parametrize(

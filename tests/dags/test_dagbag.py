@@ -22,7 +22,7 @@ PARAMS = {
     "sessionlake_snapshot": {"name"},
     "sessionlake_restore": {"snapshot_id"},
     "sessionlake_retention": {"erase_user_ids", "sessions_max_age_days",
-                              "events_max_age_days", "vacuum_retain_hours"},
+                              "events_max_age_days", "vacuum_retain_hours", "dry_run"},
     "sessionlake_restart": {"shuffle_partitions", "master"},
     "sessionlake_archive": {"archive_to", "dry_run"},
 }

@@ -42,6 +42,8 @@ WHERE = orch.Locations(lake="/l", source="/in", checkpoint="/l/_checkpoints/stre
          {"erase_user_ids": ["u1", "u 2", "u1"], "sessions_max_age_days": 1,
           "events_max_age_days": None, "vacuum_retain_hours": 0},
          orch.RetentionParams(("u1", "u 2"), 1, None, 0)),
+        (orch.validate_retention_params, {"dry_run": True},
+         orch.RetentionParams((), None, None, None, dry_run=True)),
         (orch.validate_restart_params, {"shuffle_partitions": 2, "master": "local[2]"},
          orch.RestartParams(2, "local[2]")),
         (orch.validate_restart_params, {"shuffle_partitions": 2, "master": "local[*]"},
@@ -99,6 +101,7 @@ def test_restart_without_a_master_runs_where_the_connection_points(master: str |
         (orch.validate_retention_params, {"sessions_max_age_days": 0}, "sessions_max_age_days=0"),
         (orch.validate_retention_params, {"events_max_age_days": "x"}, "events_max_age_days"),
         (orch.validate_retention_params, {"vacuum_retain_hours": -1}, "vacuum_retain_hours=-1"),
+        (orch.validate_retention_params, {"dry_run": "yes"}, "dry_run='yes'"),
         (orch.validate_restart_params, {"shuffle_partitions": 2, "master": "mesos://m:5050"},
          "master='mesos://m:5050'"),
         (orch.validate_restart_params, {"shuffle_partitions": 2, "master": "local[0]"}, "master"),
@@ -143,6 +146,11 @@ def test_command_lines_keep_every_value_its_own_argument() -> None:
     assert orch.retention_args(WHERE, retention) == [
         "retention", "--lake", "/l", "--erase-user=-rf", "--erase-user=a b",
         "--sessions-max-age-days", "30", "--vacuum-retain-hours", "0",
+    ]
+    preview = orch.RetentionParams(("u1",), None, None, 168, dry_run=True)
+    assert orch.retention_args(WHERE, preview) == [
+        "retention", "--lake", "/l", "--erase-user=u1", "--vacuum-retain-hours", "168",
+        "--dry-run",
     ]
     backfill = orch.BackfillParams(date(2026, 1, 1), date(2026, 1, 2), timedelta(minutes=45))
     assert orch.backfill_args(WHERE, backfill) == [
