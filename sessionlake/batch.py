@@ -174,6 +174,9 @@ class BatchReport:
     phases_ms: dict[str, int] = field(default_factory=dict)
     #: The files the batch read from a landing folder (``None``: Kafka, or not told).
     input_files: int | None = None
+    #: The batch had been cut off by a crash and was finished now: what its first attempt
+    #: had committed was found and kept, the rest was written.
+    resumed: bool = False
 
 
 def _as_utc(value: datetime | None) -> datetime | None:
@@ -656,7 +659,7 @@ def _process_locked(
                   open_after, read_earlier_events=seen_before is not None)
         work.phase("metrics")
         log.debug("batch %s phases (ms): %s", batch_id, work.phases_ms)
-        return BatchReport(row=row, phases_ms=work.phases_ms)
+        return BatchReport(row=row, phases_ms=work.phases_ms, resumed=inputs.replay)
     finally:
         ahead.shutdown(wait=True)
         work.release()

@@ -63,6 +63,9 @@ class BatchRecord:
     watermark: str | None = None
     #: The batch had committed before (a replay after a crash): nothing was redone.
     replayed: bool = False
+    #: The batch had been cut off by a crash part-way and was finished now: the writes its
+    #: first attempt had committed were kept, not redone.
+    resumed: bool = False
 
     @property
     def late_fraction(self) -> float | None:
@@ -115,6 +118,7 @@ def batch_record(progress: Any, report: BatchReport | None, reads_files: bool = 
         open_sessions=row.get("open_sessions"),
         watermark=watermark.isoformat() if isinstance(watermark, datetime) else None,
         replayed=bool(report is not None and report.skipped),
+        resumed=bool(report is not None and report.resumed),
     )
 
 

@@ -581,7 +581,7 @@ def test_a_batch_applied_twice_changes_nothing(
     cfg = settings(lake)
     batch = [event("u", "10:00"), event("v", "11:00"), "not json"]
     identity = StreamIdentity("twice", 0)
-    run_batches(spark, cfg, [batch], identity=identity)
+    assert not run_batches(spark, cfg, [batch], identity=identity)[0].resumed
     versions = {t: table_version(spark, lake, t) for t in PUBLIC_TABLES}
     counts = {t: read_table(spark, lake, t).count() for t in PUBLIC_TABLES}
 
@@ -593,7 +593,7 @@ def test_a_batch_applied_twice_changes_nothing(
     if ledger != "current":
         del entry["table_versions"]
     path.write_text(json.dumps(entry))
-    run_batches(spark, cfg, [batch], identity=identity)
+    assert run_batches(spark, cfg, [batch], identity=identity)[0].resumed
 
     assert {t: table_version(spark, lake, t) for t in PUBLIC_TABLES} == versions
     assert {t: read_table(spark, lake, t).count() for t in PUBLIC_TABLES} == counts

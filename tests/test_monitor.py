@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import logging
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from sessionlake.batch import BatchReport
 from sessionlake.config import ConfigError, settings_from
-from sessionlake.monitor import BatchRecord, batch_alerts
+from sessionlake.monitor import BatchRecord, batch_alerts, batch_record
 from tests.conftest import ObservedLake
 
 
@@ -68,6 +70,25 @@ def test_records_per_second_counts_the_batch_records(
     assert record.records_per_second == expected
     line = json.loads(record.as_line()[len("batch "):])
     assert line.get("records_per_second") == expected
+
+
+@pytest.mark.parametrize(
+    ("report", "replayed", "resumed"),
+    [
+        (BatchReport(row={"batch_id": 3, "input_records": 2}), False, False),
+        # Cut off by a crash part-way, finished now: its committed writes were kept.
+        (BatchReport(row={"batch_id": 3, "input_records": 2}, resumed=True), False, True),
+        # Done before a crash cut off the checkpoint's commit: nothing redone.
+        (BatchReport(row={"batch_id": 3}, skipped=True), True, False),
+    ],
+)
+def test_the_line_tells_a_finished_batch_from_a_resumed_one(
+    report: BatchReport, replayed: bool, resumed: bool
+) -> None:
+    progress = SimpleNamespace(batchId=3, name="q", durationMs={"triggerExecution": 900},
+                               processedRowsPerSecond=None)
+    line = json.loads(batch_record(progress, report).as_line()[len("batch "):])
+    assert (line["replayed"], line["resumed"]) == (replayed, resumed)
 
 
 def _record(duration_ms: int, late: int | None, records: int | None) -> BatchRecord:
