@@ -86,6 +86,7 @@ from sessionlake.batch import Clock, utc_now
 from sessionlake.config import Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.sessionize import as_closed_sessions, micros_at, sessionize_events
+from sessionlake.spark import quiet_task_failures
 from sessionlake.tables import (
     BATCH_METRICS,
     EVENTS,
@@ -198,9 +199,12 @@ def backfill_sessions(
     _require_lake(spark, settings.lake)
     what = f"backfill of sessions {first.isoformat()}..{last.isoformat()}"
     try:
-        replaced = retry_on_conflict(
-            lambda: _replace_range(spark, settings, first, last, clock), what
-        )
+        # The guard below fails a task on purpose; its refusal is said once, in one line,
+        # instead of after Spark's log of the task's stack trace.
+        with quiet_task_failures(spark):
+            replaced = retry_on_conflict(
+                lambda: _replace_range(spark, settings, first, last, clock), what
+            )
     except Exception as error:
         detail = incomplete_events_detail(error)
         if detail is None:

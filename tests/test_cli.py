@@ -13,7 +13,9 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from sessionlake.cli import main
 from sessionlake.deltalog import read_log
@@ -109,17 +111,30 @@ def test_a_query_that_fails_while_running_is_one_line(
     assert lines[0].startswith("sessionlake: error: the query failed while running: [")
 
 
-def test_a_failed_task_s_stack_trace_is_not_printed(observed_lake: ObservedLake) -> None:
+@pytest.mark.parametrize(("argv", "status", "said"), [
+    (["sql", "SELECT raise_error('boom') FROM sessions"], 1,
+     "sessionlake: error: the query failed while running: [USER_RAISED_EXCEPTION] boom "
+     "SQLSTATE: P0001"),
+    # The backfill's check that every replaced session finds its events fails a task.
+    (["backfill", "--from", "2026-01-05", "--to", "2026-01-05"], 2,
+     "sessionlake: error: cannot backfill 2026-01-05..2026-01-05: 1 session(s) of the range "
+     "have events missing from `events`, e.g. user u1 from 2026-01-05T10:00:00Z has 2 of its "
+     "3 events; re-cutting them would lose events, so nothing was written (if a micro-batch "
+     "was committing at that moment, run the backfill again)"),
+], ids=["sql", "backfill"])
+def test_a_failed_task_s_stack_trace_is_not_printed(
+    spark: SparkSession, observed_lake: ObservedLake, tmp_path: Path, argv: list[str],
+    status: int, said: str,
+) -> None:
     """Spark's JVM (a child process, whose output no capture of this one sees) logs a
     failed task's stack trace unless the command quiets it."""
-    result = _cli("sql", "--lake", observed_lake.settings.lake,
-                  "SELECT raise_error('boom') FROM sessions")
-    assert result.returncode == 1
+    lake = tmp_path / "lake"
+    shutil.copytree(observed_lake.settings.lake, lake)
+    DeltaTable.forPath(spark, str(lake / "events")).delete(F.col("event_id") == "b")
+    result = _cli(argv[0], "--lake", str(lake), *argv[1:])
+    assert result.returncode == status
     assert "\tat org.apache" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1] == (
-        "sessionlake: error: the query failed while running: [USER_RAISED_EXCEPTION] boom "
-        "SQLSTATE: P0001"
-    )
+    assert result.stderr.strip().splitlines()[-1] == said
 
 
 @pytest.mark.parametrize("argv", [
