@@ -454,6 +454,21 @@ def _source_log_json(text: str) -> list[dict[str, Any]]:
     return list(json.loads("[" + ",".join(line for line in lines if line.strip()) + "]"))
 
 
+#: How Spark's Kafka source begins its one source log entry, the topics' starting offsets
+#: (a zero byte, kept for Spark 2.1's readers, then the version line); the file source's
+#: entries begin with the version line.
+KAFKA_SOURCE_LOG_START = "\0v"
+
+
+def kafka_topics_logged(text: str) -> list[str] | None:
+    """The topics of a Kafka source log entry; ``None`` when ``text`` is not one."""
+    if not text.startswith(KAFKA_SOURCE_LOG_START):
+        return None
+    lines = text[1:].splitlines()
+    offsets = json.loads(lines[1]) if len(lines) > 1 and lines[1].strip() else {}
+    return sorted(offsets) if isinstance(offsets, dict) else []
+
+
 def first_logged_file(text: str) -> str | None:
     """The local path of the first file an entry of the file source log lists, read
     without parsing the rest (a compacted entry may list a million files)."""

@@ -152,11 +152,12 @@ def check_table(
 def _spark_file_problem(text: str | None) -> str | None:
     """What is wrong with a file of Spark's offset/commit/source logs (``None``: nothing).
 
-    Each is a version line (``v1``) followed by JSON lines.
+    Each is a version line (``v1``) followed by JSON lines. Spark's Kafka source writes
+    its initial offsets (``sources/0/0``) after a zero byte, kept for Spark 2.1's readers.
     """
     if text is None:
         return "is missing"
-    lines = text.split("\n")
+    lines = text.removeprefix("\0").split("\n")
     if not _VERSION_LINE.match(lines[0].strip()):
         return "does not start with a version line such as v1: half-written or overwritten"
     if not any(line.strip() for line in lines[1:]):

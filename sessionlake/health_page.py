@@ -114,7 +114,8 @@ def input_waiting_text(health: Health) -> str:
         return f"{waiting.files} files, {fmt_bytes(waiting.bytes)}"
     source = health.source
     if source == KAFKA_SOURCE:
-        return "a Kafka topic (see its consumer lag)"
+        return ("a Kafka topic (the offsets read are in the checkpoint: Spark commits none to a "
+                "consumer group)")
     if not source:
         return "no landing folder set"
     if is_glob(source):

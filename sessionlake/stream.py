@@ -33,6 +33,7 @@ from sessionlake import faults, storage
 from sessionlake.batch import BatchReport, Clock, process_lines, stream_identity, utc_now
 from sessionlake.checkpoint import (
     IDENTITY_FILE,
+    KAFKA_SOURCE_LOG_START,
     LAKE_HOLDER_FILE,
     LAKE_LOCK_FILE,
     LANDING_NOTE,
@@ -50,6 +51,7 @@ from sessionlake.checkpoint import (
     forget_archived_files,
     forget_requested,
     hidden_from_spark,
+    kafka_topics_logged,
     lake_lock_folder,
     landing_subfolders_read,
     lock_held,
@@ -153,23 +155,25 @@ def check_gap_unchanged(spark: SparkSession, settings: Settings) -> None:
         )
 
 
-def check_format_unchanged(spark: SparkSession, settings: Settings) -> None:
+def check_format_unchanged(spark: SparkSession, settings: Settings) -> bool:
     """Refuse a run whose ``--format`` is not the one the checkpoint's stream reads with;
-    note it at the stream's first run.
+    whether it is still to be noted (the stream's first run: noted once every check
+    passed, so a refused run leaves no note).
 
     Run without ``--format apache`` (the default is ``jsonl``), a stream of access logs
     would quarantine every new line as invalid JSON: refused before any batch instead.
     """
     noted = noted_input_format(settings.checkpoint, spark)
     if noted is None:
-        note_input_format(spark, settings.checkpoint, settings.input_format)
-    elif noted != settings.input_format:
+        return True
+    if noted != settings.input_format:
         raise ConfigError(
             f"the stream of checkpoint {settings.checkpoint} reads --format {noted}; "
             f"--format {settings.input_format} would quarantine its input. Pass --format "
             f"{noted} (jsonl is the default); another format needs another checkpoint "
             "(--checkpoint) and landing folder"
         )
+    return False
 
 
 def checkpoint_key(checkpoint: str) -> str:
@@ -363,8 +367,11 @@ def recorded_source_file(spark: SparkSession | None, checkpoint: str) -> str | N
                for name in storage.list_names(spark, folder)
                if (m := SOURCE_LOG_ENTRY.match(name))]
     for _, _, name in sorted(entries):
+        text = storage.read_text(spark, f"{folder}/{name}") or ""
+        if text.startswith(KAFKA_SOURCE_LOG_START):
+            return None  # a Kafka stream's: it read no file
         try:
-            path = first_logged_file(storage.read_text(spark, f"{folder}/{name}") or "")
+            path = first_logged_file(text)
         except (ValueError, KeyError, TypeError) as error:
             raise SourceLogUnreadable(f"{folder}/{name}", error) from None
         if path is not None:
@@ -409,9 +416,16 @@ def check_landing_folder(spark: SparkSession, settings: Settings) -> None:
         read the folder, and what to run instead.
     """
     root = storage.path_part(spark, settings.source or "").rstrip("/")
+    ours = checkpoint_key(settings.checkpoint)
+    topics = kafka_topics_read(spark, ours)
+    if topics is not None:
+        raise ConfigError(
+            f"the stream's checkpoint {settings.checkpoint} reads Kafka topic "
+            f"{', '.join(topics) or '(none)'}, not a folder: run it with --source kafka "
+            f"--topic {','.join(topics)}, or give a stream of {settings.source} a checkpoint "
+            "of its own (--checkpoint DIR)")
     if is_glob(root):
         return
-    ours = checkpoint_key(settings.checkpoint)
     recorded = recorded_source_file(spark, ours)
     if recorded is not None:
         if not recorded.startswith(f"{root}/"):
@@ -465,6 +479,56 @@ def warn_of_files_changed_since_read(checkpoint: str) -> None:
                     "elsewhere (or under a name starting with . or _) and move it in",
                     ", ".join(str(p) for p in changed[:5]),
                     f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+
+
+def kafka_topics_read(spark: SparkSession | None, checkpoint: str) -> list[str] | None:
+    """The topics of the checkpoint's Kafka source; ``None`` when it has no Kafka source
+    log (a folder's stream, or nothing read yet)."""
+    text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{SOURCE_LOG}/0")
+    try:
+        return None if text is None else kafka_topics_logged(text)
+    except ValueError:
+        return []  # a Kafka entry cut short: the doctor names it
+
+
+def check_checkpoint_reads_kafka(spark: SparkSession, settings: Settings) -> None:
+    """Refuse Kafka on a checkpoint whose stream read a folder: Spark would fail the run's
+    first batch on the folder's offsets, with a stack trace.
+
+    :raises ConfigError: naming the folder the checkpoint read.
+    """
+    recorded = recorded_source_file(spark, checkpoint_key(settings.checkpoint))
+    if recorded is not None:
+        folder = os.path.dirname(recorded)
+        raise ConfigError(
+            f"the stream's checkpoint {settings.checkpoint} read files from {folder}, not a "
+            f"Kafka topic: run it with --source {folder}, or give the stream of topic "
+            f"{settings.kafka_topic} a checkpoint of its own (--checkpoint DIR)")
+
+
+def check_kafka_cluster_unchanged(
+    spark: SparkSession, settings: Settings, kafka_cluster: str | None
+) -> None:
+    """Refuse a Kafka stream whose brokers now belong to another cluster than the one its
+    checkpoint read (the cluster id :func:`register_stream` noted).
+
+    A checkpoint's offsets mean nothing on another cluster (a new one, or the development
+    broker formatted anew): where its topic holds fewer records the records up to the old
+    offsets would be skipped, silently, and where it holds more the run would start
+    mid-topic.
+
+    :raises ConfigError: naming both clusters and what to run instead.
+    """
+    noted = lake_stream_entries(spark, settings.lake).get(
+        checkpoint_key(settings.checkpoint), {}).get("kafka_cluster")
+    if noted and kafka_cluster and noted != kafka_cluster:
+        raise ConfigError(
+            f"the stream's checkpoint {settings.checkpoint} read topic {settings.kafka_topic} "
+            f"from Kafka cluster {noted}, but the brokers at {settings.kafka_bootstrap} are "
+            f"cluster {kafka_cluster} (a new cluster, or one formatted anew): its offsets "
+            "would skip records there or start mid-topic. Read this cluster's topic on a "
+            "checkpoint of its own (--checkpoint DIR), or point --kafka-bootstrap at the "
+            "cluster the stream read")
 
 
 def check_topic_not_read_elsewhere(
@@ -732,13 +796,17 @@ def run_stream(
         check_no_restore_pending(spark, settings.checkpoint)
         check_no_batch_cut_off_elsewhere(spark, settings)
         check_gap_unchanged(spark, settings)
-        check_format_unchanged(spark, settings)
+        format_unnoted = check_format_unchanged(spark, settings)
         if settings.reads_kafka:
+            check_checkpoint_reads_kafka(spark, settings)
+            check_kafka_cluster_unchanged(spark, settings, kafka_cluster)
             check_topic_not_read_elsewhere(spark, settings, kafka_cluster)
         else:
             check_landing_folder(spark, settings)
             warn_of_files_changed_since_read(settings.checkpoint)
             forget_files_archived_meanwhile(settings)
+        if format_unnoted:
+            note_input_format(spark, settings.checkpoint, settings.input_format)
         register_stream(spark, settings.lake, settings.checkpoint, source_key(settings),
                         kafka_cluster)
         # The stream's own queries (tables, ledger, Delta's log replays) are small:

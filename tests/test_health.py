@@ -147,7 +147,8 @@ def test_the_input_waiting_is_counted_on_the_running_stream_s_own_checkpoint(
 
 @pytest.mark.parametrize(("source", "text", "problem"), [
     (None, "no landing folder set", None),
-    ("kafka", "a Kafka topic (see its consumer lag)", None),
+    ("kafka", "a Kafka topic (the offsets read are in the checkpoint: Spark commits none "
+     "to a consumer group)", None),
     ("{landing}/2026-*", "not counted: the landing folder is a pattern, which only Spark lists",
      None),
     ("s3a://bucket/landing", "not counted: the landing folder is not on this machine", None),

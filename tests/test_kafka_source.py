@@ -40,6 +40,7 @@ from pyspark.sql import functions as F
 from sessionlake.cli import main
 from sessionlake.config import ConfigError, Settings, settings_from
 from sessionlake.devkafka import KafkaBroker, free_port, start_broker
+from sessionlake.doctor import check_lake
 from sessionlake.generate import generate_clickstream
 from sessionlake.kafkaadmin import (
     KafkaUnavailable,
@@ -50,7 +51,7 @@ from sessionlake.kafkaadmin import (
     produce_lines,
 )
 from sessionlake.snapshots import create_snapshot, restore_snapshot
-from sessionlake.stream import lake_streams, run_stream
+from sessionlake.stream import check_landing_folder, lake_streams, run_stream
 from sessionlake.tables import STREAM_TABLES, read_table, table_version
 from tests.conftest import REPO
 
@@ -183,11 +184,38 @@ def test_kill_restart_and_new_partitions_end_as_a_file_run(
     assert read_table(spark, str(lake), "events").count() < len(expected["events"])
     run_stream(spark, settings)
     assert outcome(spark, lake) == expected
+    # Kafka's part of the checkpoint (its initial offsets file starts with a zero byte)
+    # is read as healthy, not as a half-written file-source log.
+    health = check_lake(spark, settings)
+    assert health.healthy, health.lines()
     produced = len(first) + len(last)
     assert expected["totals"]["input_records"] == produced
     sources = {r[0] for r in read_table(spark, str(lake), "events")
                .select("source_file").distinct().collect()}
     assert sources == {f"kafka://{TOPIC}/{p}" for p in range(5)}
+
+    # A checkpoint keeps the kind of source it read: a folder on the Kafka stream's, or
+    # Kafka on the folder stream's, is refused before anything is written.
+    versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+    with pytest.raises(ConfigError, match=f"reads Kafka topic {TOPIC}, not a folder"):
+        run_stream(spark, settings_from(
+            {"lake": str(lake), "source": str(landing), "grace": GRACE}, env={}))
+    assert {t: table_version(spark, str(lake), t) for t in STREAM_TABLES} == versions
+    with pytest.raises(ConfigError, match=f"read files from {landing}, not a Kafka topic"):
+        run_stream(spark, kafka_settings(expected_lake, broker.bootstrap))
+    # The lake's Kafka stream read no folder: a folder on a checkpoint of its own may go.
+    check_landing_folder(spark, settings_from(
+        {"lake": str(lake), "source": str(landing),
+         "checkpoint": str(tmp_path / "files-checkpoint")}, env={}))
+    # Brokers of another cluster (as when the development broker is formatted anew): the
+    # checkpoint's offsets would skip that cluster's records, so the run is refused.
+    [note] = (lake / "_checkpoints" / "streams").glob("*.json")
+    noted = json.loads(note.read_text())
+    note.write_text(json.dumps({**noted, "kafka_cluster": "another-cluster-id"}))
+    with pytest.raises(ConfigError, match="read topic .* from Kafka cluster another-cluster-id"
+                       f", but the brokers at .* are cluster {grown_topic.cluster_id}"):
+        run_stream(spark, settings)
+    assert {t: table_version(spark, str(lake), t) for t in STREAM_TABLES} == versions
 
 
 @pytest.mark.kafka
@@ -215,6 +243,7 @@ def test_a_new_checkpoint_on_a_topic_another_checkpoint_read_is_refused(
         run_stream(spark, spelled)
     assert {t: table_version(spark, str(lake), t) for t in STREAM_TABLES} == versions
     assert lake_streams(spark, str(lake)) == [str(tmp_path / "first")]  # not noted
+    assert not (lake / "_checkpoints" / "stream" / "format.json").exists()  # nor its format
 
 
 @pytest.mark.kafka

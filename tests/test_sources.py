@@ -36,6 +36,18 @@ def parse(spark: SparkSession, lines: list[str], fmt: str = "jsonl") -> list[dic
     [
         ('{"user_id": "u1", "event_time": ', "invalid JSON"),
         ("\x00\x01\x02binary", "invalid JSON"),
+        # A second event, or anything, after the object: it would otherwise be lost unseen.
+        ('{"user_id": "u1", "event_time": "2026-01-05T10:00:00Z"} '
+         '{"user_id": "u2", "event_time": "2026-01-05T10:01:00Z"}', "invalid JSON"),
+        ('{"user_id": "u1", "event_time": "2026-01-05T10:00:00Z"}\n'
+         '{"user_id": "u2", "event_time": "2026-01-05T10:01:00Z"}', "invalid JSON"),
+        ('{"user_id": "u1", "event_time": "2026-01-05T10:00:00Z"} trailing', "invalid JSON"),
+        ('{"user_id": "u1", "event_time": "2026-01-05T10:00:00Z"}}', "invalid JSON"),
+        ('{"user_id": "u1", "event_time": "2026-01-05T10:00:00Z"},'
+         '{"user_id": "u2", "event_time": "2026-01-05T10:01:00Z"}',
+         "more than one JSON value on the line"),
+        ('{"user_id": "u1", "event_time": "2026-01-05T10:00:00Z"},null',
+         "more than one JSON value on the line"),
         ("[1, 2, 3]", "not a JSON object"),
         ('"just a string"', "not a JSON object"),
         ('{"event_time": "2026-01-05T10:00:00Z"}', "missing user_id"),
