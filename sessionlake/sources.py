@@ -142,6 +142,9 @@ class JsonLinesAdapter:
             return (present(f) & (F.col(f"type_{f}") != "STRING"), f"{f} must be a string")
 
         reason = _first_reason(
+            # Only a Kafka record gets here blank (a file's blank lines are not records):
+            # a tombstone (null value) or an empty or blank value.
+            (F.trim("raw") == "", "empty record (no value, or a blank one)"),
             (F.col("v").isNull(), "invalid JSON"),
             (F.col("more"), "more than one JSON value on the line"),
             (F.col("fields").isNull(), "not a JSON object"),

@@ -199,7 +199,8 @@ def test_kafka_records_become_lines_named_by_topic_partition_and_offset(
         ("kafka://clicks/2", 17): ("clicks/2/17", None),  # derived: topic/partition/offset
         ("kafka://clicks/0", 3): ("own", None),
         ("kafka://clicks/1", 5): ("clicks/1/5", "missing event_time"),
-        ("kafka://clicks/1", 6): ("clicks/1/6", "invalid JSON"),  # a null value is a record
+        # A null value (a tombstone) is a record too, quarantined as empty.
+        ("kafka://clicks/1", 6): ("clicks/1/6", "empty record (no value, or a blank one)"),
     }
 
 
