@@ -331,9 +331,10 @@ def build_spark(
 
 #: The loggers that print a failed task's Java stack trace on the driver (in local mode,
 #: where the executor is the driver's JVM) before the failure reaches Python: the task's,
-#: and a write's, whose job is aborted by it.
+#: a writing task's "Aborting task" (``Utils``), and a write's, whose job is aborted by it.
 TASK_FAILURE_LOGGERS = ("org.apache.spark.executor.Executor",
                         "org.apache.spark.scheduler.TaskSetManager",
+                        "org.apache.spark.util.Utils",
                         "org.apache.spark.sql.execution.datasources.FileFormatWriter",
                         "org.apache.spark.sql.delta.files.DeltaFileFormatWriter")
 
