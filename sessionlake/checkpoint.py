@@ -457,14 +457,15 @@ def _source_log_json(text: str) -> list[dict[str, Any]]:
 #: How Spark's Kafka source begins its one source log entry, the topics' starting offsets
 #: (a zero byte, kept for Spark 2.1's readers, then the version line); the file source's
 #: entries begin with the version line.
-KAFKA_SOURCE_LOG_START = "\0v"
+KAFKA_LOG_MARK = "\0"
+KAFKA_SOURCE_LOG_START = f"{KAFKA_LOG_MARK}v"
 
 
 def kafka_topics_logged(text: str) -> list[str] | None:
     """The topics of a Kafka source log entry; ``None`` when ``text`` is not one."""
     if not text.startswith(KAFKA_SOURCE_LOG_START):
         return None
-    lines = text[1:].splitlines()
+    lines = text.removeprefix(KAFKA_LOG_MARK).splitlines()
     offsets = json.loads(lines[1]) if len(lines) > 1 and lines[1].strip() else {}
     return sorted(offsets) if isinstance(offsets, dict) else []
 

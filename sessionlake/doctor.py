@@ -30,7 +30,12 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from sessionlake import storage
-from sessionlake.checkpoint import IDENTITY_FILE, RESTORING_MARKER, noted_input_format
+from sessionlake.checkpoint import (
+    IDENTITY_FILE,
+    KAFKA_LOG_MARK,
+    RESTORING_MARKER,
+    noted_input_format,
+)
 from sessionlake.config import Settings
 from sessionlake.deltalog import TableLog, commit_file, inspect_table
 from sessionlake.health import running_stream
@@ -157,7 +162,7 @@ def _spark_file_problem(text: str | None) -> str | None:
     """
     if text is None:
         return "is missing"
-    lines = text.removeprefix("\0").split("\n")
+    lines = text.removeprefix(KAFKA_LOG_MARK).split("\n")
     if not _VERSION_LINE.match(lines[0].strip()):
         return "does not start with a version line such as v1: half-written or overwritten"
     if not any(line.strip() for line in lines[1:]):
