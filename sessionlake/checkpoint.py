@@ -470,6 +470,13 @@ def kafka_topics_logged(text: str) -> list[str] | None:
     return sorted(offsets) if isinstance(offsets, dict) else []
 
 
+def kafka_offsets(line: str) -> dict[str, dict[int, int]]:
+    """Kafka offsets as Spark writes them in its logs (``{"topic": {"0": 42}}``): the next
+    offset to read, by topic and partition."""
+    return {topic: {int(p): int(o) for p, o in partitions.items()}
+            for topic, partitions in json.loads(line).items()}
+
+
 def first_logged_file(text: str) -> str | None:
     """The local path of the first file an entry of the file source log lists, read
     without parsing the rest (a compacted entry may list a million files)."""

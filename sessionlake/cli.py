@@ -122,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-offsets-per-trigger", type=int,
                      dest="kafka_max_offsets_per_trigger",
                      help="with --source kafka: at most this many records per micro-batch")
+    run.add_argument("--accept-kafka-data-loss", action="store_true",
+                     dest="kafka_accept_data_loss",
+                     help="with --source kafka: skip, with a warning, records deleted from the "
+                          "topic before the stream read them, instead of refusing to run")
     run.add_argument("--alert-batch-duration", dest="alert_batch_duration",
                      help="log an ALERT line for a batch that takes longer (default 5m)")
     run.add_argument("--alert-late-fraction", dest="alert_late_fraction",
@@ -307,7 +311,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             "shuffle_partitions", "max_files_per_trigger", "read_subfolders", "master",
             "alert_batch_duration",
             "alert_late_fraction", "kafka_bootstrap", "kafka_topic", "kafka_starting_offsets",
-            "kafka_max_offsets_per_trigger")
+            "kafka_max_offsets_per_trigger", "kafka_accept_data_loss")
     return settings_from({k: getattr(args, k, None) for k in keys})
 
 
@@ -666,6 +670,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sessionlake: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as error:
+        lost = _kafka_data_lost(error)
+        if lost is not None:
+            print(f"sessionlake: error: the stream stopped on records deleted from Kafka before "
+                  f"it read them ({lost}): run it again, and it names them and how to skip "
+                  "them", file=sys.stderr)
+            return EXIT_USAGE
         unreadable = _unreadable_file(error)
         if unreadable is None:
             raise
@@ -673,6 +683,19 @@ def main(argv: Sequence[str] | None = None) -> int:
               "`sessionlake doctor` names the damage and how to recover from it",
               file=sys.stderr)
         return EXIT_DAMAGED
+
+
+def _kafka_data_lost(error: BaseException) -> str | None:
+    """Spark's reason when ``error`` stopped a stream on records that Kafka deleted before
+    they were read: a ``KafkaIllegalStateException`` (``KAFKA_DATA_LOSS``) anywhere in its
+    causes, which says "Some data may have been lost", then "Reason: ..." a few lines on."""
+    text = str(error)
+    if "KafkaIllegalStateException: Some data may have been lost" not in text:
+        return None
+    after = text.split("Some data may have been lost", 1)[1].splitlines()
+    reasons = [line.strip().removeprefix("Reason: ") for line in after[:8]
+               if line.strip().startswith("Reason: ")]
+    return reasons[0] if reasons else "Kafka's offsets no longer hold them"
 
 
 def _unreadable_file(error: BaseException) -> str | None:

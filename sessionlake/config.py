@@ -193,6 +193,9 @@ class Settings:
     #: At most this many records per micro-batch, over all partitions (Spark splits it
     #: between partitions in proportion to their backlog).
     kafka_max_offsets_per_trigger: int | None = None
+    #: Skip, with a warning, records deleted from the topic before the stream read them,
+    #: instead of refusing to run (``--accept-kafka-data-loss``, for one run: no variable).
+    kafka_accept_data_loss: bool = False
     spark_conf: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -273,8 +276,9 @@ def settings_from(
         if key in current:
             name = key.removeprefix("kafka_").replace("_", "-")
             updates[key] = _positive_int(current[key], name)
-    if "read_subfolders" in current:
-        updates["read_subfolders"] = bool(current["read_subfolders"])
+    for key in ("read_subfolders", "kafka_accept_data_loss"):
+        if key in current:
+            updates[key] = bool(current[key])
     if "alert_late_fraction" in current:
         updates["alert_late_fraction"] = _fraction(
             current["alert_late_fraction"], "alert-late-fraction"

@@ -8,9 +8,9 @@ development broker to create, grow and fill topics. No Python Kafka client is ne
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,10 @@ log = logging.getLogger(__name__)
 
 #: How long a look-up may wait for the brokers before sessionlake gives up, in seconds.
 ADMIN_TIMEOUT_S = 15.0
+
+
+#: Kafka's zero id (``Uuid.ZERO_UUID``), which stands for "no id".
+_ZERO_UUID = "AAAAAAAAAAAAAAAAAAAAAA"
 
 
 class KafkaUnavailable(RuntimeError):
@@ -82,13 +86,19 @@ class KafkaTopic:
     #: The id of the brokers' cluster: one id however the brokers are spelled (``None``
     #: when they do not tell it).
     cluster_id: str | None
+    #: Kafka's id of the topic: a topic deleted and created anew under the same name gets
+    #: a new one (``None`` when the brokers do not tell it).
+    topic_id: str | None = None
+    #: The first offset each partition still holds: records before it were deleted (by
+    #: retention, or ``kafka-delete-records``).
+    earliest: Mapping[int, int] = field(default_factory=dict)
 
 
 def describe_topic(
     spark: SparkSession, bootstrap: str, topic: str, timeout_s: float = ADMIN_TIMEOUT_S
 ) -> KafkaTopic:
-    """The topic's partitions and its cluster's id, checking that the brokers answer and the
-    topic exists, through one Admin client.
+    """The topic's partitions, ids and first offsets, checking that the brokers answer and
+    the topic exists, through one Admin client.
 
     :raises KafkaUnavailable: the brokers did not answer within ``timeout_s``, or the topic
         does not exist; the message says what to check. Brokers that answer but do not tell
@@ -104,9 +114,11 @@ def describe_topic(
                 )
             described = _wait(
                 spark, admin.describeTopics([topic]).allTopicNames(), timeout_s
-            )
-            partitions = int(described.get(topic).partitions().size())
-            return KafkaTopic(partitions, _cluster_id(spark, admin, bootstrap, timeout_s))
+            ).get(topic)
+            numbers = [int(p.partition()) for p in described.partitions()]
+            return KafkaTopic(len(numbers), _cluster_id(spark, admin, bootstrap, timeout_s),
+                              _topic_id(described),
+                              _earliest_offsets(spark, admin, topic, numbers, timeout_s))
     except KafkaUnavailable:
         raise
     except Exception as error:  # py4j wraps the Java exceptions
@@ -125,6 +137,26 @@ def _cluster_id(spark: SparkSession, admin: Any, bootstrap: str, timeout_s: floa
                  bootstrap, _cause(error))
         return None
     return str(found) if found else None
+
+
+def _topic_id(description: Any) -> str | None:
+    """The id in a ``TopicDescription``; ``None`` for brokers too old to give one (they
+    answer Kafka's zero id)."""
+    found = description.topicId()
+    return None if found is None or str(found) == _ZERO_UUID else str(found)
+
+
+def _earliest_offsets(
+    spark: SparkSession, admin: Any, topic: str, partitions: Sequence[int], timeout_s: float
+) -> dict[int, int]:
+    """The first offset each of ``partitions`` of ``topic`` still holds."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    kafka = jvm.org.apache.kafka
+    earliest = kafka.clients.admin.OffsetSpec.earliest()
+    wanted = {kafka.common.TopicPartition(topic, p): earliest for p in partitions}
+    found = _wait(spark, admin.listOffsets(wanted).all(), timeout_s)
+    return {int(tp.partition()): int(info.offset()) for tp, info in found.items()}
 
 
 def create_topic(spark: SparkSession, bootstrap: str, topic: str, partitions: int) -> None:
@@ -146,6 +178,38 @@ def add_partitions(spark: SparkSession, bootstrap: str, topic: str, total: int) 
     increase = jvm.org.apache.kafka.clients.admin.NewPartitions.increaseTo(total)
     with kafka_admin(spark, bootstrap) as admin:
         _wait(spark, admin.createPartitions({topic: increase}).all(), ADMIN_TIMEOUT_S)
+
+
+def delete_topic(spark: SparkSession, bootstrap: str, topic: str) -> None:
+    """Delete ``topic`` (the brokers finish it in the background)."""
+    with kafka_admin(spark, bootstrap) as admin:
+        _wait(spark, admin.deleteTopics([topic]).all(), ADMIN_TIMEOUT_S)
+
+
+def delete_records(
+    spark: SparkSession, bootstrap: str, topic: str, before: Mapping[int, int]
+) -> None:
+    """Delete the records of ``topic`` before the offset given per partition, as retention
+    does to records older than it keeps."""
+    gateway, jvm = spark.sparkContext._gateway, spark.sparkContext._jvm
+    assert gateway is not None and jvm is not None
+    # By reflection: py4j cannot call the static beforeOffset(long), which an instance
+    # method of the same name hides from it.
+    kind = jvm.py4j.reflection.ReflectionUtil.classForName(
+        "org.apache.kafka.clients.admin.RecordsToDelete")
+    argument_types = gateway.new_array(jvm.java.lang.Class, 1)
+    argument_types[0] = jvm.java.lang.Long.TYPE
+    before_offset = kind.getMethod("beforeOffset", argument_types)
+
+    def records_before(offset: int) -> Any:
+        arguments = gateway.new_array(jvm.java.lang.Object, 1)
+        arguments[0] = jvm.java.lang.Long.valueOf(str(offset))
+        return before_offset.invoke(None, arguments)
+
+    wanted = {jvm.org.apache.kafka.common.TopicPartition(topic, p): records_before(offset)
+              for p, offset in before.items()}
+    with kafka_admin(spark, bootstrap) as admin:
+        _wait(spark, admin.deleteRecords(wanted).all(), ADMIN_TIMEOUT_S)
 
 
 def produce_lines(

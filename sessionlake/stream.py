@@ -33,6 +33,7 @@ from sessionlake import faults, storage
 from sessionlake.batch import BatchReport, Clock, process_lines, stream_identity, utc_now
 from sessionlake.checkpoint import (
     IDENTITY_FILE,
+    KAFKA_LOG_MARK,
     KAFKA_SOURCE_LOG_START,
     LAKE_HOLDER_FILE,
     LAKE_LOCK_FILE,
@@ -44,6 +45,7 @@ from sessionlake.checkpoint import (
     SOURCE_LOG,
     SOURCE_LOG_ENTRY,
     SPARK_CHECKPOINT,
+    SPARK_OFFSETS_LOG,
     STREAMS_DIR,
     batch_file_count,
     changed_since_read,
@@ -51,6 +53,7 @@ from sessionlake.checkpoint import (
     forget_archived_files,
     forget_requested,
     hidden_from_spark,
+    kafka_offsets,
     kafka_topics_logged,
     lake_lock_folder,
     landing_subfolders_read,
@@ -187,11 +190,13 @@ def _streams_folder(lake: str) -> str:
 
 
 def register_stream(spark: SparkSession, lake: str, checkpoint: str,
-                    source: str | None = None, kafka_cluster: str | None = None) -> None:
+                    source: str | None = None, kafka_cluster: str | None = None,
+                    kafka_topic_id: str | None = None) -> None:
     """Note ``checkpoint`` among the lake's streams, once, with the ``source`` it reads
-    (:func:`source_key`) and, for Kafka, the id of the brokers' cluster, so that
-    maintenance and the lake's other streams find its unfinished batches
-    (:func:`lake_streams`) and a new checkpoint on its source is told.
+    (:func:`source_key`) and, for Kafka, the ids of the brokers' cluster and of the topic,
+    so that maintenance and the lake's other streams find its unfinished batches
+    (:func:`lake_streams`), a new checkpoint on its source is told, and so is a topic
+    that is no longer the one the checkpoint read (:func:`check_kafka_topic_unchanged`).
 
     A checkpoint inside the lake (the default) is noted relative to it, so that a copy of
     the lake names its own copy of the checkpoint, not the original's. A note written
@@ -204,8 +209,9 @@ def register_stream(spark: SparkSession, lake: str, checkpoint: str,
     text = storage.read_text(spark, uri)
     before = {} if text is None else json.loads(text)
     entry = {"checkpoint": noted, "source": before.get("source") or source}
-    if kafka_cluster or before.get("kafka_cluster"):
-        entry["kafka_cluster"] = before.get("kafka_cluster") or kafka_cluster
+    for key, value in (("kafka_cluster", kafka_cluster), ("kafka_topic_id", kafka_topic_id)):
+        if value or before.get(key):
+            entry[key] = before.get(key) or value
     if entry != before:
         storage.write_text(spark, uri, json.dumps(entry))
 
@@ -253,16 +259,20 @@ def kafka_source_key(bootstrap: str, topic: str) -> str:
     return f"{KAFKA_SCHEME}{brokers}/{topic}"
 
 
-def same_kafka_topic(noted: Mapping[str, Any], source: str, kafka_cluster: str | None) -> bool:
+def same_kafka_topic(noted: Mapping[str, Any], source: str, kafka_cluster: str | None,
+                     topic_id: str | None = None) -> bool:
     """Whether a stream's note (:func:`register_stream`) names the topic ``source``
     (:func:`kafka_source_key`) of the cluster ``kafka_cluster``: by the cluster's id where
-    both know it, whatever brokers they were given; else by the brokers' spelling."""
+    both know it, whatever brokers they were given; else by the brokers' spelling. A topic
+    deleted and created anew under the name (another ``topic_id``) is not the same."""
     their = noted.get("source")
     if not isinstance(their, str) or not their.startswith(KAFKA_SCHEME):
         return False
     their_brokers, _, their_topic = their[len(KAFKA_SCHEME):].partition("/")
     topic = source[len(KAFKA_SCHEME):].partition("/")[2]
     if their_topic != topic:
+        return False
+    if topic_id and noted.get("kafka_topic_id") and noted["kafka_topic_id"] != topic_id:
         return False
     if kafka_cluster and noted.get("kafka_cluster"):
         return bool(noted["kafka_cluster"] == kafka_cluster)
@@ -325,6 +335,9 @@ def check_source(settings: Settings) -> str:
     if settings.kafka_starting_offsets == "latest":
         raise ConfigError("--starting-offsets latest goes with --source kafka; a folder's "
                           "new stream reads every file already there")
+    if settings.kafka_accept_data_loss:
+        raise ConfigError("--accept-kafka-data-loss goes with --source kafka; a folder "
+                          "loses no file it has not read")
     path = local_path(settings.source)
     if path is not None and not path.is_dir():
         raise ConfigError(
@@ -506,33 +519,103 @@ def check_checkpoint_reads_kafka(spark: SparkSession, settings: Settings) -> Non
             f"{settings.kafka_topic} a checkpoint of its own (--checkpoint DIR)")
 
 
-def check_kafka_cluster_unchanged(
-    spark: SparkSession, settings: Settings, kafka_cluster: str | None
+def check_kafka_topic_unchanged(
+    spark: SparkSession, settings: Settings, topic: KafkaTopic
 ) -> None:
     """Refuse a Kafka stream whose brokers now belong to another cluster than the one its
-    checkpoint read (the cluster id :func:`register_stream` noted).
+    checkpoint read, or whose topic was deleted and created anew since (the ids
+    :func:`register_stream` noted).
 
     A checkpoint's offsets mean nothing on another cluster (a new one, or the development
-    broker formatted anew): where its topic holds fewer records the records up to the old
-    offsets would be skipped, silently, and where it holds more the run would start
-    mid-topic.
+    broker formatted anew) nor on a new topic of the same name: where it holds fewer
+    records Spark stops on the offsets gone backwards, and where it holds more the records
+    up to the old offsets would be skipped, silently.
 
-    :raises ConfigError: naming both clusters and what to run instead.
+    :raises ConfigError: naming both ids and what to run instead.
     """
-    noted = lake_stream_entries(spark, settings.lake).get(
-        checkpoint_key(settings.checkpoint), {}).get("kafka_cluster")
-    if noted and kafka_cluster and noted != kafka_cluster:
+    noted = lake_stream_entries(spark, settings.lake).get(checkpoint_key(settings.checkpoint), {})
+    cluster, topic_id = noted.get("kafka_cluster"), noted.get("kafka_topic_id")
+    if cluster and topic.cluster_id and cluster != topic.cluster_id:
         raise ConfigError(
             f"the stream's checkpoint {settings.checkpoint} read topic {settings.kafka_topic} "
-            f"from Kafka cluster {noted}, but the brokers at {settings.kafka_bootstrap} are "
-            f"cluster {kafka_cluster} (a new cluster, or one formatted anew): its offsets "
+            f"from Kafka cluster {cluster}, but the brokers at {settings.kafka_bootstrap} are "
+            f"cluster {topic.cluster_id} (a new cluster, or one formatted anew): its offsets "
             "would skip records there or start mid-topic. Read this cluster's topic on a "
             "checkpoint of its own (--checkpoint DIR), or point --kafka-bootstrap at the "
             "cluster the stream read")
+    if topic_id and topic.topic_id and topic_id != topic.topic_id:
+        raise ConfigError(
+            f"topic {settings.kafka_topic} on {settings.kafka_bootstrap} was deleted and "
+            f"created anew since the stream's checkpoint {settings.checkpoint} read it (topic "
+            f"id {topic_id}, now {topic.topic_id}): its offsets would skip the new topic's "
+            "first records. Read the new topic on a checkpoint of its own (--checkpoint DIR)")
+
+
+def kafka_resume_offsets(spark: SparkSession | None, checkpoint: str) -> dict[int, int] | None:
+    """Where the checkpoint's Kafka stream reads on from, by partition: the end of its last
+    committed batch (a batch planned after it is read again from there), else the offsets
+    it began at. ``None`` when it has not read the topic yet."""
+    spark_checkpoint = f"{checkpoint.rstrip('/')}/{SPARK_CHECKPOINT}"
+    committed = max((int(n) for n in storage.list_names(spark, f"{spark_checkpoint}/commits")
+                     if n.isdigit()), default=-1)
+    line: str | None = None
+    if committed >= 0:
+        text = storage.read_text(spark, f"{spark_checkpoint}/{SPARK_OFFSETS_LOG}/{committed}")
+        line = text.splitlines()[2] if text else None
+    else:
+        text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{SOURCE_LOG}/0")
+        if text and text.startswith(KAFKA_SOURCE_LOG_START):
+            line = text.removeprefix(KAFKA_LOG_MARK).splitlines()[1]
+    if line is None:
+        return None
+    by_topic = kafka_offsets(line)
+    return next(iter(by_topic.values()), {})
+
+
+def kafka_records_lost(
+    resume: Mapping[int, int], earliest: Mapping[int, int]
+) -> dict[int, tuple[int, int]]:
+    """The offsets ``[first, end)`` of each partition's records deleted before the stream
+    read them: from where it reads on (``resume``; a partition added since from 0) to the
+    first offset the topic still holds (``earliest``)."""
+    return {partition: (resume.get(partition, 0), first)
+            for partition, first in sorted(earliest.items())
+            if first > resume.get(partition, 0)}
+
+
+def check_no_kafka_records_lost(
+    spark: SparkSession, settings: Settings, topic: KafkaTopic
+) -> None:
+    """Refuse a Kafka stream whose next records were deleted before it read them (Kafka's
+    retention outran a stream stopped too long), unless ``--accept-kafka-data-loss``: then
+    they are skipped, with a warning naming them.
+
+    Spark would find the gap only while reading the batch, stop with a long stack trace
+    after planning it, and stop again at every later run.
+
+    :raises ConfigError: naming the records lost and the flag that skips them.
+    """
+    resume = kafka_resume_offsets(spark, checkpoint_key(settings.checkpoint))
+    lost = kafka_records_lost(resume or {}, topic.earliest) if resume is not None else {}
+    if not lost:
+        return
+    count = sum(end - first for first, end in lost.values())
+    ranges = ", ".join(f"partition {p} offsets {first}-{end - 1}"
+                       for p, (first, end) in lost.items())
+    what = (f"{count} record{'s' * (count != 1)} of topic {settings.kafka_topic} were "
+            f"deleted from Kafka before the stream read them ({ranges})")
+    if settings.kafka_accept_data_loss:
+        log.warning("%s: skipped, as --accept-kafka-data-loss says; their events are not in "
+                    "the lake", what)
+        return
+    raise ConfigError(
+        f"{what}, by the topic's retention or by hand, and cannot be read any more. Run "
+        "once with --accept-kafka-data-loss to skip them and go on (their events will not "
+        "be in the lake); a longer retention on the topic avoids it")
 
 
 def check_topic_not_read_elsewhere(
-    spark: SparkSession, settings: Settings, kafka_cluster: str | None
+    spark: SparkSession, settings: Settings, topic: KafkaTopic
 ) -> None:
     """Refuse a new checkpoint on a Kafka topic that a stream of the lake on another
     checkpoint has read from the same cluster (:func:`same_kafka_topic`), however its
@@ -549,7 +632,8 @@ def check_topic_not_read_elsewhere(
     if storage.list_names(spark, f"{ours}/{SPARK_CHECKPOINT}/offsets"):
         return  # a stream that has read is not new
     for checkpoint, noted in lake_stream_entries(spark, settings.lake).items():
-        if checkpoint != ours and same_kafka_topic(noted, source, kafka_cluster) and \
+        if checkpoint != ours and \
+                same_kafka_topic(noted, source, topic.cluster_id, topic.topic_id) and \
                 storage.list_names(spark, f"{checkpoint}/{SPARK_CHECKPOINT}/offsets"):
             raise ConfigError(
                 f"topic {settings.kafka_topic} on {settings.kafka_bootstrap} was read by the "
@@ -754,13 +838,15 @@ def kafka_records(spark: SparkSession, settings: Settings) -> DataFrame:
     Offsets live in the checkpoint, so ``--starting-offsets`` only matters for a new one.
     Partitions added to the topic later are read from their first offset. Spark's
     ``failOnDataLoss`` stays on: records deleted (by retention) before they were read stop
-    the stream instead of being skipped silently.
+    the stream instead of being skipped silently, unless ``--accept-kafka-data-loss``
+    (:func:`check_no_kafka_records_lost`).
     """
     reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
         .option("subscribe", settings.kafka_topic)
         .option("startingOffsets", settings.kafka_starting_offsets)
+        .option("failOnDataLoss", str(not settings.kafka_accept_data_loss).lower())
     )
     if settings.kafka_max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", settings.kafka_max_offsets_per_trigger)
@@ -788,19 +874,18 @@ def run_stream(
     after the run.
     """
     source = check_source(settings)
-    kafka_cluster = None
-    if settings.reads_kafka:
-        kafka_cluster = check_kafka_topic(spark, settings).cluster_id
+    topic = check_kafka_topic(spark, settings) if settings.reads_kafka else None
     summary = RunSummary()
     with stream_locks(settings.lake, settings.checkpoint):
         check_no_restore_pending(spark, settings.checkpoint)
         check_no_batch_cut_off_elsewhere(spark, settings)
         check_gap_unchanged(spark, settings)
         format_unnoted = check_format_unchanged(spark, settings)
-        if settings.reads_kafka:
+        if topic is not None:
             check_checkpoint_reads_kafka(spark, settings)
-            check_kafka_cluster_unchanged(spark, settings, kafka_cluster)
-            check_topic_not_read_elsewhere(spark, settings, kafka_cluster)
+            check_kafka_topic_unchanged(spark, settings, topic)
+            check_topic_not_read_elsewhere(spark, settings, topic)
+            check_no_kafka_records_lost(spark, settings, topic)
         else:
             check_landing_folder(spark, settings)
             warn_of_files_changed_since_read(settings.checkpoint)
@@ -808,7 +893,7 @@ def run_stream(
         if format_unnoted:
             note_input_format(spark, settings.checkpoint, settings.input_format)
         register_stream(spark, settings.lake, settings.checkpoint, source_key(settings),
-                        kafka_cluster)
+                        *((topic.cluster_id, topic.topic_id) if topic else ()))
         # The stream's own queries (tables, ledger, Delta's log replays) are small:
         # interpreted until a batch big enough to repay compiled code comes.
         fit_to_stream(spark)

@@ -25,10 +25,12 @@ broker's jars (``make kafka-broker``, part of ``make setup``) they fail.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,8 @@ from sessionlake.kafkaadmin import (
     KafkaUnavailable,
     add_partitions,
     create_topic,
+    delete_records,
+    delete_topic,
     describe_topic,
     load_topic,
     produce_lines,
@@ -246,6 +250,85 @@ def test_a_new_checkpoint_on_a_topic_another_checkpoint_read_is_refused(
     assert not (lake / "_checkpoints" / "stream" / "format.json").exists()  # nor its format
 
 
+def input_records(spark: SparkSession, lake: Path) -> int:
+    """The records the lake's batches read, in all."""
+    total = read_table(spark, str(lake), "batch_metrics").agg(F.sum("input_records")).first()
+    assert total is not None
+    return int(total[0])
+
+
+def recreate_topic(spark: SparkSession, bootstrap: str, topic: str, partitions: int) -> None:
+    """Delete ``topic`` and create it again, once the brokers have finished deleting it."""
+    delete_topic(spark, bootstrap, topic)
+    for _ in range(60):
+        try:
+            create_topic(spark, bootstrap, topic, partitions)
+            return
+        except Exception as error:  # py4j: TopicExistsException while it is being deleted
+            if "TopicExists" not in str(error):
+                raise
+            time.sleep(0.5)
+    raise AssertionError(f"topic {topic} was not deleted within 30 s")
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_records_deleted_unread_and_a_topic_created_anew_are_told_not_skipped(
+    spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Records Kafka deleted before the stream read them (retention outran a stopped
+    stream) stop the run in one line naming them, and are skipped only when the operator
+    says so; a topic deleted and created anew is not read from the old one's offsets."""
+    topic, lines = "aging", _lines(landing)[0]
+    create_topic(spark, broker.bootstrap, topic, 2)
+    produce_lines(spark, broker.bootstrap, topic, lines[:20], 2)  # offsets 0-9 of each
+    lake = tmp_path / "lake"
+    settings = kafka_settings(lake, broker.bootstrap).with_overrides(kafka_topic=topic)
+    run_stream(spark, settings)
+    produce_lines(spark, broker.bootstrap, topic, lines[20:40], 2)  # offsets 10-19
+    delete_records(spark, broker.bootstrap, topic, {0: 14})  # 4 of them never read
+    argv = ["run", "--source", "kafka", "--kafka-bootstrap", broker.bootstrap, "--topic", topic,
+            "--lake", str(lake), "--grace", GRACE]
+
+    # As Spark meets the loss (mid-run, or before this check): one line, not its traces.
+    # The batch it had planned stays to do.
+    with monkeypatch.context() as patched:
+        patched.setattr("sessionlake.stream.check_no_kafka_records_lost",
+                        lambda *args: None)
+        assert main(argv) == 2
+    stopped = capsys.readouterr().err.strip().splitlines()
+    assert stopped[-1].startswith("sessionlake: error: the stream stopped on records deleted "
+                                  "from Kafka before it read them (Could not read records in "
+                                  f"offset [10, 20) for topic partition {topic}-0)"), stopped
+
+    versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+    with pytest.raises(ConfigError, match=(
+            rf"^4 records of topic {topic} were deleted from Kafka before the stream read them "
+            r"\(partition 0 offsets 10-13\), .* Run once with --accept-kafka-data-loss")):
+        run_stream(spark, settings)
+    assert {t: table_version(spark, str(lake), t) for t in STREAM_TABLES} == versions
+
+    with caplog.at_level(logging.WARNING, logger="sessionlake.stream"):
+        assert main([*argv, "--accept-kafka-data-loss"]) == 0
+    assert "4 records of topic aging were deleted from Kafka before the stream read them " \
+           "(partition 0 offsets 10-13): skipped" in caplog.text
+    assert input_records(spark, lake) == 36  # 40 sent, 4 lost
+
+    # The topic deleted and created anew, longer than the old one: its first 20 records
+    # would be skipped on the old offsets. Refused; a checkpoint of its own reads it all.
+    recreate_topic(spark, broker.bootstrap, topic, 2)
+    produce_lines(spark, broker.bootstrap, topic, lines[40:90], 2)
+    versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+    with pytest.raises(ConfigError, match=f"topic {topic} on .* was deleted and created anew "
+                       "since the stream's checkpoint .* read it"):
+        run_stream(spark, settings)
+    assert {t: table_version(spark, str(lake), t) for t in STREAM_TABLES} == versions
+    run_stream(spark, settings.with_overrides(checkpoint=str(tmp_path / "anew")))
+    assert input_records(spark, lake) == 36 + 50
+
+
 @pytest.mark.kafka
 @pytest.mark.slow
 def test_a_folder_loads_into_a_new_topic(
@@ -294,6 +377,7 @@ def test_a_broker_that_does_not_answer_is_named(spark: SparkSession) -> None:
     (["--source", "kafka", "--kafka-bootstrap", "h:1", "--topic", "t",
       "--max-offsets-per-trigger", "0"], "max-offsets-per-trigger must be a whole number"),
     (["--source", ".", "--starting-offsets", "latest"], "--starting-offsets latest goes with"),
+    (["--source", ".", "--accept-kafka-data-loss"], "--accept-kafka-data-loss goes with"),
 ])
 def test_bad_kafka_flags_exit_2_before_spark_starts(
     flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -23,6 +23,7 @@ from sessionlake.stream import (
     BatchUnfinishedElsewhere,
     StreamAlreadyRunning,
     checkpoint_lock,
+    kafka_records_lost,
     lake_stream_entries,
     lake_stream_sources,
     lake_streams,
@@ -500,12 +501,19 @@ def test_the_lakes_streams_are_noted_once_and_a_copy_names_its_own_checkpoint(
         register_stream(spark, str(lake), str(outside), "kafka://b:9092/t", cluster)
     assert lake_stream_entries(None, str(lake))[str(outside)] == {
         "checkpoint": str(outside), "source": "kafka://b:9092/t", "kafka_cluster": "C1"}
+    # Likewise the topic's id, which then stays the one the checkpoint first read.
+    for topic_id in ("T1", None, "T2"):
+        register_stream(spark, str(lake), str(outside), "kafka://b:9092/t", "C1", topic_id)
+    assert lake_stream_entries(None, str(lake))[str(outside)]["kafka_topic_id"] == "T1"
 
 
 @pytest.mark.parametrize(("noted", "cluster", "same"), [
     # Other brokers of the same cluster, and the same brokers now serving another cluster.
     ({"source": "kafka://b1:9092,b2:9092/t", "kafka_cluster": "C"}, "C", True),
     ({"source": "kafka://b1:9092/t", "kafka_cluster": "D"}, "C", False),
+    # The topic deleted and created anew since (its id is "T" now), or noted before ids were.
+    ({"source": "kafka://b1:9092/t", "kafka_cluster": "C", "kafka_topic_id": "T"}, "C", True),
+    ({"source": "kafka://b1:9092/t", "kafka_cluster": "C", "kafka_topic_id": "S"}, "C", False),
     # Noted before clusters were: by the brokers, host names in any case; topics are
     # case-sensitive.
     ({"source": "kafka://B1:9092/t"}, "C", True),
@@ -516,4 +524,16 @@ def test_the_lakes_streams_are_noted_once_and_a_copy_names_its_own_checkpoint(
 def test_a_topic_is_known_by_its_cluster_else_by_its_brokers(
     noted: dict[str, str | None], cluster: str | None, same: bool
 ) -> None:
-    assert same_kafka_topic(noted, "kafka://b1:9092/t", cluster) is same
+    assert same_kafka_topic(noted, "kafka://b1:9092/t", cluster, "T") is same
+
+
+@pytest.mark.parametrize(("resume", "earliest", "lost"), [
+    ({0: 10, 1: 10}, {0: 0, 1: 10}, {}),  # nothing deleted that was not read
+    ({0: 10, 1: 10}, {0: 14, 1: 10}, {0: (10, 14)}),  # retention outran partition 0
+    ({0: 10}, {0: 10, 1: 0}, {}),  # a partition added since, whole
+    ({0: 10}, {0: 10, 1: 3}, {1: (0, 3)}),  # ... whose first records are gone
+])
+def test_records_lost_run_from_where_the_stream_reads_on_to_the_topic_s_first(
+    resume: dict[int, int], earliest: dict[int, int], lost: dict[int, tuple[int, int]]
+) -> None:
+    assert kafka_records_lost(resume, earliest) == lost
