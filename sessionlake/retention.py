@@ -201,11 +201,15 @@ def batches_held(
 
 
 def plan_vacuum(
-    spark: SparkSession, settings: Settings, request: RetentionRequest, now: datetime
+    spark: SparkSession, settings: Settings, request: RetentionRequest, now: datetime,
+    streams_need: tuple[tuple[datetime, str] | None, bool] | None = None,
 ) -> VacuumPlan | None:
     """The VACUUM retention: what was asked, raised to what snapshots and the stream need.
 
     ``None`` when no VACUUM was asked for.
+
+    :param streams_need: :func:`streams_need_since`, when the caller has it already (it
+        reads every checkpoint's ledger).
     """
     if request.vacuum_retain_hours is None:
         return None
@@ -215,7 +219,7 @@ def plan_vacuum(
     if snapshot_time is not None:
         needs.append((_hours_since(snapshot_time, now),
                       f"the oldest kept snapshot, taken {snapshot_time.isoformat()}"))
-    pending, running = streams_need_since(spark, settings)
+    pending, running = streams_need or streams_need_since(spark, settings)
     if pending is not None:
         needs.append((_hours_since(pending[0], now),
                       f"an unfinished batch that started {pending[0].isoformat()}"))
@@ -400,10 +404,11 @@ def preview_retention(
     yet and are not counted.
     """
     deleted = rows_to_delete(spark, settings.lake, request, started.date())
-    plan = plan_vacuum(spark, settings, request, started)
+    streams_need = streams_need_since(spark, settings)
+    plan = plan_vacuum(spark, settings, request, started, streams_need)
     files = files_to_vacuum(spark, settings.lake, plan.hours) if plan is not None else 0
     notes = [plan.reason] if plan is not None and plan.reason else []
-    pending, _ = streams_need_since(spark, settings)
+    pending = streams_need[0]
     if request.erase_users and pending is not None:
         notes.append(f"the erasure would be refused now: a batch of the stream on "
                      f"{pending[1]} was cut off and is to be replayed first")
