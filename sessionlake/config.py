@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from functools import partial
 from typing import Any, Literal
 
 InputFormat = Literal["jsonl", "apache"]
@@ -243,6 +244,7 @@ def settings_from(
             picked = values.get("checkpoint_dir")
         if picked is not None:
             current[key] = picked
+    from_env = {key for key in current if values.get(key) is None and key in ENV}
 
     lake = current.get("lake", base.lake if base else None)
     if not lake or not str(lake).strip():
@@ -252,6 +254,17 @@ def settings_from(
     lake = absolute_location(str(lake))
     merged = replace(base, lake=lake) if base else Settings(lake=lake)
     updates: dict[str, Any] = {}
+
+    def check(key: str, value_of: Callable[[Any], Any]) -> None:
+        """``updates[key]`` from ``current[key]``; an error names the variable it came
+        from, when it came from one (the flag's name alone would mislead there)."""
+        try:
+            updates[key] = value_of(current[key])
+        except ConfigError as error:
+            if key not in from_env:
+                raise
+            raise ConfigError(f"{error} (from {ENV[key]})") from None
+
     for key in ("source", "checkpoint_dir"):
         if key in current:
             updates[key] = (KAFKA_SOURCE if key == "source" and current[key] == KAFKA_SOURCE
@@ -262,27 +275,24 @@ def settings_from(
                                ("trigger", "trigger", TRIGGERS),
                                ("kafka_starting_offsets", "starting-offsets", STARTING_OFFSETS)):
         if key in current:
-            updates[key] = _one_of(current[key], choices, name)
+            check(key, partial(_one_of, choices=choices, name=name))
     for key in ("gap", "grace", "max_session_duration", "max_future_skew",
                 "processing_interval", "alert_batch_duration"):
         if key in current:
-            updates[key] = parse_duration(current[key], key.replace("_", "-"))
+            check(key, partial(parse_duration, name=key.replace("_", "-")))
     if "kafka_bootstrap" in current:
-        updates["kafka_bootstrap"] = _kafka_bootstrap(current["kafka_bootstrap"])
+        check("kafka_bootstrap", _kafka_bootstrap)
     if "kafka_topic" in current:
-        updates["kafka_topic"] = _kafka_topic(current["kafka_topic"])
+        check("kafka_topic", _kafka_topic)
     for key in ("shuffle_partitions", "max_files_per_trigger", "user_buckets",
                 "kafka_max_offsets_per_trigger"):
         if key in current:
-            name = key.removeprefix("kafka_").replace("_", "-")
-            updates[key] = _positive_int(current[key], name)
+            check(key, partial(_positive_int, name=key.removeprefix("kafka_").replace("_", "-")))
     for key in ("read_subfolders", "kafka_accept_data_loss"):
         if key in current:
             updates[key] = bool(current[key])
     if "alert_late_fraction" in current:
-        updates["alert_late_fraction"] = _fraction(
-            current["alert_late_fraction"], "alert-late-fraction"
-        )
+        check("alert_late_fraction", partial(_fraction, name="alert-late-fraction"))
     if "spark_conf" in current:
         updates["spark_conf"] = dict(current["spark_conf"])
     settings = replace(merged, **updates)

@@ -43,6 +43,25 @@ def test_flags_win_over_environment_over_defaults(tmp_path: Path) -> None:
     assert flagged.with_overrides(user_buckets=8).gap == timedelta(minutes=20)
 
 
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("SESSIONLAKE_GAP", "abc", "gap must be a duration .*, got 'abc' \\(from SESSIONLAKE_GAP\\)$"),
+    ("SESSIONLAKE_KAFKA_MAX_OFFSETS_PER_TRIGGER", "0",
+     "max-offsets-per-trigger must be .* \\(from SESSIONLAKE_KAFKA_MAX_OFFSETS_PER_TRIGGER\\)$"),
+    ("SESSIONLAKE_KAFKA_STARTING_OFFSETS", "middle",
+     "\\(from SESSIONLAKE_KAFKA_STARTING_OFFSETS\\)$"),
+])
+def test_a_bad_value_from_the_environment_names_its_variable(
+    variable: str, value: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        settings_from({"lake": "L"}, env={variable: value})
+    # The same value from a flag names the flag alone.
+    key = variable.removeprefix("SESSIONLAKE_").lower()
+    with pytest.raises(ConfigError) as flagged:
+        settings_from({"lake": "L", key: value}, env={})
+    assert "(from " not in str(flagged.value)
+
+
 def test_relative_paths_become_absolute_and_uris_stay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
