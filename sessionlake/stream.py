@@ -64,7 +64,7 @@ from sessionlake.checkpoint import (
 )
 from sessionlake.config import ENV, ConfigError, Settings, format_duration
 from sessionlake.kafkaadmin import KafkaTopic, KafkaUnavailable, describe_topic
-from sessionlake.monitor import BatchMonitor
+from sessionlake.monitor import BatchMonitor, PlanningWatch
 from sessionlake.sources import KAFKA_SCHEME, file_lines, kafka_lines, number_lines
 from sessionlake.spark import fit_to_stream
 from sessionlake.storage import is_glob, local_path
@@ -689,10 +689,25 @@ def checkpoint_lock(checkpoint: str) -> Iterator[None]:
     orchestrator, which runs one micro-batch DAG run at a time, is the guard.)
     """
     folder = local_path(checkpoint)
-    with _held_alone(folder, LOCK_FILE, PID_FILE, str(os.getpid()), lambda pid: (
-            f"another sessionlake run (pid {pid}) is using checkpoint {checkpoint}: "
-            "wait for it to finish, or stop it first")):
-        yield
+    new = folder is not None and not folder.exists()
+    try:
+        with _held_alone(folder, LOCK_FILE, PID_FILE, str(os.getpid()), lambda pid: (
+                f"another sessionlake run (pid {pid}) is using checkpoint {checkpoint}: "
+                "wait for it to finish, or stop it first")):
+            yield
+    finally:
+        if new and folder is not None:
+            _remove_if_only_lock(folder)
+
+
+def _remove_if_only_lock(folder: Path) -> None:
+    """Remove a new checkpoint folder that holds nothing but its lock (a run refused before
+    it wrote anything), so that no empty checkpoint is left behind; kept if anything else
+    is in it, or another run holds it."""
+    if [p.name for p in folder.iterdir()] != [LOCK_FILE] or lock_held(folder):
+        return
+    (folder / LOCK_FILE).unlink(missing_ok=True)
+    folder.rmdir()
 
 
 @contextmanager
@@ -956,10 +971,15 @@ def run_stream(
             stop = threading.Event()
             forced = False
             give_up_waiting: float | None = None
+            planning = PlanningWatch(settings)
             with _stop_on_signals(stop):
                 while query.isActive:
+                    now = time.monotonic()
+                    planning.look(query.status, in_batch.is_set(), now)
                     if stop.is_set() and give_up_waiting is None:
-                        give_up_waiting = time.monotonic() + quiet_moment_wait(settings)
+                        # A trigger stuck on its source will not reach a quiet moment.
+                        give_up_waiting = now + (0.0 if planning.stuck(now)
+                                                 else quiet_moment_wait(settings))
                     if give_up_waiting is not None and not in_batch.is_set():
                         forced = time.monotonic() > give_up_waiting
                         if forced or _between_triggers(query):

@@ -356,6 +356,7 @@ def test_a_new_checkpoint_on_a_folder_another_checkpoint_read_is_refused(
         run_stream(spark, forgot)
     assert {t: table_version(spark, first.lake, t) for t in STREAM_TABLES} == versions
     assert lake_streams(spark, first.lake) == [str(tmp_path / "first")]  # not noted
+    assert not os.path.exists(forgot.checkpoint)  # nor left behind, lock and all
     run_stream(spark, first)  # its own checkpoint still runs
 
 
