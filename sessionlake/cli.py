@@ -676,6 +676,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"it read them ({lost}): run it again, and it names them and how to skip "
                   "them", file=sys.stderr)
             return EXIT_USAGE
+        unanswered = _kafka_unanswered(error)
+        if unanswered is not None:
+            print(f"sessionlake: error: the stream stopped: its Kafka brokers did not answer "
+                  f"({unanswered}): run it again once they do; it goes on from its checkpoint",
+                  file=sys.stderr)
+            return EXIT_USAGE
         unreadable = _unreadable_file(error)
         if unreadable is None:
             raise
@@ -696,6 +702,16 @@ def _kafka_data_lost(error: BaseException) -> str | None:
     reasons = [line.strip().removeprefix("Reason: ") for line in after[:8]
                if line.strip().startswith("Reason: ")]
     return reasons[0] if reasons else "Kafka's offsets no longer hold them"
+
+
+def _kafka_unanswered(error: BaseException) -> str | None:
+    """Kafka's time-out when ``error`` stopped a stream whose brokers stopped answering
+    (Spark's Kafka source gives up after about three minutes of retries)."""
+    name = "org.apache.kafka.common.errors.TimeoutException: "
+    for line in str(error).splitlines():
+        if name in line:
+            return line.split(name, 1)[1].strip()
+    return None
 
 
 def _unreadable_file(error: BaseException) -> str | None:

@@ -18,6 +18,10 @@ WARNING, an ``ALERT ...`` line for each limit the batch broke:
 * its late records exceed ``alert_late_fraction`` of its input (``--alert-late-fraction``,
   ``SESSIONLAKE_ALERT_LATE_FRACTION``, default 0.1).
 
+A trigger that waits on its source for long, with no batch in flight (Kafka brokers that
+do not answer, a remote folder's listing that hangs), gets an ``ALERT`` line too, from a
+:class:`PlanningWatch`: Spark itself waits without a word.
+
 Log shippers and Airflow's task log pick the lines up as they are; ``grep ALERT`` finds the
 alerts. The decision is made by :func:`batch_alerts`, a plain function.
 """
@@ -220,3 +224,53 @@ class BatchMonitor(StreamingQueryListener):
         wanted = set(batch_ids)
         with self._changed:
             return self._changed.wait_for(lambda: wanted <= self._seen, timeout)
+
+
+#: How long a trigger may wait on its source (Spark asking it what is new) before an
+#: ``ALERT`` says so, and how often the alert comes again while the wait lasts, in seconds.
+PLANNING_ALERT_S = 60.0
+PLANNING_ALERT_REPEAT_S = 300.0
+#: A trigger waiting on its source this long, in seconds, is not about to finish planning.
+PLANNING_STUCK_S = 10.0
+
+
+class PlanningWatch:
+    """Alerts while the stream's trigger waits on its source with no batch in flight.
+
+    Spark's sources wait for an answer without a word: with its Kafka brokers down, a run
+    said nothing for minutes (and a stop then waits for the source's own time-out). The
+    run's loop shows the watch the query's status every second (:meth:`look`).
+    """
+
+    def __init__(self, settings: Settings, patience_s: float = PLANNING_ALERT_S,
+                 repeat_s: float = PLANNING_ALERT_REPEAT_S) -> None:
+        self.patience_s, self.repeat_s = patience_s, repeat_s
+        self.hint = (f": are the Kafka brokers at {settings.kafka_bootstrap} reachable?"
+                     if settings.reads_kafka else "")
+        self.since: float | None = None
+        self.next_alert = patience_s
+
+    def stuck(self, now: float) -> bool:
+        """Whether the trigger has waited on its source for :data:`PLANNING_STUCK_S` or
+        longer: a stop then interrupts it rather than wait for a quiet moment (its batch,
+        not planned yet, runs on restart)."""
+        return self.since is not None and now - self.since >= PLANNING_STUCK_S
+
+    def look(self, status: Mapping[str, Any], in_batch: bool, now: float) -> None:
+        """Note the query's ``status`` (``StreamingQuery.status``) at ``now`` (monotonic
+        seconds); ``in_batch``: a batch of the stream's own is being processed."""
+        waiting = bool(status.get("isTriggerActive")) and not in_batch
+        if not waiting:
+            if self.since is not None and now - self.since >= self.patience_s:
+                log.warning("the source answered after %.0fs: the stream goes on",
+                            now - self.since)
+            self.since, self.next_alert = None, self.patience_s
+            return
+        if self.since is None:
+            self.since = now
+        waited = now - self.since
+        if waited >= self.next_alert:
+            log.warning("ALERT the stream has waited %.0fs on its source for what is new, no "
+                        "batch in flight (Spark: %s)%s It goes on waiting; SIGTERM stops it",
+                        waited, status.get("message", "?"), self.hint or ".")
+            self.next_alert = waited + self.repeat_s

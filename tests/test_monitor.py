@@ -12,7 +12,7 @@ import pytest
 
 from sessionlake.batch import BatchReport
 from sessionlake.config import ConfigError, settings_from
-from sessionlake.monitor import BatchRecord, batch_alerts, batch_record
+from sessionlake.monitor import BatchRecord, PlanningWatch, batch_alerts, batch_record
 from tests.conftest import ObservedLake
 
 
@@ -125,3 +125,37 @@ def test_alert_limits_come_from_flags_or_environment() -> None:
                          env=env).alert_late_fraction == 0.05
     with pytest.raises(ConfigError, match="alert-late-fraction must be a number from 0 to 1"):
         settings_from({"lake": "/tmp/lake", "alert_late_fraction": "1.5"}, env={})
+
+
+def test_a_trigger_waiting_on_its_source_alerts_then_again_then_says_it_answered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run's loop shows the watch the query's status each second; Spark's status
+    while its Kafka source cannot reach the brokers."""
+    settings = settings_from({"lake": "/l", "source": "kafka", "kafka_bootstrap": "b:9092",
+                              "kafka_topic": "t"}, env={})
+    watch = PlanningWatch(settings, patience_s=60, repeat_s=300)
+    waiting = {"isTriggerActive": True, "message": "Getting offsets from KafkaV2[Subscribe[t]]"}
+    idle = {"isTriggerActive": False, "message": "Waiting for next trigger"}
+    seen: list[int] = []
+    stuck: list[bool] = []
+    with caplog.at_level(logging.WARNING, logger="sessionlake.monitor"):
+        for second, status, in_batch in [
+            (0, waiting, True), (100, idle, False),  # a long batch of its own: no alert
+            (101, waiting, False), (160, waiting, False),  # 59 s: not yet
+            (161, waiting, False), (200, waiting, False),  # 60 s: one alert
+            (461, waiting, False),  # 360 s: again
+            (462, idle, False), (463, waiting, False), (522, waiting, False),  # answered
+        ]:
+            watch.look(status, in_batch, float(second))
+            seen.append(len(caplog.records))
+            stuck.append(watch.stuck(second + 10.0))
+    assert seen == [0, 0, 0, 0, 1, 1, 2, 3, 3, 3]
+    # Waiting 10 s on the source: a stop no longer waits for a quiet moment.
+    assert stuck == [False, False, True, True, True, True, True, False, True, True]
+    first, again, answered = (r.getMessage() for r in caplog.records)
+    assert first == ("ALERT the stream has waited 60s on its source for what is new, no batch "
+                     "in flight (Spark: Getting offsets from KafkaV2[Subscribe[t]]): are the "
+                     "Kafka brokers at b:9092 reachable? It goes on waiting; SIGTERM stops it")
+    assert again.startswith("ALERT the stream has waited 360s")
+    assert answered == "the source answered after 361s: the stream goes on"
