@@ -710,7 +710,7 @@ def _kafka_unanswered(error: BaseException) -> str | None:
     name = "org.apache.kafka.common.errors.TimeoutException: "
     for line in str(error).splitlines():
         if name in line:
-            return line.split(name, 1)[1].strip()
+            return line.split(name, 1)[1].split(" SQLSTATE:", 1)[0].strip()
     return None
 
 

@@ -17,7 +17,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake.cli import main
+from sessionlake.cli import _kafka_unanswered, main
 from sessionlake.deltalog import read_log
 from tests.conftest import DATA, REPO, ObservedLake
 
@@ -219,3 +219,15 @@ def test_run_then_restart_on_another_master_then_query(tmp_path: Path) -> None:
     assert query.returncode == 0, query.stderr
     assert json.loads(query.stdout) == {"events": 3000, "late": 0}
     assert not (tmp_path / "spark-warehouse").exists()  # nothing left where it ran
+
+
+@pytest.mark.parametrize(("error", "said"), [
+    # What a continuous run's query raised after its broker had been down for 3 minutes.
+    ("[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: org.apache.kafka."
+     "common.errors.TimeoutException: Timed out waiting for a node assignment. Call: "
+     "listNodes SQLSTATE: XXKST\n=== Streaming Query ===\n",
+     "Timed out waiting for a node assignment. Call: listNodes"),
+    ("[STREAM_FAILED] Query terminated with exception: Job aborted", None),
+])
+def test_kafka_brokers_gone_mid_run_are_told_in_one_line(error: str, said: str | None) -> None:
+    assert _kafka_unanswered(RuntimeError(error)) == said
