@@ -18,7 +18,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -294,6 +294,16 @@ def register_table(spark: SparkSession, name: str, path: str) -> None:
 
     :raises QueryError: when the name belongs to such a table.
     """
+    unregister_table(spark, name)
+    spark.catalog.createTable(name, path=path, source="delta")
+
+
+def unregister_table(spark: SparkSession, name: str) -> None:
+    """Drop the session's view or by-location catalog table ``name`` (an earlier lake's),
+    so that a statement on a lake without that table is told it is not found.
+
+    :raises QueryError: when the name belongs to a catalog table that owns its data.
+    """
     spark.catalog.dropTempView(name)
     if spark.catalog.tableExists(name):
         found = spark.catalog.getTable(name)
@@ -301,22 +311,27 @@ def register_table(spark: SparkSession, name: str, path: str) -> None:
             raise QueryError(f"the catalog already holds a {found.tableType.lower()} "
                              f"table {name}, not sessionlake's: not replaced")
         spark.sql(f"DROP TABLE {name}")  # by location: its files stay
-    spark.catalog.createTable(name, path=path, source="delta")
 
 
-def register_tables(spark: SparkSession, lake: str, as_of: AsOf | None = None) -> list[str]:
+def register_tables(spark: SparkSession, lake: str, as_of: AsOf | None = None,
+                    only: Collection[str] | None = None) -> list[str]:
     """Register every table of the lake under its name: as it is, as a catalog table
     (:func:`register_table`); as it was (``as_of``), as a view of its version then.
 
+    :param only: register these tables alone (:func:`names_used`); ``None``: all of them.
     :return: the names registered.
     :raises LakeNotFound: when the lake has none of the tables.
     """
+    wanted = [t for t in PUBLIC_TABLES if only is None or t in only]
     if as_of is None:
         versions: dict[str, int | None] = {
-            table: None for table in PUBLIC_TABLES if table_exists(spark, lake, table)
+            table: None for table in wanted if table_exists(spark, lake, table)
         }
     else:
-        versions = {t: v for t, v in as_of_versions(spark, lake, as_of).items() if v is not None}
+        versions = {t: v for t, v in as_of_versions(spark, lake, as_of).items()
+                    if v is not None and t in wanted}
+    for table in set(wanted) - set(versions):
+        unregister_table(spark, table)
     names = []
     for table, version in versions.items():
         if version is None:
@@ -325,7 +340,8 @@ def register_tables(spark: SparkSession, lake: str, as_of: AsOf | None = None) -
             spark.read.format("delta").option("versionAsOf", version).load(
                 table_path(lake, table)).createOrReplaceTempView(table)
         names.append(table)
-    if not names:
+    if not names and (only is None or not any(table_exists(spark, lake, t)
+                                              for t in PUBLIC_TABLES)):
         raise LakeNotFound(
             f"no sessionlake tables in {lake}: check --lake, or create them with "
             "`sessionlake run`"
@@ -346,12 +362,39 @@ def register_views(spark: SparkSession, queries: Mapping[str, NamedQuery]) -> li
     return list(queries)
 
 
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def names_used(statement: str, queries: Mapping[str, NamedQuery]) -> set[str] | None:
+    """The tables and named queries ``statement`` reads, with what those queries read in
+    turn: each is registered only when used, since every registration costs a query plan
+    (all twenty took about 4 s of a cold ``sessionlake sql``). ``None`` when it names none
+    of them (``SHOW TABLES``, ``SHOW VIEWS``): then all are registered.
+
+    Names are found as words, whatever their case or quotes; a word that only looks like
+    one (in a string, say) registers a name for nothing, never too few.
+    """
+    known = {*PUBLIC_TABLES, *queries}
+    used = {w.lower() for w in _WORD.findall(statement)} & known
+    if not used:
+        return None
+    todo = [name for name in used if name in queries]
+    while todo:
+        read = {w.lower() for w in _WORD.findall(queries[todo.pop()].text)} & known
+        todo.extend(n for n in read - used if n in queries)
+        used |= read
+    return used
+
+
 def run_sql(
     spark: SparkSession, lake: str, statement: str, as_of: AsOf | None = None
 ) -> DataFrame:
-    """Run ``statement`` with the lake's tables and the named queries by name."""
-    register_tables(spark, lake, as_of)
-    register_views(spark, named_queries())
+    """Run ``statement`` with the lake's tables and the named queries by name (those it
+    uses: :func:`names_used`)."""
+    queries = named_queries()
+    used = names_used(statement, queries)
+    register_tables(spark, lake, as_of, used)
+    register_views(spark, {n: q for n, q in queries.items() if used is None or n in used})
     return spark.sql(statement)
 
 
@@ -384,7 +427,7 @@ def run_named_query(
             f"no query named {name!r}: `sessionlake sql --list` shows the {len(queries)} there are"
         )
     values = bind_params(queries[name], params or {})
-    register_tables(spark, lake, as_of)
+    register_tables(spark, lake, as_of, names_used(queries[name].text, queries))
     register_params(spark, queries[name], values)
     return spark.sql(queries[name].text)
 

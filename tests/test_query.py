@@ -17,6 +17,7 @@ Batch A holds 2026-01-05 and u4's event (which closes the first day); batch B th
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 
 import pytest
 from delta.tables import DeltaTable
+from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
 from sessionlake import faults
@@ -32,10 +34,12 @@ from sessionlake.config import settings_from
 from sessionlake.query import (
     AsOf,
     Commit,
+    LakeNotFound,
     QueryError,
     bind_params,
     format_frame,
     named_queries,
+    names_used,
     parse_as_of,
     run_named_query,
     run_sql,
@@ -427,3 +431,32 @@ def test_cli_lists_and_runs_named_queries(
 def test_sql_files_of_the_queries_are_the_ones_listed() -> None:
     folder = Path(__file__).resolve().parent.parent / "sql" / "queries"
     assert {p.stem for p in folder.glob("*.sql")} == set(named_queries())
+
+
+@pytest.mark.parametrize(("statement", "used"), [
+    ("SELECT count(*) FROM sessions", {"sessions"}),
+    ("select * from `Events` e join SESSIONS s using (user_id)", {"events", "sessions"}),
+    ("DESCRIBE HISTORY open_sessions", {"open_sessions"}),
+    # A named query brings what it reads.
+    ("SELECT * FROM all_sessions", {"all_sessions", "sessions", "open_sessions"}),
+    ("SELECT * FROM funnel", {"funnel", "sessions", "events"}),
+    # No name of the lake's: every name, as SHOW TABLES expects.
+    ("SHOW TABLES", None),
+    ("SELECT 1", None),
+])
+def test_a_statement_registers_the_names_it_uses(statement: str, used: set[str] | None) -> None:
+    assert names_used(statement, named_queries()) == used
+
+
+def test_a_statement_on_a_table_the_lake_lacks_names_that_table(
+    spark: SparkSession, known_lake: dict[str, Any], tmp_path: Path
+) -> None:
+    """With only the tables used registered, a table the lake has not got is Spark's
+    "not found", not "no sessionlake tables" (the lake has the others)."""
+    lake = tmp_path / "copy"
+    shutil.copytree(known_lake["lake"], lake)
+    shutil.rmtree(table_path(str(lake), "retention_audit"), ignore_errors=True)
+    with pytest.raises(AnalysisException, match="retention_audit"):
+        run_sql(spark, str(lake), "SELECT * FROM retention_audit")
+    with pytest.raises(LakeNotFound):
+        run_sql(spark, str(tmp_path / "none"), "SELECT * FROM sessions")
