@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import multiprocessing
 import os
 import shutil
 import signal
@@ -29,6 +30,7 @@ import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,7 +229,18 @@ def start_broker(
 
 
 def _load_topic(bootstrap: str, topic: str, partitions: int, folder: Path | None) -> int:
-    """:func:`sessionlake.kafkaadmin.load_topic` through a short-lived local Spark driver."""
+    """:func:`sessionlake.kafkaadmin.load_topic` through a local Spark driver in a child
+    process: its JVM (about 520 MB) ends with it, instead of living as long as the broker
+    (a stopped Spark session keeps its JVM until Python exits).
+
+    :raises RuntimeError: with the load's error, as one line of text.
+    """
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        return child.submit(_load_topic_here, bootstrap, topic, partitions, folder).result()
+
+
+def _load_topic_here(bootstrap: str, topic: str, partitions: int, folder: Path | None) -> int:
+    """:func:`_load_topic`'s work, in the child."""
     from sessionlake.kafkaadmin import load_topic
     from sessionlake.spark import build_spark
 
@@ -235,6 +248,8 @@ def _load_topic(bootstrap: str, topic: str, partitions: int, folder: Path | None
                         conf={"spark.ui.enabled": "false"})
     try:
         return load_topic(spark, bootstrap, topic, partitions, folder)
+    except Exception as error:  # py4j's errors do not cross processes: their text does
+        raise RuntimeError(str(error).strip().splitlines()[0]) from None
     finally:
         spark.stop()
 
