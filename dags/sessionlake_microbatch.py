@@ -8,7 +8,7 @@ last run become one or more micro-batches, committed exactly once, then the job 
 Never twice at once on one checkpoint: two runs would commit the same batch ids. Enforced
 three times over: `max_active_runs=1` (one run of this DAG), `max_active_tis_per_dag=1` on
 the run task, and the one-slot pool `sessionlake_checkpoint` shared with every task that
-writes the checkpoint (restore, restart, retention), so those queue instead of colliding;
+writes the checkpoint (restore, restart, retention, archive), so those queue instead of colliding;
 the job itself refuses to start while another run holds the checkpoint's lock.
 
 When what landed since the last run is small (up to 32 MiB, in up to five micro-batches of
