@@ -119,6 +119,8 @@ clean:
 SESSIONLAKE_LAKE   ?= $(abspath $(DEMO))/lake
 SESSIONLAKE_SOURCE ?= $(abspath $(DEMO))/landing
 SESSIONLAKE_ARCHIVE ?= $(abspath $(DEMO))/archive
+# The demo's landing folder holds an Apache access log (make demo runs with --format apache).
+SESSIONLAKE_FORMAT ?= apache
 
 # Airflow signs its API tokens with a random 64-byte key written once to AIRFLOW_JWT_SECRET
 # (mode 600) and read by command, so it is in no process's environment: the key Airflow
@@ -163,6 +165,7 @@ airflow: $(VENV)/.installed jars/.resolved $(LOCAL_FS_JAR) class-archive $(AIRFL
 	SESSIONLAKE_LAKE=$(SESSIONLAKE_LAKE) \
 	SESSIONLAKE_SOURCE=$(SESSIONLAKE_SOURCE) \
 	SESSIONLAKE_ARCHIVE=$(SESSIONLAKE_ARCHIVE) \
+	SESSIONLAKE_FORMAT=$(SESSIONLAKE_FORMAT) \
 	PATH=$(abspath $(BIN)):$$PATH \
 	$(BIN)/airflow standalone
 

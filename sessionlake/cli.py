@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "topic before the stream read them, instead of refusing to run")
     run.add_argument("--alert-batch-duration", dest="alert_batch_duration",
                      help="log an ALERT line for a batch that takes longer (default 5m)")
+    run.add_argument("--alert-quarantine-fraction", dest="alert_quarantine_fraction",
+                     help="log an ALERT line for a batch with a larger share of quarantined "
+                          "records, such as a wrong --format's (default 0.5)")
     run.add_argument("--alert-late-fraction", dest="alert_late_fraction",
                      help="log an ALERT line for a batch with a larger share of late "
                           "records (default 0.1)")
@@ -309,8 +312,8 @@ def _settings(args: argparse.Namespace) -> Settings:
     keys = ("lake", "source", "checkpoint", "input_format", "gap", "grace",
             "max_session_duration", "max_future_skew", "trigger", "processing_interval",
             "shuffle_partitions", "max_files_per_trigger", "read_subfolders", "master",
-            "alert_batch_duration",
-            "alert_late_fraction", "kafka_bootstrap", "kafka_topic", "kafka_starting_offsets",
+            "alert_batch_duration", "alert_late_fraction", "alert_quarantine_fraction",
+            "kafka_bootstrap", "kafka_topic", "kafka_starting_offsets",
             "kafka_max_offsets_per_trigger", "kafka_accept_data_loss")
     return settings_from({k: getattr(args, k, None) for k in keys})
 

@@ -46,6 +46,7 @@ ENV = {
     "user_buckets": "SESSIONLAKE_USER_BUCKETS",
     "alert_batch_duration": "SESSIONLAKE_ALERT_BATCH_DURATION",
     "alert_late_fraction": "SESSIONLAKE_ALERT_LATE_FRACTION",
+    "alert_quarantine_fraction": "SESSIONLAKE_ALERT_QUARANTINE_FRACTION",
     "kafka_bootstrap": "SESSIONLAKE_KAFKA_BOOTSTRAP",
     "kafka_topic": "SESSIONLAKE_KAFKA_TOPIC",
     "kafka_starting_offsets": "SESSIONLAKE_KAFKA_STARTING_OFFSETS",
@@ -185,6 +186,9 @@ class Settings:
     alert_batch_duration: timedelta = timedelta(minutes=5)
     #: A batch whose late records exceed this fraction of its input logs an ``ALERT`` line.
     alert_late_fraction: float = 0.1
+    #: A batch whose quarantined records exceed this fraction of its input logs an
+    #: ``ALERT`` line: most likely the wrong ``--format`` on a new stream.
+    alert_quarantine_fraction: float = 0.5
     #: With ``source="kafka"``: the brokers, as ``HOST:PORT[,HOST:PORT...]``.
     kafka_bootstrap: str | None = None
     #: With ``source="kafka"``: the topic read (every partition, new ones included).
@@ -291,8 +295,9 @@ def settings_from(
     for key in ("read_subfolders", "kafka_accept_data_loss"):
         if key in current:
             updates[key] = bool(current[key])
-    if "alert_late_fraction" in current:
-        check("alert_late_fraction", partial(_fraction, name="alert-late-fraction"))
+    for key in ("alert_late_fraction", "alert_quarantine_fraction"):
+        if key in current:
+            check(key, partial(_fraction, name=key.replace("_", "-")))
     if "spark_conf" in current:
         updates["spark_conf"] = dict(current["spark_conf"])
     settings = replace(merged, **updates)

@@ -16,7 +16,10 @@ WARNING, an ``ALERT ...`` line for each limit the batch broke:
 * it took longer than ``alert_batch_duration`` (``--alert-batch-duration``,
   ``SESSIONLAKE_ALERT_BATCH_DURATION``, default 5m);
 * its late records exceed ``alert_late_fraction`` of its input (``--alert-late-fraction``,
-  ``SESSIONLAKE_ALERT_LATE_FRACTION``, default 0.1).
+  ``SESSIONLAKE_ALERT_LATE_FRACTION``, default 0.1);
+* its quarantined records exceed ``alert_quarantine_fraction`` of its input
+  (``--alert-quarantine-fraction``, ``SESSIONLAKE_ALERT_QUARANTINE_FRACTION``, default
+  0.5): most likely input of another format than the stream's ``--format``.
 
 A trigger that waits on its source for long, with no batch in flight (Kafka brokers that
 do not answer, a remote folder's listing that hangs), gets an ``ALERT`` line too, from a
@@ -155,6 +158,16 @@ def batch_alerts(record: BatchRecord, settings: Settings) -> list[str]:
             f"batch {record.batch_id}: {record.late} of {record.input_records} records were "
             f"late ({fraction:.0%}), over the {settings.alert_late_fraction:.0%} limit "
             "(--alert-late-fraction, SESSIONLAKE_ALERT_LATE_FRACTION)"
+        )
+    quarantined = record.quarantined
+    if record.input_records and quarantined is not None and \
+            quarantined / record.input_records > settings.alert_quarantine_fraction:
+        alerts.append(
+            f"batch {record.batch_id}: {quarantined} of {record.input_records} records were "
+            f"quarantined ({quarantined / record.input_records:.0%}), over the "
+            f"{settings.alert_quarantine_fraction:.0%} limit (--alert-quarantine-fraction, "
+            f"SESSIONLAKE_ALERT_QUARANTINE_FRACTION): is the input of --format "
+            f"{settings.input_format}? See the reasons in the quarantine table"
         )
     return alerts
 

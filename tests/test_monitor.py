@@ -91,26 +91,33 @@ def test_the_line_tells_a_finished_batch_from_a_resumed_one(
     assert (line["replayed"], line["resumed"]) == (replayed, resumed)
 
 
-def _record(duration_ms: int, late: int | None, records: int | None) -> BatchRecord:
+def _record(duration_ms: int, late: int | None, records: int | None,
+            quarantined: int | None = 0) -> BatchRecord:
     return BatchRecord(batch_id=7, query="q", duration_ms=duration_ms, input_files=1,
-                       rows_per_second=None, input_records=records, late=late)
+                       rows_per_second=None, input_records=records, late=late,
+                       quarantined=None if records is None else quarantined)
 
 
 @pytest.mark.parametrize(
-    ("duration_ms", "late", "records", "expected"),
+    ("duration_ms", "late", "records", "quarantined", "expected"),
     [
-        (1000, 0, 10, []),                            # quick, nothing late
-        (6000, 0, 10, ["took 6.0 s"]),                # over 5 s
-        (1000, 2, 10, ["2 of 10 records were late"]),  # 20% > 10%
-        (1000, 1, 10, []),                            # 10% is not over 10%
-        (1000, None, None, []),                       # a replayed batch: counts unknown
-        (1000, 0, 0, []),                             # an empty batch
+        (1000, 0, 10, 0, []),                            # quick, nothing late
+        (6000, 0, 10, 0, ["took 6.0 s"]),                # over 5 s
+        (1000, 2, 10, 0, ["2 of 10 records were late"]),  # 20% > 10%
+        (1000, 1, 10, 0, []),                            # 10% is not over 10%
+        (1000, None, None, None, []),                    # a replayed batch: counts unknown
+        (1000, 0, 0, 0, []),                             # an empty batch
+        # An access log read as JSON lines (a walkthrough's DAG run said nothing of it).
+        (1000, 0, 10, 10, ["10 of 10 records were quarantined (100%), over the 50% limit "
+                           "(--alert-quarantine-fraction, SESSIONLAKE_ALERT_QUARANTINE_"
+                           "FRACTION): is the input of --format jsonl?"]),
+        (1000, 0, 10, 5, []),                            # 50% is not over 50%
     ],
 )
 def test_batch_alerts(duration_ms: int, late: int | None, records: int | None,
-                      expected: list[str]) -> None:
+                      quarantined: int | None, expected: list[str]) -> None:
     settings = settings_from({"lake": "/tmp/lake", "alert_batch_duration": "5s"}, env={})
-    alerts = batch_alerts(_record(duration_ms, late, records), settings)
+    alerts = batch_alerts(_record(duration_ms, late, records, quarantined), settings)
     assert len(alerts) == len(expected)
     for alert, words in zip(alerts, expected, strict=True):
         assert words in alert and alert.startswith("batch 7")
