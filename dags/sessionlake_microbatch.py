@@ -9,7 +9,9 @@ Never twice at once on one checkpoint: two runs would commit the same batch ids.
 three times over: `max_active_runs=1` (one run of this DAG), `max_active_tis_per_dag=1` on
 the run task, and the one-slot pool `sessionlake_checkpoint` shared with every task that
 writes the checkpoint (restore, restart, retention, archive), so those queue instead of colliding;
-the job itself refuses to start while another run holds the checkpoint's lock.
+the job itself refuses to start while another run holds the checkpoint's lock. While a
+continuous run (the restart DAG's) holds it, a run is skipped: that run reads the landing
+folder itself.
 
 When what landed since the last run is small (up to 32 MiB, in up to five micro-batches of
 `SESSIONLAKE_MAX_FILES_PER_TRIGGER` files), the job's driver JVM compiles with C1 only,
@@ -24,6 +26,7 @@ from datetime import timedelta
 
 import pendulum
 from airflow.sdk import DAG, Param, task
+from airflow.sdk.exceptions import AirflowSkipException
 
 from sessionlake import orchestration as orch
 from sessionlake.airflow_tasks import submit_job, trigger_params
@@ -45,9 +48,13 @@ with DAG(
 
     @task(multiple_outputs=True)
     def validate_params() -> orch.SparkJob:
-        """Check the params and build the job before any data is touched."""
+        """Check the params and build the job before any data is touched; skip the run
+        while a continuous run reads the landing folder itself."""
         checked = orch.validate_microbatch_params(trigger_params())
-        return orch.microbatch_job(orch.locations_from_env(), checked)
+        locations = orch.locations_from_env()
+        if (busy := orch.microbatch_skip_reason(locations)) is not None:
+            raise AirflowSkipException(busy)
+        return orch.microbatch_job(locations, checked)
 
     submit_job(validate_params(), task_id="run_microbatch", name="sessionlake-microbatch",
                pool=orch.CHECKPOINT_POOL, max_active_tis_per_dag=1)

@@ -35,7 +35,9 @@ with DAG(
     def validate_params() -> orch.SparkJob:
         """Check the params and build the job before any data is touched."""
         checked = orch.validate_restore_params(trigger_params())
-        return orch.spark_job(orch.restore_args(orch.locations_from_env(), checked))
+        locations = orch.locations_from_env()
+        orch.check_restore_possible(locations, checked)
+        return orch.spark_job(orch.restore_args(locations, checked))
 
     submit_job(validate_params(), task_id="restore", name="sessionlake-restore",
                pool=orch.CHECKPOINT_POOL)

@@ -514,6 +514,48 @@ def restart_timeout() -> float:
     return float(os.environ.get("SESSIONLAKE_RESTART_TIMEOUT", "300"))
 
 
+def stream_holding(checkpoint: str) -> int | None:
+    """The pid of the sessionlake run holding ``checkpoint``: a continuous run (the restart
+    DAG's) or a run from the command line. ``None`` when none does, and for a checkpoint
+    on object storage, where there is no lock to ask."""
+    return running_pid(checkpoint) if local_path(checkpoint) is not None else None
+
+
+def microbatch_skip_reason(locations: Locations) -> str | None:
+    """Why a micro-batch DAG run has nothing to do: another run holds the checkpoint and
+    reads the landing folder itself (the job would be refused, and the DAG run would fail
+    every five minutes beside a continuous run). ``None``: go on."""
+    pid = stream_holding(locations.checkpoint)
+    if pid is None:
+        return None
+    return (f"sessionlake run pid {pid} holds checkpoint {locations.checkpoint} and reads "
+            "the landing folder itself (a continuous run, as the restart DAG starts): "
+            "this run has nothing to do")
+
+
+def check_restore_possible(locations: Locations, params: RestoreParams) -> None:
+    """Refuse, before any job starts, a restore to a snapshot the lake lacks, or while a
+    run holds the checkpoint (the job would be refused after its JVM started, its reason
+    logged below spark-submit's command line).
+
+    :raises ValueError: naming the param and the snapshots there are, or the run and how to
+        stop it.
+    """
+    from sessionlake.snapshots import SnapshotError, find_snapshot  # DAG files stay light
+
+    if local_path(locations.lake) is not None:
+        try:
+            find_snapshot(locations.lake, params.snapshot_id)
+        except SnapshotError as error:
+            raise _bad("snapshot_id", params.snapshot_id, str(error)) from None
+    pid = stream_holding(locations.checkpoint)
+    if pid is not None:
+        raise ValueError(
+            f"sessionlake run pid {pid} holds checkpoint {locations.checkpoint}, and a restore "
+            f"needs the stream stopped: `kill -TERM {pid}` stops it after its batch in "
+            "flight; trigger the restore again, then the restart DAG to start it anew")
+
+
 def running_pid(checkpoint: str) -> int | None:
     """The pid of the run holding the checkpoint's lock, or ``None`` when it is free."""
     folder = _local(checkpoint)

@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 from sessionlake.config import settings_from
 from sessionlake.snapshots import create_snapshot
 from tests.dags.conftest import BIN, DAGS
+from tests.helpers import held_by_another_process
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
 
@@ -98,6 +99,8 @@ def test_microbatch_dag_sessionizes_the_landing_folder(lake: dict[str, Any]) -> 
          {"from_date": "2026-02-01", "to_date": "2026-01-01", "gap_minutes": 30}, "from_date"),
         ("sessionlake_retention", {"erase_user_ids": ["u1", " "]}, "erase_user_ids"),
         ("sessionlake_archive", {"archive_to": None}, "archive_to"),
+        # Well-formed, but no such snapshot: told before a job starts.
+        ("sessionlake_restore", {"snapshot_id": "20260105T101500Z-none"}, "snapshot_id"),
     ],
 )
 def test_bad_params_fail_the_run_before_any_table_exists(
@@ -145,6 +148,28 @@ def test_maintenance_dag_runs_its_cli_command(
     assert str(run.state) == "success", _task_states(run)
     if command == "retention":
         assert "u2" not in set(read_delta(lake["lake"] / "sessions")["user_id"])
+
+
+def test_microbatch_runs_are_skipped_while_a_continuous_run_holds_the_checkpoint(
+    lake: dict[str, Any], monkeypatch: pytest.MonkeyPatch, spark: SparkSession,
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Beside the restart DAG's continuous run, the scheduled runs would each start a job
+    that the checkpoint's lock refuses, and fail every five minutes; they are skipped, and
+    a restore is refused before its job starts, saying how to stop that run."""
+    monkeypatch.setenv("SESSIONLAKE_LAKE", str(lake["lake"]))
+    monkeypatch.setenv("SESSIONLAKE_SOURCE", str(lake["root"] / "landing"))
+    checkpoint = lake["lake"] / "_checkpoints" / "stream"
+    snapshot = create_snapshot(spark, settings_from({"lake": str(lake["lake"])}, env={}))
+    with held_by_another_process("checkpoint_lock", checkpoint) as holder:
+        run = run_dag("sessionlake_microbatch", {"shuffle_partitions": 2})
+        assert str(run.state) == "success"
+        assert _task_states(run) == {"validate_params": "skipped", "run_microbatch": "skipped"}
+        said = caplog.text + capsys.readouterr().out
+        assert f"sessionlake run pid {holder.pid} holds checkpoint {checkpoint}" in said
+        restore = run_dag("sessionlake_restore", {"snapshot_id": snapshot.snapshot_id})
+        assert _task_states(restore)["validate_params"] == "failed"
+        assert f"`kill -TERM {holder.pid}`" in caplog.text + capsys.readouterr().out
 
 
 def test_archive_dag_moves_the_read_file_out_of_the_landing_folder(
