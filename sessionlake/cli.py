@@ -220,6 +220,14 @@ def _user_id(text: str) -> str:
     return text
 
 
+def _user_hash(text: str) -> str:
+    from sessionlake.erasure import USER_HASH
+
+    if not USER_HASH.match(text.lower()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a SHA-256 (64 hex digits)")
+    return text.lower()
+
+
 def _add_maintenance(commands: Any) -> None:
     """The maintenance sub-commands behind the Airflow DAGs, callable by hand."""
     checkpoint_help = "streaming checkpoint (default <lake>/_checkpoints/stream)"
@@ -251,6 +259,10 @@ def _add_maintenance(commands: Any) -> None:
     retention.add_argument("--checkpoint", help=checkpoint_help)
     retention.add_argument("--erase-user", dest="erase_users", action="append", default=[],
                            type=_user_id, help="erase this user everywhere (repeatable)")
+    retention.add_argument("--erase-user-sha256", dest="erase_user_sha256", action="append",
+                           default=[], type=_user_hash, metavar="HASH",
+                           help="erase the user whose id has this SHA-256 (64 hex digits; "
+                                "repeatable): no id in the command line or its logs")
     retention.add_argument("--sessions-max-age-days", dest="sessions_max_age_days",
                            type=_at_least(1), help="delete sessions older than this")
     retention.add_argument("--events-max-age-days", dest="events_max_age_days",
@@ -555,6 +567,7 @@ def cmd_retention(args: argparse.Namespace) -> int:
     settings = _settings(args)
     request = RetentionRequest(
         erase_users=tuple(dict.fromkeys(args.erase_users)),
+        erase_user_sha256=tuple(dict.fromkeys(args.erase_user_sha256)),
         sessions_max_age_days=args.sessions_max_age_days,
         events_max_age_days=args.events_max_age_days,
         vacuum_retain_hours=args.vacuum_retain_hours,

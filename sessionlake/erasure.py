@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Iterable
 from datetime import datetime
 
@@ -47,6 +48,10 @@ def user_hash(user_id: str) -> str:
 def users_named(user_ids: Iterable[str]) -> Column:
     """Rows of exactly these user ids (bound as literals)."""
     return F.col("user_id").isin([F.lit(u) for u in user_ids])
+
+
+#: A user id's SHA-256, as :func:`user_hash` writes it: 64 lowercase hex digits.
+USER_HASH = re.compile(r"^[0-9a-f]{64}$")
 
 
 def users_hashed(hashes: Iterable[str]) -> Column:

@@ -37,6 +37,7 @@ from sessionlake.archive import archive_read_files, warn_of_read_files_left
 from sessionlake.checkpoint import IDENTITY_FILE, PID_FILE, lock_held, unread_input
 from sessionlake.config import ConfigError, format_duration, parse_duration, settings_from
 from sessionlake.deltalog import batch_keys, commit_actions
+from sessionlake.erasure import user_hash
 from sessionlake.spark import (
     DEFAULT_CONF,
     PROJECT_ROOT,
@@ -191,7 +192,9 @@ class RestoreParams:
 class RetentionParams:
     """``sessionlake_retention``: erasures, age limits (``None``: no limit) and VACUUM."""
 
-    erase_user_ids: tuple[str, ...]
+    #: The users to erase, by the SHA-256 of their id: the ids themselves stay out of the
+    #: task logs (this return value, the job's command line).
+    erase_user_sha256: tuple[str, ...]
     sessions_max_age_days: int | None
     events_max_age_days: int | None
     vacuum_retain_hours: int | None
@@ -295,12 +298,14 @@ def validate_retention_params(params: Mapping[str, Any]) -> RetentionParams:
     """
     users = params.get("erase_user_ids") or []
     if not isinstance(users, list | tuple):
-        raise _bad("erase_user_ids", users, "must be a list of user ids")
+        raise _bad("erase_user_ids", "...", "must be a list of user ids")
     for user in users:
         if not isinstance(user, str) or not user.strip():
-            raise _bad("erase_user_ids", users, f"{user!r} is not a non-empty string")
+            # The list is not repeated: it holds the ids of people being erased.
+            raise _bad("erase_user_ids", f"[{len(users)} ids]",
+                       f"{user!r} is not a non-empty string")
     return RetentionParams(
-        erase_user_ids=tuple(dict.fromkeys(users)),
+        erase_user_sha256=tuple(dict.fromkeys(user_hash(u) for u in users)),
         sessions_max_age_days=_optional_whole(params, "sessions_max_age_days", 1),
         events_max_age_days=_optional_whole(params, "events_max_age_days", 1),
         vacuum_retain_hours=_optional_whole(params, "vacuum_retain_hours", 0),
@@ -406,9 +411,10 @@ def restore_args(locations: Locations, params: RestoreParams) -> list[str]:
 
 
 def retention_args(locations: Locations, params: RetentionParams) -> list[str]:
-    """``sessionlake retention``: erasures (one ``--erase-user`` each), limits, VACUUM."""
+    """``sessionlake retention``: erasures (one ``--erase-user-sha256`` each), limits,
+    VACUUM."""
     args = ["retention", "--lake", locations.lake]
-    args += [f"--erase-user={user}" for user in params.erase_user_ids]
+    args += [f"--erase-user-sha256={digest}" for digest in params.erase_user_sha256]
     limits = (("--sessions-max-age-days", params.sessions_max_age_days),
               ("--events-max-age-days", params.events_max_age_days),
               ("--vacuum-retain-hours", params.vacuum_retain_hours))

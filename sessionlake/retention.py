@@ -26,7 +26,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from functools import partial
+from functools import partial, reduce
+from operator import or_
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, SparkSession
@@ -35,7 +36,14 @@ from pyspark.sql import functions as F
 from sessionlake.checkpoint import LockTimeout, batch_locks
 from sessionlake.config import Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
-from sessionlake.erasure import delete_rows, erase, user_hash, users_named
+from sessionlake.erasure import (
+    USER_HASH,
+    delete_rows,
+    erase,
+    user_hash,
+    users_hashed,
+    users_named,
+)
 from sessionlake.snapshots import kept_since
 from sessionlake.stream import (
     checkpoint_in_use,
@@ -84,11 +92,26 @@ class RetentionRequest:
     """What one retention run should do (``None`` leaves a limit or the VACUUM out)."""
 
     erase_users: tuple[str, ...] = ()
+    #: Users to erase named by the SHA-256 of their id (:func:`~sessionlake.erasure.user_hash`):
+    #: how the retention DAG passes them, so that no id is written to its task logs.
+    erase_user_sha256: tuple[str, ...] = ()
     sessions_max_age_days: int | None = None
     events_max_age_days: int | None = None
     vacuum_retain_hours: int | None = None
     force_vacuum: bool = False
     dry_run: bool = False
+
+    @property
+    def erased_hashes(self) -> list[str]:
+        """The SHA-256 of every user to erase, each once, as the audit keeps them."""
+        return list(dict.fromkeys([*(user_hash(u) for u in self.erase_users),
+                                   *self.erase_user_sha256]))
+
+    def users_to_erase(self) -> Column | None:
+        """The rows of the users to erase, by id or by hash; ``None``: no erasure asked."""
+        conditions = ([users_named(self.erase_users)] if self.erase_users else []) + \
+            ([users_hashed(self.erase_user_sha256)] if self.erase_user_sha256 else [])
+        return reduce(or_, conditions) if conditions else None
 
 
 @dataclass(frozen=True)
@@ -136,6 +159,10 @@ def check_request(request: RetentionRequest) -> None:
     for user in request.erase_users:
         if not isinstance(user, str) or not user.strip():
             raise RetentionError(f"erase-user {user!r} is not a user id (empty)")
+    for digest in request.erase_user_sha256:
+        if not isinstance(digest, str) or not USER_HASH.match(digest):
+            raise RetentionError(f"erase-user-sha256 {digest!r} is not a SHA-256 in "
+                                 "lowercase hex (64 digits)")
     for name in ("sessions_max_age_days", "events_max_age_days"):
         value = getattr(request, name)
         if value is not None and value < 1:
@@ -322,8 +349,8 @@ def rows_to_delete(
     A row that both rules reach counts once, as the run deletes it once.
     """
     reached, _, _ = age_conditions(request, today)
-    if request.erase_users:
-        named = users_named(request.erase_users)
+    named = request.users_to_erase()
+    if named is not None:
         for table in USER_TABLES:
             reached[table] = reached[table] | named if table in reached else named
     return each_table(
@@ -364,9 +391,9 @@ def enforce_retention(
     versions_before = {t: table_version(spark, lake, t) for t in STREAM_TABLES}
 
     deleted: dict[str, int] = {}
-    if request.erase_users:
+    if (to_erase := request.users_to_erase()) is not None:
         with batches_held(spark, settings):
-            erased = erase(spark, lake, users_named(request.erase_users))
+            erased = erase(spark, lake, to_erase)
         for table, rows in erased.items():
             deleted[table] = deleted.get(table, 0) + rows
     aged, sessions_cutoff, events_cutoff = age_limits(spark, lake, request, started.date())
@@ -409,7 +436,7 @@ def preview_retention(
     files = files_to_vacuum(spark, settings.lake, plan.hours) if plan is not None else 0
     notes = [plan.reason] if plan is not None and plan.reason else []
     pending = streams_need[0]
-    if request.erase_users and pending is not None:
+    if request.users_to_erase() is not None and pending is not None:
         notes.append(f"the erasure would be refused now: a batch of the stream on "
                      f"{pending[1]} was cut off and is to be replayed first")
     report = RetentionReport(run_id, deleted, plan, files, plan is not None and plan.hours == 0,
@@ -432,8 +459,8 @@ def _append_audit(
         run_id=report.run_id,
         started_at=started,
         finished_at=datetime.now(UTC),
-        erased_users=len(request.erase_users),
-        erased_user_sha256=[user_hash(u) for u in request.erase_users],
+        erased_users=len(request.erased_hashes),
+        erased_user_sha256=request.erased_hashes,
         sessions_cutoff=sessions_cutoff,
         events_cutoff=events_cutoff,
         rows_deleted=report.rows_deleted,

@@ -183,7 +183,9 @@ def test_force_vacuum_goes_below_the_snapshot_floor(
 def test_every_run_appends_one_audit_row_without_the_erased_ids(
     spark: SparkSession, settings: Settings
 ) -> None:
-    enforce_retention(spark, settings, RetentionRequest(erase_users=("u2", "u3")))
+    # u3 named by its hash (as the DAG names users), u2 by both: each erased, once.
+    enforce_retention(spark, settings, RetentionRequest(
+        erase_users=("u2",), erase_user_sha256=(user_hash("u3"), user_hash("u2"))))
     enforce_retention(spark, settings, RetentionRequest(vacuum_retain_hours=200))
     audit = read_table(spark, settings.lake, "retention_audit").orderBy("started_at").collect()
     assert len(audit) == 2
@@ -235,6 +237,7 @@ def test_a_dry_run_counts_what_the_run_deletes_and_changes_nothing(
     ("request_", "message"),
     [
         (RetentionRequest(erase_users=(" ",)), "erase-user"),
+        (RetentionRequest(erase_user_sha256=("u2",)), "erase-user-sha256 'u2' is not a SHA-256"),
         (RetentionRequest(sessions_max_age_days=0), "sessions-max-age-days"),
         (RetentionRequest(vacuum_retain_hours=-1), "vacuum-retain-hours"),
     ],

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from sessionlake import orchestration as orch
+from sessionlake.erasure import user_hash
 from sessionlake.spark import (
     DRIVER_JIT_ENV,
     QUICK_START_JIT,
@@ -38,10 +39,11 @@ WHERE = orch.Locations(lake="/l", source="/in", checkpoint="/l/_checkpoints/stre
          orch.SnapshotParams("before-upgrade_2.1")),
         (orch.validate_restore_params, {"snapshot_id": "20260105T101500Z-3f2a"},
          orch.RestoreParams("20260105T101500Z-3f2a")),
-        (orch.validate_retention_params,  # duplicates erased once; 0 hours is allowed
+        (orch.validate_retention_params,  # duplicates erased once; 0 hours is allowed;
+         # the ids go on as their SHA-256, which no task log then shows in clear
          {"erase_user_ids": ["u1", "u 2", "u1"], "sessions_max_age_days": 1,
           "events_max_age_days": None, "vacuum_retain_hours": 0},
-         orch.RetentionParams(("u1", "u 2"), 1, None, 0)),
+         orch.RetentionParams((user_hash("u1"), user_hash("u 2")), 1, None, 0)),
         (orch.validate_retention_params, {"dry_run": True},
          orch.RetentionParams((), None, None, None, dry_run=True)),
         (orch.validate_restart_params, {"shuffle_partitions": 2, "master": "local[2]"},
@@ -142,15 +144,16 @@ def test_the_archive_folder_comes_from_the_param_else_the_environment(
 
 
 def test_command_lines_keep_every_value_its_own_argument() -> None:
-    retention = orch.RetentionParams(("-rf", "a b"), 30, None, 0)
+    retention = orch.RetentionParams(("a" * 64, "b" * 64), 30, None, 0)
     assert orch.retention_args(WHERE, retention) == [
-        "retention", "--lake", "/l", "--erase-user=-rf", "--erase-user=a b",
+        "retention", "--lake", "/l", f"--erase-user-sha256={'a' * 64}",
+        f"--erase-user-sha256={'b' * 64}",
         "--sessions-max-age-days", "30", "--vacuum-retain-hours", "0",
     ]
-    preview = orch.RetentionParams(("u1",), None, None, 168, dry_run=True)
+    preview = orch.RetentionParams(("c" * 64,), None, None, 168, dry_run=True)
     assert orch.retention_args(WHERE, preview) == [
-        "retention", "--lake", "/l", "--erase-user=u1", "--vacuum-retain-hours", "168",
-        "--dry-run",
+        "retention", "--lake", "/l", f"--erase-user-sha256={'c' * 64}",
+        "--vacuum-retain-hours", "168", "--dry-run",
     ]
     backfill = orch.BackfillParams(date(2026, 1, 1), date(2026, 1, 2), timedelta(minutes=45))
     assert orch.backfill_args(WHERE, backfill) == [
