@@ -17,7 +17,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import XComArg, get_current_context
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
-from sessionlake.orchestration import JOB_SCRIPT
+from sessionlake.orchestration import JOB_SCRIPT, unknown_param
 
 #: The Airflow connection whose host is the Spark master the DAGs submit to.
 SPARK_CONNECTION = "spark_default"
@@ -32,8 +32,18 @@ def connection_master() -> str:
 
 def trigger_params() -> dict[str, Any]:
     """The params of the running DAG run (the trigger form's values, or their defaults),
-    from inside a task."""
-    return dict(get_current_context()["params"])
+    from inside a task.
+
+    :raises ValueError: for a key of the run's conf that is no param of the DAG: Airflow
+        accepts it and runs with the defaults, so a misspelt ``shuffle_partition`` would
+        go unseen.
+    """
+    context = get_current_context()
+    conf = dict(context["dag_run"].conf or {})
+    declared = set(context["dag"].params)
+    for name in sorted(set(conf) - declared):
+        raise unknown_param(name, conf[name], sorted(declared))
+    return dict(context["params"])
 
 
 def at_run_time(result: XComArg) -> Any:

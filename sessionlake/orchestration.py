@@ -114,6 +114,11 @@ def _bad(name: str, value: Any, why: str) -> ValueError:
     return ValueError(f"param {name}={value!r} is invalid: {why}")
 
 
+def unknown_param(name: str, value: Any, declared: Sequence[str]) -> ValueError:
+    """The error for a key of a DAG run's conf that is none of the DAG's params."""
+    return _bad(name, value, f"no such param (this DAG's: {', '.join(declared) or 'none'})")
+
+
 def _whole(params: Mapping[str, Any], name: str, minimum: int) -> int:
     value = params.get(name)
     if isinstance(value, bool) or not isinstance(value, int | str):

@@ -99,6 +99,8 @@ def test_microbatch_dag_sessionizes_the_landing_folder(lake: dict[str, Any]) -> 
          {"from_date": "2026-02-01", "to_date": "2026-01-01", "gap_minutes": 30}, "from_date"),
         ("sessionlake_retention", {"erase_user_ids": ["u1", " "]}, "erase_user_ids"),
         ("sessionlake_archive", {"archive_to": None}, "archive_to"),
+        # A misspelt param name (Airflow itself runs such a run with the defaults).
+        ("sessionlake_microbatch", {"shuffle_partition": 2}, "shuffle_partition"),
         # Well-formed, but no such snapshot: told before a job starts.
         ("sessionlake_restore", {"snapshot_id": "20260105T101500Z-none"}, "snapshot_id"),
     ],
