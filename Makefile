@@ -132,12 +132,17 @@ AIRFLOW_JWT_SECRET ?= airflow_home/jwt_secret
 # 2-core machine, for DAGs that run one Spark job at a time).
 AIRFLOW_HOST ?= 127.0.0.1
 AIRFLOW_PARALLELISM ?= 4
+# The UI and API's port; the tasks reach the API's execution endpoints there too (Airflow
+# assumes 8080 unless told).
+AIRFLOW_PORT ?= 8080
 AIRFLOW_ENV = AIRFLOW_HOME=$(PWD)/airflow_home \
 	AIRFLOW__CORE__DAGS_FOLDER=$(PWD)/dags \
 	AIRFLOW__CORE__PLUGINS_FOLDER=$(PWD)/plugins \
 	AIRFLOW__CORE__LOAD_EXAMPLES=False \
 	AIRFLOW__CORE__PARALLELISM=$(AIRFLOW_PARALLELISM) \
 	AIRFLOW__API__HOST=$(AIRFLOW_HOST) \
+	AIRFLOW__API__PORT=$(AIRFLOW_PORT) \
+	AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:$(AIRFLOW_PORT)/execution/ \
 	AIRFLOW__API_AUTH__JWT_SECRET_CMD="cat $(abspath $(AIRFLOW_JWT_SECRET))"
 
 $(AIRFLOW_JWT_SECRET):

@@ -25,9 +25,9 @@ def _make(*args: str) -> str:
     return done.stdout
 
 
-def _airflow_env(secret: Path) -> dict[str, str]:
+def _airflow_env(secret: Path, *overrides: str) -> dict[str, str]:
     """The variables `make airflow` starts Airflow with, as the recipe's shell reads them."""
-    line = _make(f"AIRFLOW_JWT_SECRET={secret}",
+    line = _make(f"AIRFLOW_JWT_SECRET={secret}", *overrides,
                  "--eval=airflow-env: ; @printf '%s\\n' '$(AIRFLOW_ENV)'", "airflow-env")
     return dict(word.split("=", 1) for word in shlex.split(line))
 
@@ -64,6 +64,19 @@ def test_make_airflow_listens_on_this_machine_only_with_a_few_workers(tmp_path: 
                           check=True, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "127.0.0.1"
     assert _airflow_env(tmp_path / "jwt_secret")["AIRFLOW__CORE__PARALLELISM"] == "4"
+
+
+def test_make_airflow_on_another_port_sends_the_tasks_there_too(tmp_path: Path) -> None:
+    """On another port, the tasks must reach the API's execution endpoints there too: a
+    walkthrough on port 18280 saw every task fail to connect to 8080 until it was set."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AIRFLOW")}
+    env |= {**_airflow_env(tmp_path / "jwt_secret", "AIRFLOW_PORT=18280"),
+            "AIRFLOW_HOME": str(tmp_path)}
+    for section, key, value in (("api", "port", "18280"), (
+            "core", "execution_api_server_url", "http://127.0.0.1:18280/execution/")):
+        done = subprocess.run([str(AIRFLOW), "config", "get-value", section, key], env=env,
+                              check=True, capture_output=True, text=True, timeout=120)
+        assert done.stdout.strip() == value
 
 
 def test_make_airflow_keeps_the_generated_admin_password_from_other_users(
