@@ -974,20 +974,20 @@ def run_stream(
             planning = PlanningWatch(settings)
             with _stop_on_signals(stop):
                 while query.isActive:
-                    now = time.monotonic()
-                    planning.look(query.status, in_batch.is_set(), now)
+                    now, status = time.monotonic(), query.status  # one py4j call a second
+                    planning.look(status, in_batch.is_set(), now)
                     if stop.is_set() and give_up_waiting is None:
                         # A trigger stuck on its source will not reach a quiet moment.
                         give_up_waiting = now + (0.0 if planning.stuck(now)
                                                  else quiet_moment_wait(settings))
                     if give_up_waiting is not None and not in_batch.is_set():
                         forced = time.monotonic() > give_up_waiting
-                        if forced or _between_triggers(query):
+                        if forced or _between_triggers(status):
                             monitor.stop_requested = True
                             query.stop()
                             break
                     elif (requests_in is not None and not in_batch.is_set()
-                          and forget_requested(requests_in) and _between_triggers(query)):
+                          and forget_requested(requests_in) and _between_triggers(status)):
                         query = _restarted_forgetting(query, writer, monitor, settings)
                         if forget_requested(requests_in):  # the trim failed: not again
                             requests_in = None
@@ -1065,13 +1065,14 @@ def quiet_moment_wait(settings: Settings) -> float:
     return max(30.0, 3 * settings.processing_interval.total_seconds())
 
 
-def _between_triggers(query: StreamingQuery) -> bool:
-    """Whether the query waits for its next trigger, so that stopping it interrupts nothing.
+def _between_triggers(status: Mapping[str, Any]) -> bool:
+    """Whether the query's ``status`` (``StreamingQuery.status``) says it waits for its next
+    trigger, so that stopping it interrupts nothing.
 
     Stopping it while a trigger plans a batch would interrupt that batch as it starts (it
     is replayed later, but the run ends on an error instead of cleanly).
     """
-    return not query.status.get("isTriggerActive", False)
+    return not status.get("isTriggerActive", False)
 
 
 @contextmanager
