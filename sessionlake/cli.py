@@ -126,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
                      dest="kafka_accept_data_loss",
                      help="with --source kafka: skip, with a warning, records deleted from the "
                           "topic before the stream read them, instead of refusing to run")
+    run.add_argument("--kafka-properties", dest="kafka_properties", metavar="FILE",
+                     help="with --source kafka: a Java properties file of Kafka client "
+                          "settings (security.protocol, sasl.*, ssl.*; passwords stay out of "
+                          "the command line) (default $SESSIONLAKE_KAFKA_PROPERTIES)")
     run.add_argument("--alert-batch-duration", dest="alert_batch_duration",
                      help="log an ALERT line for a batch that takes longer (default 5m)")
     run.add_argument("--alert-quarantine-fraction", dest="alert_quarantine_fraction",
@@ -326,7 +330,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             "shuffle_partitions", "max_files_per_trigger", "read_subfolders", "master",
             "alert_batch_duration", "alert_late_fraction", "alert_quarantine_fraction",
             "kafka_bootstrap", "kafka_topic", "kafka_starting_offsets",
-            "kafka_max_offsets_per_trigger", "kafka_accept_data_loss")
+            "kafka_max_offsets_per_trigger", "kafka_accept_data_loss", "kafka_properties")
     return settings_from({k: getattr(args, k, None) for k in keys})
 
 

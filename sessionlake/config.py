@@ -51,6 +51,7 @@ ENV = {
     "kafka_topic": "SESSIONLAKE_KAFKA_TOPIC",
     "kafka_starting_offsets": "SESSIONLAKE_KAFKA_STARTING_OFFSETS",
     "kafka_max_offsets_per_trigger": "SESSIONLAKE_KAFKA_MAX_OFFSETS_PER_TRIGGER",
+    "kafka_properties": "SESSIONLAKE_KAFKA_PROPERTIES",
 }
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -147,6 +148,56 @@ def _kafka_topic(value: Any) -> str:
     return topic
 
 
+#: Kafka client settings a ``--kafka-properties`` file may not hold: sessionlake sets them
+#: itself, or Spark's Kafka source refuses them. Each names what to use instead.
+KAFKA_PROPERTIES_REFUSED = {
+    "bootstrap.servers": "--kafka-bootstrap sets the brokers",
+    "auto.offset.reset": "--starting-offsets says where a new checkpoint starts",
+    "enable.auto.commit": "the offsets read live in the stream's checkpoint",
+    "key.deserializer": "Spark reads keys and values as bytes",
+    "value.deserializer": "Spark reads keys and values as bytes",
+    "interceptor.classes": "Spark's Kafka source does not support interceptors",
+}
+
+
+def read_kafka_properties(path: str) -> dict[str, str]:
+    """The Kafka client settings of a Java properties file (``--kafka-properties``): the
+    ``security.protocol``, ``sasl.*`` and ``ssl.*`` a secured cluster needs, or client
+    tuning such as ``request.timeout.ms``. They go to Spark's Kafka source (as
+    ``kafka.<key>``) and to sessionlake's own look-ups of the topic.
+
+    They live in a file, in Kafka's own format (the file ``kafka-console-consumer
+    --consumer.config`` reads), so that passwords stay out of command lines, process lists,
+    Airflow's task logs and the lake's stream register.
+
+    :raises ConfigError: the file is unreadable or not a properties file, or it sets a key
+        of :data:`KAFKA_PROPERTIES_REFUSED`.
+    """
+    import javaproperties  # only drivers reading Kafka need it
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            properties = dict(javaproperties.load(file))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ConfigError(f"kafka-properties: cannot read {path} ({error})") from None
+    for key in properties:
+        bare = key.removeprefix("kafka.")
+        if bare in KAFKA_PROPERTIES_REFUSED:
+            raise ConfigError(f"kafka-properties: {path} sets {key}, which sessionlake does "
+                              f"not take from it: {KAFKA_PROPERTIES_REFUSED[bare]}")
+        if bare != key:
+            raise ConfigError(f"kafka-properties: {path} sets {key}: write Kafka's own "
+                              f"name, {bare}, without the kafka. prefix")
+    return properties
+
+
+def _kafka_properties_file(value: Any) -> str:
+    """The absolute path of a readable, valid ``--kafka-properties`` file."""
+    path = os.path.abspath(os.path.expanduser(str(value)))
+    read_kafka_properties(path)
+    return path
+
+
 def _fraction(value: Any, name: str) -> float:
     try:
         number = float(str(value))
@@ -201,6 +252,9 @@ class Settings:
     #: Skip, with a warning, records deleted from the topic before the stream read them,
     #: instead of refusing to run (``--accept-kafka-data-loss``, for one run: no variable).
     kafka_accept_data_loss: bool = False
+    #: With ``source="kafka"``: a Java properties file of Kafka client settings, such as a
+    #: secured cluster's (:func:`read_kafka_properties`). Only its path is kept here.
+    kafka_properties: str | None = None
     spark_conf: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -212,6 +266,10 @@ class Settings:
     def reads_kafka(self) -> bool:
         """Whether the source is a Kafka topic (``--source kafka``) rather than a folder."""
         return self.source == KAFKA_SOURCE
+
+    def kafka_client_properties(self) -> dict[str, str]:
+        """The settings of the ``kafka_properties`` file, read now (empty without one)."""
+        return read_kafka_properties(self.kafka_properties) if self.kafka_properties else {}
 
     def with_overrides(self, **values: Any) -> Settings:
         """A copy with some values replaced and validated again."""
@@ -288,6 +346,8 @@ def settings_from(
         check("kafka_bootstrap", _kafka_bootstrap)
     if "kafka_topic" in current:
         check("kafka_topic", _kafka_topic)
+    if "kafka_properties" in current:
+        check("kafka_properties", _kafka_properties_file)
     for key in ("shuffle_partitions", "max_files_per_trigger", "user_buckets",
                 "kafka_max_offsets_per_trigger"):
         if key in current:

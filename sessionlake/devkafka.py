@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,21 +83,27 @@ def new_cluster_id() -> str:
             return candidate
 
 
-def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
+def server_properties(data_dir: Path, port: int, controller_port: int,
+                      sasl: SaslListener | None = None) -> str:
     """``server.properties`` of a one-node KRaft cluster (broker and controller in one).
 
     Internal topics get one replica; topics are never created on first use, so a typo
-    in a topic name fails instead of creating an empty topic.
+    in a topic name fails instead of creating an empty topic. With ``sasl``, a second
+    client listener asks for a user name and password (SASL/PLAIN), as secured clusters do.
     """
+    listeners = [f"PLAINTEXT://127.0.0.1:{port}"]
+    if sasl is not None:
+        listeners.append(f"SASL_PLAINTEXT://127.0.0.1:{sasl.port}")
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "listeners": ",".join([*listeners, f"CONTROLLER://127.0.0.1:{controller_port}"]),
+        "advertised.listeners": ",".join(listeners),
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "listener.security.protocol.map": ("CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,"
+                                           "SASL_PLAINTEXT:SASL_PLAINTEXT"),
         "log.dirs": str(data_dir / "log"),
         "num.partitions": "1",
         "num.network.threads": "2",
@@ -110,7 +117,31 @@ def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
     }
+    if sasl is not None:
+        users = " ".join(f'user_{name}="{password}"' for name, password in sasl.users.items())
+        settings["sasl.enabled.mechanisms"] = "PLAIN"
+        settings["listener.name.sasl_plaintext.plain.sasl.jaas.config"] = (
+            f"{PLAIN_LOGIN_MODULE} required {users};")
     return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+#: The JAAS login module of SASL/PLAIN, on both sides.
+PLAIN_LOGIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
+
+
+@dataclass(frozen=True)
+class SaslListener:
+    """A client listener that asks for a user name and password (SASL/PLAIN)."""
+
+    port: int
+    #: Password by user name.
+    users: Mapping[str, str]
+
+    def client_properties(self, user: str, password: str) -> str:
+        """A ``--kafka-properties`` file's text that signs in as ``user``."""
+        return ("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
+                f'sasl.jaas.config={PLAIN_LOGIN_MODULE} required username="{user}" '
+                f'password="{password}";\n')
 
 
 def answers(host: str, port: int, timeout_s: float = 2.0) -> bool:
@@ -144,6 +175,14 @@ class KafkaBroker:
     bootstrap: str
     data_dir: Path
     process: subprocess.Popen[bytes]
+    #: The SASL/PLAIN listener, when the broker was started with ``sasl_users``.
+    sasl: SaslListener | None = None
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        """``127.0.0.1:<port>`` of the SASL/PLAIN listener."""
+        assert self.sasl is not None, "start_broker(..., sasl_users=...) opens it"
+        return f"127.0.0.1:{self.sasl.port}"
 
     @property
     def log_file(self) -> Path:
@@ -174,7 +213,8 @@ def _java() -> str:
 
 
 def start_broker(
-    data_dir: Path, *, port: int | None = None, timeout_s: float = 90.0
+    data_dir: Path, *, port: int | None = None, timeout_s: float = 90.0,
+    sasl_users: Mapping[str, str] | None = None,
 ) -> KafkaBroker:
     """Format a fresh KRaft log in ``data_dir`` and start a broker on 127.0.0.1.
 
@@ -189,6 +229,8 @@ def start_broker(
     :param data_dir: an empty (or absent) folder for the configuration, log and data.
     :param port: the client port; a free one when not given.
     :param timeout_s: how long to wait for the broker to answer.
+    :param sasl_users: password by user name: also open a SASL/PLAIN listener
+        (:attr:`KafkaBroker.sasl_bootstrap`) that lets them in.
     :return: the running broker.
     :raises BrokerError: when the jars are missing, formatting fails, or the broker does
         not answer in time (the message quotes the end of its log).
@@ -197,8 +239,9 @@ def start_broker(
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     controller_port = free_port()
+    sasl = SaslListener(free_port(), dict(sasl_users)) if sasl_users else None
     config = data_dir / "server.properties"
-    config.write_text(server_properties(data_dir, port, controller_port))
+    config.write_text(server_properties(data_dir, port, controller_port, sasl))
     java = [_java(), f"-Xmx{BROKER_HEAP}", "-XX:+UseSerialGC",
             f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}",
             "-cp", f"{jars}/*"]
@@ -214,7 +257,7 @@ def start_broker(
                                stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, start_new_session=True)
     log.close()
-    broker = KafkaBroker(f"127.0.0.1:{port}", data_dir, process)
+    broker = KafkaBroker(f"127.0.0.1:{port}", data_dir, process, sasl)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -427,9 +427,11 @@ def _run_command(settings: Settings) -> str:
     input format when it is not the default (the run refuses another than its stream's)."""
     form = [] if settings.input_format == "jsonl" else ["--format", settings.input_format]
     if settings.reads_kafka:
+        secured = (["--kafka-properties", settings.kafka_properties]
+                   if settings.kafka_properties else [])
         return _command(settings, "run", "--source", settings.source or "kafka",
                         "--kafka-bootstrap", settings.kafka_bootstrap or "<HOST:PORT>",
-                        "--topic", settings.kafka_topic or "<topic>", *form)
+                        "--topic", settings.kafka_topic or "<topic>", *secured, *form)
     if settings.source:
         return _command(settings, "run", "--source", settings.source, *form)
     return f"{_command(settings, 'run', *form)} --source <landing folder>"

@@ -32,7 +32,8 @@ class KafkaUnavailable(RuntimeError):
 
 @contextmanager
 def kafka_admin(
-    spark: SparkSession, bootstrap: str, timeout_s: float = ADMIN_TIMEOUT_S
+    spark: SparkSession, bootstrap: str, timeout_s: float = ADMIN_TIMEOUT_S,
+    properties: Mapping[str, str] | None = None,
 ) -> Iterator[Any]:
     """An ``org.apache.kafka.clients.admin.Admin`` on ``bootstrap``, closed afterwards.
 
@@ -43,15 +44,17 @@ def kafka_admin(
 
     :param bootstrap: ``HOST:PORT[,HOST:PORT...]``.
     :param timeout_s: the client's request and API time-outs.
+    :param properties: more client settings (a secured cluster's, from
+        ``--kafka-properties``); the brokers and time-outs above take precedence.
     :return: the JVM Admin object (py4j).
     """
     jvm = spark.sparkContext._jvm
     assert jvm is not None, "Kafka look-ups need a classic (JVM) Spark session"
     props = jvm.java.util.Properties()
     millis = str(int(timeout_s * 1000))
-    for key, value in {"bootstrap.servers": bootstrap, "request.timeout.ms": millis,
-                       "default.api.timeout.ms": millis,
-                       "client.id": "sessionlake-admin"}.items():
+    for key, value in {"client.id": "sessionlake-admin", **(properties or {}),
+                       "bootstrap.servers": bootstrap, "request.timeout.ms": millis,
+                       "default.api.timeout.ms": millis}.items():
         props.put(key, value)
     admin = jvm.org.apache.kafka.clients.admin.Admin.create(props)
     try:
@@ -77,6 +80,14 @@ def _cause(error: Exception) -> str:
     return f"{java.getClass().getSimpleName()}: {java.getMessage()}"
 
 
+def _refused_credentials(cause: str) -> bool:
+    """Whether a Kafka client's error is the brokers refusing its credentials or rights
+    (``SaslAuthenticationException``, ``SslAuthenticationException``,
+    ``TopicAuthorizationException``, ...), not brokers that are away."""
+    name = cause.split(":", 1)[0]
+    return name.endswith(("AuthenticationException", "AuthorizationException"))
+
+
 @dataclass(frozen=True)
 class KafkaTopic:
     """What the brokers tell of a topic before a stream reads it."""
@@ -95,17 +106,20 @@ class KafkaTopic:
 
 
 def describe_topic(
-    spark: SparkSession, bootstrap: str, topic: str, timeout_s: float = ADMIN_TIMEOUT_S
+    spark: SparkSession, bootstrap: str, topic: str, timeout_s: float = ADMIN_TIMEOUT_S,
+    properties: Mapping[str, str] | None = None,
 ) -> KafkaTopic:
     """The topic's partitions, ids and first offsets, checking that the brokers answer and
-    the topic exists, through one Admin client.
+    the topic exists, through one Admin client (with ``properties``, see
+    :func:`kafka_admin`).
 
-    :raises KafkaUnavailable: the brokers did not answer within ``timeout_s``, or the topic
-        does not exist; the message says what to check. Brokers that answer but do not tell
-        their cluster's id give ``cluster_id=None`` (the caller says what that costs).
+    :raises KafkaUnavailable: the brokers did not answer within ``timeout_s``, refused the
+        client's credentials, or the topic does not exist; the message says what to check.
+        Brokers that answer but do not tell their cluster's id give ``cluster_id=None``
+        (the caller says what that costs).
     """
     try:
-        with kafka_admin(spark, bootstrap, timeout_s) as admin:
+        with kafka_admin(spark, bootstrap, timeout_s, properties) as admin:
             names = _wait(spark, admin.listTopics().names(), timeout_s)
             if not names.contains(topic):
                 raise KafkaUnavailable(
@@ -122,9 +136,16 @@ def describe_topic(
     except KafkaUnavailable:
         raise
     except Exception as error:  # py4j wraps the Java exceptions
+        cause = _cause(error)
+        if _refused_credentials(cause):
+            raise KafkaUnavailable(
+                f"the Kafka brokers at {bootstrap} refused sessionlake's client ({cause}): "
+                "check the security settings of --kafka-properties"
+            ) from None
         raise KafkaUnavailable(
             f"the Kafka brokers at {bootstrap} did not answer within {timeout_s:g}s "
-            f"({_cause(error)}): check --kafka-bootstrap and that the brokers are running"
+            f"({cause}): check --kafka-bootstrap, that the brokers are running and, for a "
+            "secured cluster, --kafka-properties"
         ) from None
 
 

@@ -670,7 +670,8 @@ def check_kafka_topic(spark: SparkSession, settings: Settings) -> KafkaTopic:
     """
     assert settings.kafka_bootstrap and settings.kafka_topic
     try:
-        topic = describe_topic(spark, settings.kafka_bootstrap, settings.kafka_topic)
+        topic = describe_topic(spark, settings.kafka_bootstrap, settings.kafka_topic,
+                               properties=settings.kafka_client_properties())
     except KafkaUnavailable as error:
         raise ConfigError(str(error)) from None
     if topic.cluster_id is None:
@@ -833,6 +834,12 @@ def unread_subfolders(source: str, most: int = 5) -> list[str]:
 #: took 0.3-0.7 s more than with 10, Spark's and the start-up checks' reading of the log
 #: together; docs/performance.md).
 MAX_FILE_AGE = "36500d"
+#: How many times a continuous run's Kafka source asks the brokers for the topic's offsets
+#: before the stream fails: Java's largest int, so that it waits out an outage of any
+#: length (about one attempt a minute, each Kafka's ``default.api.timeout.ms``), with an
+#: ALERT every five minutes (:class:`sessionlake.monitor.PlanningWatch`) and SIGTERM
+#: still stopping it. Spark's default is 3.
+KAFKA_OUTAGE_ATTEMPTS = 2**31 - 1
 
 
 def landing_files(spark: SparkSession, settings: Settings, subfolders: bool = True) -> DataFrame:
@@ -854,15 +861,24 @@ def kafka_records(spark: SparkSession, settings: Settings) -> DataFrame:
     Partitions added to the topic later are read from their first offset. Spark's
     ``failOnDataLoss`` stays on: records deleted (by retention) before they were read stop
     the stream instead of being skipped silently, unless ``--accept-kafka-data-loss``
-    (:func:`check_no_kafka_records_lost`).
+    (:func:`check_no_kafka_records_lost`). The ``--kafka-properties`` settings go to Kafka's
+    client as ``kafka.<key>``.
+
+    A continuous run waits out brokers that stop answering (:data:`KAFKA_OUTAGE_ATTEMPTS`)
+    and goes on where it was when they are back; an available-now run gives up after
+    Spark's three attempts to ask them for offsets, so that a scheduled run fails in minutes.
     """
+    client = {f"kafka.{key}": value for key, value in settings.kafka_client_properties().items()}
     reader = (
         spark.readStream.format("kafka")
+        .options(**client)
         .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
         .option("subscribe", settings.kafka_topic)
         .option("startingOffsets", settings.kafka_starting_offsets)
         .option("failOnDataLoss", str(not settings.kafka_accept_data_loss).lower())
     )
+    if settings.trigger == "continuous":
+        reader = reader.option("fetchOffset.numRetries", KAFKA_OUTAGE_ATTEMPTS)
     if settings.kafka_max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", settings.kafka_max_offsets_per_trigger)
     return reader.load().select("topic", "partition", "offset", "value")

@@ -113,3 +113,40 @@ def test_kafka_settings_from_the_environment(
     folder = settings_from({"source": "./kafka"}, env=env)
     assert folder.source == str(tmp_path / "kafka") and not folder.reads_kafka
     assert settings_from({"lake": "L"}, env={}).kafka_starting_offsets == "earliest"
+
+
+def test_kafka_properties_are_read_from_their_file(tmp_path: Path) -> None:
+    """A secured cluster's client settings, in Kafka's own properties format (comments,
+    ``:`` separators and a value continued on the next line included)."""
+    file = tmp_path / "client.properties"
+    file.write_text("# SASL over TLS\n"
+                    "security.protocol=SASL_SSL\n"
+                    "sasl.mechanism: PLAIN\n"
+                    "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule \\\n"
+                    '    required username="u" password="p=q";\n')
+    settings = settings_from({"lake": "L", "kafka_properties": str(file)}, env={})
+    assert settings.kafka_properties == str(file)
+    assert settings.kafka_client_properties() == {
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+        "sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule "
+                            'required username="u" password="p=q";'}
+    assert settings_from({"lake": "L"}, env={}).kafka_client_properties() == {}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("bootstrap.servers=h:9092\n", "sets bootstrap.servers, .* --kafka-bootstrap sets"),
+    ("auto.offset.reset=latest\n", "--starting-offsets says where"),
+    ("kafka.security.protocol=SSL\n", "write Kafka's own name, security.protocol"),
+    ("key=\\uZZZZ\n", "cannot read"),
+    (None, "cannot read .*No such file"),
+])
+def test_bad_kafka_properties_are_refused_naming_the_key(
+    text: str | None, message: str, tmp_path: Path
+) -> None:
+    file = tmp_path / "client.properties"
+    if text is not None:
+        file.write_text(text)
+    with pytest.raises(ConfigError, match=f"kafka-properties: .*{message}"):
+        settings_from({"lake": "L", "kafka_properties": str(file)}, env={})
+    with pytest.raises(ConfigError, match="from SESSIONLAKE_KAFKA_PROPERTIES"):
+        settings_from({"lake": "L"}, env={"SESSIONLAKE_KAFKA_PROPERTIES": str(file)})

@@ -54,6 +54,7 @@ from sessionlake.kafkaadmin import (
     load_topic,
     produce_lines,
 )
+from sessionlake.orchestration import stream_position
 from sessionlake.snapshots import create_snapshot, restore_snapshot
 from sessionlake.stream import check_landing_folder, lake_streams, run_stream
 from sessionlake.tables import STREAM_TABLES, read_table, table_version
@@ -64,12 +65,14 @@ TOPIC = "clicks"
 #: a round-robin topic read 110 records at a time keeps partitions within minutes of
 #: each other in event time, far less than this grace.
 GRACE = "1h"
+#: The module's broker also has a listener that asks for this user and password.
+SASL_USER, SASL_PASSWORD = "sessionlake", "s3cret-Pa55"
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     """One real KRaft broker on 127.0.0.1 for the module."""
-    running = start_broker(tmp_path_factory.mktemp("kafka"))
+    running = start_broker(tmp_path_factory.mktemp("kafka"), sasl_users={SASL_USER: SASL_PASSWORD})
     yield running
     running.stop()
 
@@ -362,6 +365,101 @@ def test_a_broker_that_does_not_answer_is_named(spark: SparkSession) -> None:
     nobody = f"127.0.0.1:{free_port()}"
     with pytest.raises(KafkaUnavailable, match=f"brokers at {nobody} did not answer"):
         describe_topic(spark, nobody, TOPIC, timeout_s=2)
+
+
+@pytest.mark.kafka
+def test_a_secured_cluster_is_read_with_the_settings_of_kafka_properties(
+    spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A listener that asks for a user and password (SASL/PLAIN): the run signs in with the
+    ``--kafka-properties`` file, a wrong password is refused in one line before the lake is
+    touched, and the password is written nowhere in the lake."""
+    topic, lines = "secured", _lines(landing)[0][:30]
+    create_topic(spark, broker.bootstrap, topic, 2)
+    produce_lines(spark, broker.bootstrap, topic, lines, 2)
+    assert broker.sasl is not None
+    signed_in, wrong = tmp_path / "client.properties", tmp_path / "wrong.properties"
+    signed_in.write_text(broker.sasl.client_properties(SASL_USER, SASL_PASSWORD))
+    wrong.write_text(broker.sasl.client_properties(SASL_USER, "not-it"))
+    lake = tmp_path / "lake"
+    argv = ["run", "--source", "kafka", "--kafka-bootstrap", broker.sasl_bootstrap,
+            "--topic", topic, "--lake", str(lake), "--grace", GRACE]
+
+    assert main([*argv, "--kafka-properties", str(wrong)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"sessionlake: error: the Kafka brokers at {broker.sasl_bootstrap} refused "
+        "sessionlake's client (SaslAuthenticationException: Authentication failed: Invalid "
+        "username or password): check the security settings of --kafka-properties")
+    assert not lake.exists()
+
+    assert main([*argv, "--kafka-properties", str(signed_in)]) == 0
+    assert input_records(spark, lake) == len(lines)
+    written = [path for path in lake.rglob("*") if path.is_file()
+               and SASL_PASSWORD.encode() in path.read_bytes()]
+    assert written == []
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_continuous_run_waits_out_brokers_that_stop_answering(
+    spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path,
+) -> None:
+    """The broker frozen (SIGSTOP) under a continuous run for longer than Spark's Kafka
+    source waits by default (three attempts, here of 2 s each, by the properties file):
+    the run goes on when it answers again, reads what came meanwhile once, and still
+    stops cleanly on SIGTERM."""
+    topic, lines = "outage", _lines(landing)[1]
+    create_topic(spark, broker.bootstrap, topic, 1)
+    produce_lines(spark, broker.bootstrap, topic, lines[:40], 1)
+    quick = tmp_path / "quick.properties"
+    quick.write_text("request.timeout.ms=1500\ndefault.api.timeout.ms=2000\n")
+    lake = tmp_path / "lake"
+    checkpoint = str(lake / "_checkpoints" / "stream")
+    env = {**os.environ, "SESSIONLAKE_DRIVER_MEMORY": "1g"}
+    env.pop("SESSIONLAKE_FAULT", None)
+    log = tmp_path / "run.log"
+    with open(log, "w") as output:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "sessionlake.cli", "run", "--source", "kafka",
+             "--kafka-bootstrap", broker.bootstrap, "--topic", topic, "--lake", str(lake),
+             "--grace", GRACE, "--trigger", "continuous", "--processing-interval", "1s",
+             "--kafka-properties", str(quick)],
+            cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT)
+    frozen = False
+    try:
+        first = _wait_for_batch(lake, checkpoint, after=-1, run=run, log=log)
+        os.kill(broker.process.pid, signal.SIGSTOP)
+        frozen = True
+        time.sleep(20)  # Spark's own source gives up after about 3 x (2 + 1) s
+        assert run.poll() is None, "the run died while the broker did not answer"
+        os.kill(broker.process.pid, signal.SIGCONT)
+        frozen = False
+        produce_lines(spark, broker.bootstrap, topic, lines[40:70], 1)
+        _wait_for_batch(lake, checkpoint, after=first, run=run, log=log)
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=120)
+    finally:
+        if frozen:
+            os.kill(broker.process.pid, signal.SIGCONT)
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, log.read_text()[-3000:]
+    assert input_records(spark, lake) == 70
+
+
+def _wait_for_batch(lake: Path, checkpoint: str, after: int, run: subprocess.Popen[bytes],
+                    log: Path, timeout_s: float = 300) -> int:
+    """The id of the first batch after ``after`` that ``run`` committed, once it has."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        last = stream_position(str(lake), checkpoint).last_batch_id
+        if last > after:
+            return last
+        assert run.poll() is None, log.read_text()[-3000:]
+        time.sleep(1)
+    raise AssertionError(f"no batch after {after} within {timeout_s:g} s")
 
 
 @pytest.mark.parametrize(("flags", "message"), [
