@@ -2,20 +2,33 @@
 ### sessionlake_restore
 
 `sessionlake restore --snapshot ID`: return every table and the streaming checkpoint to a
-snapshot, so the next run resumes from exactly that point. Stop a continuous run first
-(the job refuses while another run holds the checkpoint). Runs in the one-slot pool
-`sessionlake_checkpoint`, so a scheduled micro-batch waits for it.
+snapshot, so the next run resumes from exactly that point.
+
+1. check the params: the snapshot must be in the lake's catalog;
+2. stop the continuous run, when the restart DAG's holds the checkpoint (SIGTERM: the
+   batch in flight commits first), and keep its command line;
+3. restore;
+4. start that run again, as it was started, and wait for its first batch from the
+   snapshot's point (within `SESSIONLAKE_RESTART_TIMEOUT` seconds, 300). With no run
+   stopped, step 4 is skipped: the next micro-batch run resumes from the snapshot.
+
+A run from the command line holding the checkpoint is not stopped: the DAG run fails at
+step 1, saying how to stop it. Steps 2-4 run in the one-slot pool `sessionlake_checkpoint`,
+so no scheduled micro-batch runs in between.
 
 Params: `snapshot_id` (as printed by `sessionlake_snapshot`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pendulum
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Param, chain, task
+from airflow.sdk.exceptions import AirflowSkipException
 
 from sessionlake import orchestration as orch
-from sessionlake.airflow_tasks import submit_job, trigger_params
+from sessionlake.airflow_tasks import at_run_time, submit_job, trigger_params
 
 with DAG(
     dag_id="sessionlake_restore",
@@ -39,5 +52,40 @@ with DAG(
         orch.check_restore_possible(locations, checked)
         return orch.spark_job(orch.restore_args(locations, checked))
 
-    submit_job(validate_params(), task_id="restore", name="sessionlake-restore",
-               pool=orch.CHECKPOINT_POOL)
+    @task(pool=orch.CHECKPOINT_POOL)
+    def stop_running_stream() -> list[str] | None:
+        """Stop the restart DAG's continuous run, if one holds the checkpoint; return its
+        command line, to start it again after the restore."""
+        return orch.stop_for_restore(orch.locations_from_env().checkpoint,
+                                     orch.restart_timeout())
+
+    @task(pool=orch.CHECKPOINT_POOL)
+    def start_stream_again(args: list[str] | None) -> dict[str, Any]:
+        """Start the stopped run again, detached; return its pid and the restored stream's
+        position, from which it must commit a batch."""
+        if not args:
+            raise AirflowSkipException("no continuous run was stopped: the next run resumes "
+                                       "from the snapshot")
+        where = orch.locations_from_env()
+        restored = orch.stream_position(where.lake, where.checkpoint)
+        pid = orch.start_continuous_run(args, where.checkpoint)
+        return {"pid": pid, "stream_id": restored.stream_id,
+                "last_batch_id": restored.last_batch_id}
+
+    @task(pool=orch.CHECKPOINT_POOL)
+    def verify_resumed(started: dict[str, Any]) -> dict[str, Any]:
+        """Wait for the run's first batch after the restore, on the same stream."""
+        where = orch.locations_from_env()
+        restored = orch.StreamPosition(started["stream_id"], started["last_batch_id"])
+        now = orch.wait_for_resumed_stream(where.lake, where.checkpoint, restored,
+                                           started["pid"], orch.restart_timeout())
+        return {"pid": started["pid"], "stream_id": now.stream_id,
+                "last_batch_id": now.last_batch_id}
+
+    job = validate_params()
+    stopped = stop_running_stream()
+    restore = submit_job(job, task_id="restore", name="sessionlake-restore",
+                         pool=orch.CHECKPOINT_POOL)
+    started = start_stream_again(at_run_time(stopped))
+    chain(job, stopped, restore, started)
+    verify_resumed(at_run_time(started))

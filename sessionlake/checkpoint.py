@@ -35,6 +35,11 @@ LOCK_FILE = "sessionlake.lock"
 BATCH_LOCK_FILE = "sessionlake-batch.lock"
 #: The pid of the run holding the lock.
 PID_FILE = "sessionlake.pid"
+#: Output of a continuous run the restart DAG started, detached.
+CONTINUOUS_LOG = "sessionlake-continuous.log"
+#: The continuous run the restart DAG started last: its pid and command line, so that the
+#: restore DAG can stop it and start it again as it was.
+CONTINUOUS_RUN = "sessionlake-continuous.json"
 #: The lake's own stream lock, beside its default checkpoint: ``<lake>/_checkpoints/``
 #: ``lake.lock``, held by a run for its whole life whatever its checkpoint, with the pid
 #: and checkpoint of the run holding it in ``lake-holder.json``.

@@ -34,7 +34,14 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from sessionlake.archive import archive_read_files, warn_of_read_files_left
-from sessionlake.checkpoint import IDENTITY_FILE, PID_FILE, lock_held, unread_input
+from sessionlake.checkpoint import (
+    CONTINUOUS_LOG,
+    CONTINUOUS_RUN,
+    IDENTITY_FILE,
+    PID_FILE,
+    lock_held,
+    unread_input,
+)
 from sessionlake.config import ConfigError, format_duration, parse_duration, settings_from
 from sessionlake.deltalog import batch_keys, commit_actions
 from sessionlake.erasure import user_hash
@@ -60,8 +67,6 @@ CHECKPOINT_POOL = "sessionlake_checkpoint"
 CHECKPOINT_POOL_SLOTS = 1
 #: Written by :func:`sessionlake.stream.checkpoint_lock` while a run holds the checkpoint.
 #: The stream's identity (``stream_id``, restore ``epoch``), kept in the checkpoint folder.
-#: Output of a detached continuous run, in the checkpoint folder.
-CONTINUOUS_LOG = "sessionlake-continuous.log"
 
 _MASTER = re.compile(
     r"^(local(\[(\*|[1-9]\d*)(,[1-9]\d*)?\])?"
@@ -546,8 +551,9 @@ def microbatch_skip_reason(locations: Locations) -> str | None:
 
 def check_restore_possible(locations: Locations, params: RestoreParams) -> None:
     """Refuse, before any job starts, a restore to a snapshot the lake lacks, or while a
-    run holds the checkpoint (the job would be refused after its JVM started, its reason
-    logged below spark-submit's command line).
+    run that Airflow cannot start again holds the checkpoint (one from the command line).
+    The restart DAG's continuous run is no obstacle: the restore DAG stops it first and
+    starts it again after (:func:`stop_for_restore`).
 
     :raises ValueError: naming the param and the snapshots there are, or the run and how to
         stop it.
@@ -560,11 +566,43 @@ def check_restore_possible(locations: Locations, params: RestoreParams) -> None:
         except SnapshotError as error:
             raise _bad("snapshot_id", params.snapshot_id, str(error)) from None
     pid = stream_holding(locations.checkpoint)
-    if pid is not None:
+    if pid is not None and restartable_run(locations.checkpoint) is None:
         raise ValueError(
             f"sessionlake run pid {pid} holds checkpoint {locations.checkpoint}, and a restore "
-            f"needs the stream stopped: `kill -TERM {pid}` stops it after its batch in "
-            "flight; trigger the restore again, then the restart DAG to start it anew")
+            "needs the stream stopped. It was not started by the restart DAG, so this DAG "
+            f"cannot start it again: `kill -TERM {pid}` stops it after its batch in flight; "
+            "trigger the restore again, then start the run again as it was started")
+
+
+def restartable_run(checkpoint: str) -> list[str] | None:
+    """The command line of the run holding the checkpoint, when the restart DAG started it
+    (:data:`CONTINUOUS_RUN`); ``None`` when no run holds it, or another does."""
+    pid = stream_holding(checkpoint)
+    record = _local(checkpoint) / CONTINUOUS_RUN if pid is not None else None
+    if record is None or not record.exists():
+        return None
+    started = json.loads(record.read_text())
+    return [str(arg) for arg in started["args"]] if started.get("pid") == pid else None
+
+
+def stop_for_restore(checkpoint: str, timeout: float = 300.0) -> list[str] | None:
+    """Stop the restart DAG's continuous run before a restore (:func:`stop_continuous_run`).
+
+    :return: its command line, to start it again after the restore; ``None`` when no run
+        held the checkpoint.
+    :raises ValueError: when a run the restart DAG did not start holds it (it started
+        since :func:`check_restore_possible`).
+    """
+    args = restartable_run(checkpoint)
+    if args is None:
+        pid = stream_holding(checkpoint)
+        if pid is not None:
+            raise ValueError(f"sessionlake run pid {pid}, not the restart DAG's, holds "
+                             f"checkpoint {checkpoint}: stop it (`kill -TERM {pid}`), then "
+                             "trigger the restore again")
+        return None
+    stop_continuous_run(checkpoint, timeout)
+    return args
 
 
 def running_pid(checkpoint: str) -> int | None:
@@ -622,7 +660,8 @@ def stream_position(lake: str, checkpoint: str) -> StreamPosition:
 
 
 def start_continuous_run(args: Sequence[str], checkpoint: str) -> int:
-    """Start ``sessionlake <args>`` detached, its output in the checkpoint folder.
+    """Start ``sessionlake <args>`` detached, its output in the checkpoint folder, and note
+    its pid and command line there (:data:`CONTINUOUS_RUN`).
 
     :return: the new process's pid.
     """
@@ -633,6 +672,7 @@ def start_continuous_run(args: Sequence[str], checkpoint: str) -> int:
     with open(folder / CONTINUOUS_LOG, "ab") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
+    (folder / CONTINUOUS_RUN).write_text(json.dumps({"pid": process.pid, "args": list(args)}))
     return process.pid
 
 

@@ -42,6 +42,8 @@ from sessionlake import storage
 from sessionlake.batch import StreamIdentity, write_stream_identity
 from sessionlake.checkpoint import (
     BATCH_LOCK_FILE,
+    CONTINUOUS_LOG,
+    CONTINUOUS_RUN,
     IDENTITY_FILE,
     LOCK_FILE,
     MANIFEST,
@@ -71,8 +73,11 @@ from sessionlake.tables import (
 
 log = logging.getLogger("sessionlake.snapshots")
 
-#: Files of the checkpoint folder that belong to the running process, not to the stream.
-_PROCESS_FILES = (LOCK_FILE, BATCH_LOCK_FILE, PID_FILE, RESTORING_MARKER)
+#: Files of the checkpoint folder that belong to the running process, not to the stream:
+#: a snapshot does not copy them, a restore does not touch them (the continuous run's log
+#: goes on across a restore).
+_PROCESS_FILES = (LOCK_FILE, BATCH_LOCK_FILE, PID_FILE, RESTORING_MARKER, CONTINUOUS_LOG,
+                  CONTINUOUS_RUN)
 _COPY_ATTEMPTS = 20
 
 
@@ -171,10 +176,14 @@ def copy_stable(spark: SparkSession, source: str, target: str) -> None:
 
     :raises SnapshotError: when the folder never stood still long enough.
     """
+    def state() -> dict[str, tuple[int, int]]:
+        return {name: stat for name, stat in storage.tree_state(spark, source).items()
+                if name not in _PROCESS_FILES}
+
     for _ in range(_COPY_ATTEMPTS):
-        before = storage.tree_state(spark, source)
+        before = state()
         storage.copy_tree(spark, source, target)
-        if storage.tree_state(spark, source) == before:
+        if state() == before:
             for name in _PROCESS_FILES:
                 storage.delete(spark, f"{target}/{name}")
             _drop_orphan_checksums(spark, target)

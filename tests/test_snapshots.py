@@ -12,7 +12,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from sessionlake import storage
 from sessionlake.archive import archive_read_files
-from sessionlake.checkpoint import RESTORING_MARKER
+from sessionlake.checkpoint import CONTINUOUS_LOG, RESTORING_MARKER
 from sessionlake.config import Settings, settings_from
 from sessionlake.retention import RetentionRequest, enforce_retention
 from sessionlake.snapshots import (
@@ -95,7 +95,14 @@ def test_restore_then_resume_ends_as_if_nothing_was_restored(
     land(landing, 0)
     land(landing, 1)
     run(spark, config)
+    # A continuous run's own output (the restart DAG's) is no part of the stream: not in
+    # the snapshot, and left whole by the restores below.
+    output = Path(config.checkpoint) / CONTINUOUS_LOG
+    output.write_text("before the snapshot\n")
     snapshot = create_snapshot(spark, config, name="after-first-run")
+    assert not list((Path(config.lake) / "_snapshots").rglob(CONTINUOUS_LOG))
+    with output.open("a") as more:
+        more.write("after it\n")
     land(landing, 2)
     land(landing, 3)
     run(spark, config)
@@ -113,6 +120,7 @@ def test_restore_then_resume_ends_as_if_nothing_was_restored(
         assert read_table(spark, config.lake, "events").count() == 4
         assert [m["batch_id"] for m in run(spark, config)] == [1]
         assert_same_lake(spark, config.lake, uninterrupted)
+    assert output.read_text() == "before the snapshot\nafter it\n"
 
 
 def test_a_snapshot_taken_during_a_batch_holds_the_batches_before_it(

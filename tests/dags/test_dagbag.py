@@ -60,7 +60,8 @@ def test_microbatch_never_runs_twice_at_once(dagbag: Any) -> None:
 #: The tasks that write the streaming checkpoint, per DAG: they share a one-slot pool.
 CHECKPOINT_TASKS = {
     "sessionlake_microbatch": {"run_microbatch"},
-    "sessionlake_restore": {"restore"},
+    "sessionlake_restore": {"stop_running_stream", "restore", "start_stream_again",
+                            "verify_resumed"},
     "sessionlake_restart": {"stop_running_stream", "start_stream", "verify_resumed"},
     "sessionlake_retention": {"enforce_retention"},
     "sessionlake_archive": {"archive"},

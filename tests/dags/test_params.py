@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from sessionlake import orchestration as orch
+from sessionlake.checkpoint import CONTINUOUS_RUN
 from sessionlake.erasure import user_hash
 from sessionlake.spark import (
     DRIVER_JIT_ENV,
@@ -18,6 +19,7 @@ from sessionlake.spark import (
     QUICK_START_MAX_BATCHES,
     QUICK_START_MAX_BYTES,
 )
+from tests.helpers import held_by_another_process
 
 WHERE = orch.Locations(lake="/l", source="/in", checkpoint="/l/_checkpoints/stream")
 
@@ -259,3 +261,26 @@ def test_a_small_landing_starts_the_micro_batch_driver_with_c1_only(
     assert QUICK_START_JIT not in driver_options()
     monkeypatch.setenv(DRIVER_JIT_ENV, "quick")
     assert QUICK_START_JIT in driver_options()
+
+
+def test_only_the_restart_dag_s_run_is_stopped_for_a_restore(tmp_path: Path) -> None:
+    """The restore DAG stops and starts again the continuous run the restart DAG noted
+    (its pid and command line); a run from the command line holding the checkpoint is
+    left alone, and the restore refused."""
+    checkpoint = tmp_path / "cp"
+    assert orch.restartable_run(str(checkpoint)) is None
+    assert orch.stop_for_restore(str(checkpoint)) is None  # no run: nothing to start again
+    args = ["run", "--trigger", "continuous", "--shuffle-partitions", "3"]
+    with held_by_another_process("checkpoint_lock", checkpoint) as holder:
+        (checkpoint / CONTINUOUS_RUN).write_text(json.dumps({"pid": holder.pid + 1,
+                                                             "args": args}))
+        assert orch.restartable_run(str(checkpoint)) is None  # noted, but another run holds it
+        with pytest.raises(ValueError, match=f"pid {holder.pid}, not the restart DAG's"):
+            orch.stop_for_restore(str(checkpoint))
+        assert holder.poll() is None
+        (checkpoint / CONTINUOUS_RUN).write_text(json.dumps({"pid": holder.pid, "args": args}))
+        assert orch.restartable_run(str(checkpoint)) == args
+        # SIGTERM ends the holder (it has no handler): the checkpoint is let go of.
+        assert orch.stop_for_restore(str(checkpoint), timeout=30) == args
+        holder.wait(timeout=30)
+    assert orch.running_pid(str(checkpoint)) is None

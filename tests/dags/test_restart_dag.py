@@ -1,4 +1,5 @@
-"""The restart DAG against a live stream: stopped and resumed twice at new parallelism.
+"""The restart DAG against a live stream: stopped and resumed twice at new parallelism;
+then the restore DAG, which stops that stream, restores a snapshot and starts it again.
 
 Its own file (it runs for minutes), so that the test workers run it beside the other DAG
 runs instead of after them.
@@ -7,13 +8,19 @@ runs instead of after them.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
 from sessionlake import orchestration as orch
+from sessionlake.checkpoint import IDENTITY_FILE
+from sessionlake.config import settings_from
+from sessionlake.snapshots import create_snapshot
 from tests.dags.test_dag_runs import _event, _task_states, run_dag
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
@@ -41,8 +48,8 @@ def _command_line(pid: int) -> list[str]:
 
 
 @pytest.mark.slow
-def test_restart_dag_resumes_the_stream_at_a_new_parallelism(
-    locations: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+def test_restart_dag_resumes_the_stream_at_a_new_parallelism_and_a_restore_restarts_it(
+    locations: dict[str, Path], monkeypatch: pytest.MonkeyPatch, spark: SparkSession
 ) -> None:
     monkeypatch.setenv("SESSIONLAKE_RESTART_TIMEOUT", "300")
     checkpoint = str(locations["lake"] / "_checkpoints" / "stream")
@@ -61,8 +68,22 @@ def test_restart_dag_resumes_the_stream_at_a_new_parallelism(
         second = run_dag("sessionlake_restart", {"shuffle_partitions": 3, "master": "local[1]"})
         assert str(second.state) == "success", _task_states(second)
         pids.append(orch.running_pid(checkpoint) or -1)
-        assert _command_line(pids[1])[-4:] == ["--shuffle-partitions", "3", "--master", "local[1]"]
+        second_command = _command_line(pids[1])
+        assert second_command[-4:] == ["--shuffle-partitions", "3", "--master", "local[1]"]
         after = orch.stream_position(str(locations["lake"]), checkpoint)
+
+        # A snapshot of the running stream (in this process), a batch after it, then the
+        # restore DAG: it stops the run, restores, and starts the same command line again.
+        settings = settings_from({"lake": str(locations["lake"])}, env={})
+        snapshot = create_snapshot(spark, settings)
+        _wait_for_batch_after(locations["lake"], checkpoint, snapshot.last_batch_id)
+        output = (Path(checkpoint) / orch.CONTINUOUS_LOG).read_text()
+        restored = run_dag("sessionlake_restore", {"snapshot_id": snapshot.snapshot_id})
+        assert str(restored.state) == "success", _task_states(restored)
+        assert set(_task_states(restored).values()) == {"success"}, _task_states(restored)
+        pids.append(orch.running_pid(checkpoint) or -1)
+        assert _command_line(pids[2]) == second_command
+        resumed = orch.stream_position(str(locations["lake"]), checkpoint)
     finally:
         stop.set()
         orch.stop_continuous_run(checkpoint, timeout=300)
@@ -70,7 +91,20 @@ def test_restart_dag_resumes_the_stream_at_a_new_parallelism(
             if pid > 0:  # started by this process: reap them, unless `subprocess` already did
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, 0)
-    assert -1 not in pids and pids[0] != pids[1]
+    assert -1 not in pids and len(set(pids)) == 3
     assert after.stream_id == before.stream_id and after.last_batch_id > before.last_batch_id
+    # The restored stream goes on from the snapshot's batch, in a new epoch.
+    assert resumed.stream_id == before.stream_id and resumed.last_batch_id > snapshot.last_batch_id
+    epoch = json.loads((Path(checkpoint) / IDENTITY_FILE).read_text())["epoch"]
+    assert epoch == (snapshot.epoch or 0) + 1
     log = (Path(checkpoint) / orch.CONTINUOUS_LOG).read_text()
+    assert log.startswith(output)  # the restore left the run's output whole
     assert "Traceback" not in log, log[-2000:]
+
+
+def _wait_for_batch_after(lake: Path, checkpoint: str, batch_id: int) -> None:
+    """Wait until the running stream has committed a batch after ``batch_id``."""
+    deadline = time.monotonic() + 300
+    while orch.stream_position(str(lake), checkpoint).last_batch_id <= batch_id:
+        assert time.monotonic() < deadline, f"no batch after {batch_id} in 300 s"
+        time.sleep(1)
