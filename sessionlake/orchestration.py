@@ -14,7 +14,8 @@ can be tested as plain functions:
   (:func:`spark_job`);
 - **restart**: stop the continuous run that holds the checkpoint, start a new one detached,
   and wait until it has committed a batch of the same stream (:func:`stop_continuous_run`,
-  :func:`start_continuous_run`, :func:`wait_for_resumed_stream`).
+  :func:`start_continuous_run`, :func:`wait_for_resumed_stream`); the restore DAG does the
+  same around its restore, for the restart DAG's run (:func:`stop_for_restore`).
 """
 
 from __future__ import annotations
