@@ -43,8 +43,11 @@ with DAG(
 
     @task
     def validate_params() -> dict[str, Any]:
-        """Check the params before any file moves (a dict: what XCom carries)."""
-        return asdict(orch.validate_archive_params(trigger_params()))
+        """Check the params and the folders before any file moves (a dict: what XCom
+        carries)."""
+        checked = orch.validate_archive_params(trigger_params())
+        orch.check_archive_possible(orch.locations_from_env(), checked)
+        return asdict(checked)
 
     @task(pool=orch.CHECKPOINT_POOL)
     def archive(checked: dict[str, Any]) -> str:

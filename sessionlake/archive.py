@@ -64,6 +64,10 @@ class ArchiveError(ValueError):
     """The files cannot be archived as asked; the message says why. Nothing was moved."""
 
 
+class ArchiveTargetError(ArchiveError):
+    """The folder to archive to is not one files may move to."""
+
+
 @dataclass(frozen=True)
 class ArchiveReport:
     """What an archive run moved, what it left for the snapshots, and what the checkpoint's
@@ -157,7 +161,7 @@ def archive_read_files(settings: Settings, target: str, *, dry_run: bool = False
 
     :raises ArchiveError: naming what is wrong; nothing moved.
     """
-    landing, checkpoint, destination = _check(settings, target)
+    landing, checkpoint, destination = check_archive_request(settings, target)
     read, safe = read_by_every_restore_point(checkpoint, settings.lake)
     prefix = f"{landing}{os.sep}"
     moving = sorted(p for p in safe if p.startswith(prefix) and os.path.isfile(p))
@@ -209,9 +213,15 @@ def forget_archived(
         return None, f"it could not be trimmed: {error}"
 
 
-def _check(settings: Settings, target: str) -> tuple[Path, Path, Path]:
+def check_archive_request(settings: Settings, target: str) -> tuple[Path, Path, Path]:
     """The landing folder, checkpoint and target as local absolute paths (the lake must be
-    local too), or the refusal."""
+    local too), or the refusal: checked before any file moves, and by the archive DAG
+    before its task starts.
+
+    :raises ArchiveTargetError: the target is not local, or lies inside the landing folder
+        or the lake.
+    :raises ArchiveError: the stream or its folders do not allow archiving.
+    """
     if settings.reads_kafka:
         raise ArchiveError("a Kafka stream has no landing folder to archive")
     source = settings.source or ""
@@ -224,18 +234,21 @@ def _check(settings: Settings, target: str) -> tuple[Path, Path, Path]:
     local = {name: local_path(place) for name, place in places.items()}
     for name, path in local.items():
         if path is None:
-            raise ArchiveError(f"the {name} {places[name]} is not on this machine: archiving "
-                               "moves local files only")
+            error = ArchiveTargetError if name == "target" else ArchiveError
+            raise error(f"the {name} {places[name]} is not on this machine: archiving "
+                        "moves local files only")
     landing, checkpoint, destination = (
         Path(os.path.abspath(str(local[n]))) for n in ("landing folder", "checkpoint", "target"))
     if not landing.is_dir():
         raise ArchiveError(f"the landing folder {source} does not exist")
     if within(str(destination), str(landing)):
-        raise ArchiveError(f"the target {target} is inside the landing folder {source}: its "
-                           "files would be read again as new; pick a folder outside it")
+        raise ArchiveTargetError(f"the target {target} is inside the landing folder {source}: "
+                                 "its files would be read again as new; pick a folder "
+                                 "outside it")
     if within(str(destination), os.path.abspath(str(local["lake"]))):
-        raise ArchiveError(f"the target {target} is inside the lake {settings.lake}, whose "
-                           "folders are its tables' and checkpoints'; pick a folder outside it")
+        raise ArchiveTargetError(f"the target {target} is inside the lake {settings.lake}, "
+                                 "whose folders are its tables' and checkpoints'; pick a "
+                                 "folder outside it")
     return landing, checkpoint, destination
 
 

@@ -34,7 +34,12 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Any, TypedDict
 
-from sessionlake.archive import archive_read_files, warn_of_read_files_left
+from sessionlake.archive import (
+    ArchiveTargetError,
+    archive_read_files,
+    check_archive_request,
+    warn_of_read_files_left,
+)
 from sessionlake.checkpoint import (
     CONTINUOUS_LOG,
     CONTINUOUS_RUN,
@@ -43,7 +48,13 @@ from sessionlake.checkpoint import (
     lock_held,
     unread_input,
 )
-from sessionlake.config import ConfigError, format_duration, parse_duration, settings_from
+from sessionlake.config import (
+    ConfigError,
+    Settings,
+    format_duration,
+    parse_duration,
+    settings_from,
+)
 from sessionlake.deltalog import batch_keys, commit_actions
 from sessionlake.erasure import user_hash
 from sessionlake.spark import (
@@ -328,8 +339,7 @@ def validate_archive_params(
     params: Mapping[str, Any], env: Mapping[str, str] | None = None
 ) -> ArchiveParams:
     """``archive_to`` (else ``SESSIONLAKE_ARCHIVE`` of the workers' environment) and
-    ``dry_run``; where the folder may lie is checked by :func:`archive_landing`, before
-    any file moves."""
+    ``dry_run``; where the folder may lie is checked by :func:`check_archive_possible`."""
     value = params.get("archive_to") or (os.environ if env is None else env).get(
         ARCHIVE_ENV)
     if not isinstance(value, str) or not value.strip():
@@ -368,6 +378,24 @@ def validate_restart_params(
 # --- command lines ---------------------------------------------------------------------
 
 
+def _archive_settings(locations: Locations) -> Settings:
+    return settings_from({"lake": locations.lake, "source": _need_source(locations),
+                          "checkpoint": locations.checkpoint}, env={})
+
+
+def check_archive_possible(locations: Locations, params: ArchiveParams) -> None:
+    """Refuse, before the archive task starts, a target the files may not move to (inside
+    the landing folder or the lake, or not on this machine), or folders that do not allow
+    archiving (:func:`sessionlake.archive.check_archive_request`).
+
+    :raises ValueError: naming ``archive_to`` when the target is the problem.
+    """
+    try:
+        check_archive_request(_archive_settings(locations), params.archive_to)
+    except ArchiveTargetError as error:
+        raise _bad("archive_to", params.archive_to, str(error)) from None
+
+
 def archive_landing(locations: Locations, params: ArchiveParams) -> str:
     """Move the landing folder's files no restore can make the stream read again
     (:func:`sessionlake.archive.archive_read_files`): a file move, no Spark job.
@@ -375,9 +403,8 @@ def archive_landing(locations: Locations, params: ArchiveParams) -> str:
     :return: the one-line summary, for the task log.
     :raises ValueError: the folders do not allow it; nothing moved.
     """
-    settings = settings_from({"lake": locations.lake, "source": _need_source(locations),
-                              "checkpoint": locations.checkpoint}, env={})
-    return archive_read_files(settings, params.archive_to, dry_run=params.dry_run).summary()
+    return archive_read_files(_archive_settings(locations), params.archive_to,
+                              dry_run=params.dry_run).summary()
 
 
 def _checkpoint(locations: Locations) -> list[str]:

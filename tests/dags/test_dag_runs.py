@@ -99,6 +99,7 @@ def test_microbatch_dag_sessionizes_the_landing_folder(lake: dict[str, Any]) -> 
          {"from_date": "2026-02-01", "to_date": "2026-01-01", "gap_minutes": 30}, "from_date"),
         ("sessionlake_retention", {"erase_user_ids": ["u1", " "]}, "erase_user_ids"),
         ("sessionlake_archive", {"archive_to": None}, "archive_to"),
+        ("sessionlake_archive", {"archive_to": "{source}/archived"}, "archive_to"),
         # A misspelt param name (Airflow itself runs such a run with the defaults).
         ("sessionlake_microbatch", {"shuffle_partition": 2}, "shuffle_partition"),
         # Well-formed, but no such snapshot: told before a job starts.
@@ -109,6 +110,9 @@ def test_bad_params_fail_the_run_before_any_table_exists(
     dag_id: str, conf: dict[str, Any], param: str, locations: dict[str, Path],
     caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
 ) -> None:
+    folders = {name: str(path) for name, path in locations.items()}
+    conf = {name: value.format(**folders) if isinstance(value, str) else value
+            for name, value in conf.items()}
     try:
         run = run_dag(dag_id, conf)
     except Exception as error:  # rejected by the param's schema before the run starts
