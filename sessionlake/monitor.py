@@ -10,7 +10,8 @@ made of Spark's progress (the trigger's duration) and the batch's own report (fo
 folder the files read) and ``batch_metrics`` row (records, accepted, late, quarantined,
 duplicates, sessions, watermark), with ``records_per_second``: the batch's input records
 over its trigger's duration. For Kafka, ``rows_per_second`` is Spark's own figure, over
-the records its source gives. Then, at
+the records its source gives, and ``records_behind`` the records the topic held beyond the
+batch (the consumer lag, :func:`records_behind`). Then, at
 WARNING, an ``ALERT ...`` line for each limit the batch broke:
 
 * it took longer than ``alert_batch_duration`` (``--alert-batch-duration``,
@@ -59,6 +60,9 @@ class BatchRecord:
     #: Spark's rows per second: records from Kafka (``None`` for a folder, whose lines
     #: Spark counts once per read of the batch's files).
     rows_per_second: float | None
+    #: Kafka: the records the topic held beyond this batch's end when the batch was
+    #: planned, over every partition (the consumer lag; ``None`` for a folder).
+    records_behind: int | None = None
     input_records: int | None = None
     accepted: int | None = None
     late: int | None = None
@@ -115,6 +119,7 @@ def batch_record(progress: Any, report: BatchReport | None, reads_files: bool = 
         duration_ms=int(durations.get("triggerExecution", 0)),
         input_files=report.input_files if reads_files and report is not None else None,
         rows_per_second=None if reads_files else _finite(progress.processedRowsPerSecond),
+        records_behind=None if reads_files else records_behind(progress),
         input_records=row.get("input_records"),
         accepted=row.get("accepted"),
         late=row.get("late"),
@@ -127,6 +132,28 @@ def batch_record(progress: Any, report: BatchReport | None, reads_files: bool = 
         replayed=bool(report is not None and report.skipped),
         resumed=bool(report is not None and report.resumed),
     )
+
+
+def records_behind(progress: Any) -> int | None:
+    """The records a Kafka stream had yet to read when its batch was planned: per
+    partition, the topic's latest offset then (Spark's ``latestOffset``) minus where the
+    batch ended (``endOffset``, short of it under ``--max-offsets-per-trigger``), summed.
+    ``None`` when Spark's progress does not tell both."""
+    behind = None
+    for source in getattr(progress, "sources", None) or []:
+        try:
+            latest, end = json.loads(source.latestOffset), json.loads(source.endOffset)
+        except (TypeError, ValueError):
+            continue
+        if not isinstance(latest, dict) or not isinstance(end, dict):
+            continue
+        for topic, partitions in latest.items():
+            ended = end.get(topic)
+            if not isinstance(partitions, dict) or not isinstance(ended, dict | None):
+                continue  # not Kafka's topic -> partition -> offset
+            behind = (behind or 0) + sum(max(0, int(offset) - int((ended or {}).get(p, 0)))
+                                         for p, offset in partitions.items())
+    return behind
 
 
 def _finite(value: Any) -> float | None:

@@ -370,11 +370,12 @@ def test_a_broker_that_does_not_answer_is_named(spark: SparkSession) -> None:
 @pytest.mark.kafka
 def test_a_secured_cluster_is_read_with_the_settings_of_kafka_properties(
     spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A listener that asks for a user and password (SASL/PLAIN): the run signs in with the
     ``--kafka-properties`` file, a wrong password is refused in one line before the lake is
-    touched, and the password is written nowhere in the lake."""
+    touched, and the password is written nowhere in the lake. Each batch's line tells the
+    records left behind it."""
     topic, lines = "secured", _lines(landing)[0][:30]
     create_topic(spark, broker.bootstrap, topic, 2)
     produce_lines(spark, broker.bootstrap, topic, lines, 2)
@@ -393,8 +394,14 @@ def test_a_secured_cluster_is_read_with_the_settings_of_kafka_properties(
         "username or password): check the security settings of --kafka-properties")
     assert not lake.exists()
 
-    assert main([*argv, "--kafka-properties", str(signed_in)]) == 0
+    # 20 records a batch: the first batch's line tells the 10 left behind it.
+    with caplog.at_level(logging.INFO, logger="sessionlake.monitor"):
+        assert main([*argv, "--kafka-properties", str(signed_in),
+                     "--max-offsets-per-trigger", "20"]) == 0
     assert input_records(spark, lake) == len(lines)
+    behind = [json.loads(line.split("batch ", 1)[1])["records_behind"]
+              for line in caplog.messages if line.startswith("batch {")]
+    assert behind == [len(lines) - 20, 0]
     written = [path for path in lake.rglob("*") if path.is_file()
                and SASL_PASSWORD.encode() in path.read_bytes()]
     assert written == []

@@ -91,6 +91,27 @@ def test_the_line_tells_a_finished_batch_from_a_resumed_one(
     assert (line["replayed"], line["resumed"]) == (replayed, resumed)
 
 
+@pytest.mark.parametrize(("latest", "end", "behind"), [
+    # Spark's offsets JSON: topic -> partition -> offset. Capped: 30 read of 50 left.
+    ('{"clicks":{"1":40,"0":60}}', '{"clicks":{"1":30,"0":40}}', 30),
+    ('{"clicks":{"1":40,"0":60}}', '{"clicks":{"1":40,"0":60}}', 0),
+    # A partition added since the batch's end was fixed counts from its first record.
+    ('{"clicks":{"2":5,"0":60}}', '{"clicks":{"0":60}}', 5),
+    # A folder's offsets (a log id), or none yet: not told.
+    ('{"logOffset":3}', '{"logOffset":3}', None),
+    (None, None, None),
+])
+def test_a_kafka_batch_line_tells_the_records_behind(
+    latest: str | None, end: str | None, behind: int | None
+) -> None:
+    source = SimpleNamespace(latestOffset=latest, endOffset=end)
+    progress = SimpleNamespace(batchId=3, name="q", durationMs={"triggerExecution": 900},
+                               processedRowsPerSecond=10.0, sources=[source])
+    record = batch_record(progress, None, reads_files=False)
+    assert record.records_behind == behind
+    assert batch_record(progress, None, reads_files=True).records_behind is None
+
+
 def _record(duration_ms: int, late: int | None, records: int | None,
             quarantined: int | None = 0) -> BatchRecord:
     return BatchRecord(batch_id=7, query="q", duration_ms=duration_ms, input_files=1,
