@@ -140,6 +140,10 @@ class BatchInputs:
     previous: Mapping[str, Any] = field(default_factory=dict)
     #: The batch's own ledger entry as recorded, which :func:`mark_done` completes.
     entry: Mapping[str, Any] = field(default_factory=dict)
+    #: ``time.monotonic()`` when ``processing_time`` was read (a replay: when it began),
+    #: from which the batch's ``duration_ms`` counts, so that ``started_at`` plus it is
+    #: when the batch finished.
+    clock_read_at: float = 0.0
 
     @property
     def events_id_bound(self) -> eventids.IdBound | None:
@@ -235,6 +239,7 @@ def record_inputs(
     per batch in the checkpoint, so that a restore of the checkpoint restores it too);
     a new batch records them there now, before anything is written.
     """
+    clock_read_at = time.monotonic()
     entry = _read_ledger(spark, settings, identity, batch_id)
     replay = entry is not None
     previous = previous_entry(spark, settings, identity, batch_id)
@@ -245,6 +250,7 @@ def record_inputs(
             spark, settings.lake, eventids.from_json(previous.get(ID_BOUND_NOTE)),
             versions[EVENTS], from_log=ID_BOUND_NOTE not in previous,
         )
+        clock_read_at = time.monotonic()
         entry = {
             "events_version": versions[EVENTS],
             "open_sessions_version": versions[OPEN_SESSIONS],
@@ -263,6 +269,7 @@ def record_inputs(
         replay=replay,
         previous=previous,
         entry=entry,
+        clock_read_at=clock_read_at,
     )
     return inputs, bool(entry.get("done"))
 
@@ -539,7 +546,6 @@ def _process_locked(
     identity: StreamIdentity,
     clock: Clock,
 ) -> BatchReport:
-    started = time.monotonic()
     inputs, done = record_inputs(spark, settings, identity, batch_id, clock)
     if done:
         return BatchReport(row={"batch_id": batch_id}, skipped=True)
@@ -649,7 +655,7 @@ def _process_locked(
         merged, open_after = _write_tables(lake, key, inputs, appends, update_state, work)
         row = _metrics_row(
             identity, batch_id, inputs, stats, counts, merged, open_after.sessions,
-            max_event_time, watermark, watermark_after, started,
+            max_event_time, watermark, watermark_after,
         )
         schema = read_table(spark, lake, BATCH_METRICS).schema
         _append_once(literal_row(spark, row, schema), lake, BATCH_METRICS, key,
@@ -1013,10 +1019,9 @@ def _metrics_row(
     max_event_time: datetime | None,
     watermark: datetime | None,
     watermark_after: datetime | None,
-    started: float,
 ) -> dict[str, Any]:
     valid = int(stats["input"]) - int(stats["quarantined"])
-    duration_ms = int((time.monotonic() - started) * 1000)
+    duration_ms = int((time.monotonic() - inputs.clock_read_at) * 1000)
     return {
         "batch_id": batch_id,
         "stream_id": identity.stream_id,

@@ -355,6 +355,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sessionlake.stream import (
         BatchUnfinishedElsewhere,
         RestoreUnfinished,
+        SourceGone,
         StreamAlreadyRunning,
         check_source,
         run_stream,
@@ -371,7 +372,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         with bar as step:
             summary = run_stream(spark, settings, on_batch=_batch_step(step))
-    except (StreamAlreadyRunning, RestoreUnfinished, BatchUnfinishedElsewhere) as error:
+    except (StreamAlreadyRunning, RestoreUnfinished, BatchUnfinishedElsewhere,
+            SourceGone) as error:
         raise UsageError(str(error)) from None
     rows = summary.processed
     totals = {k: sum(r[k] for r in rows) for k in (

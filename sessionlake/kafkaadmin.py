@@ -30,6 +30,10 @@ class KafkaUnavailable(RuntimeError):
     """The brokers did not answer, or the topic is not there: the message says which."""
 
 
+class KafkaTopicMissing(KafkaUnavailable):
+    """The brokers answered, and the topic is not among theirs."""
+
+
 @contextmanager
 def kafka_admin(
     spark: SparkSession, bootstrap: str, timeout_s: float = ADMIN_TIMEOUT_S,
@@ -122,7 +126,7 @@ def describe_topic(
         with kafka_admin(spark, bootstrap, timeout_s, properties) as admin:
             names = _wait(spark, admin.listTopics().names(), timeout_s)
             if not names.contains(topic):
-                raise KafkaUnavailable(
+                raise KafkaTopicMissing(
                     f"topic {topic!r} does not exist on the Kafka brokers at {bootstrap}: "
                     "create it, or fix --topic"
                 )

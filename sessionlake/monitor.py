@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -280,15 +280,26 @@ class PlanningWatch:
     Spark's sources wait for an answer without a word: with its Kafka brokers down, a run
     said nothing for minutes (and a stop then waits for the source's own time-out). The
     run's loop shows the watch the query's status every second (:meth:`look`).
+
+    A wait can also be for a source that is gone for good (a Kafka topic deleted under the
+    stream: a continuous run's source asks for it again and again). ``diagnose``, when
+    given, tells that apart: called once the trigger is :meth:`stuck`, then at each alert,
+    it returns why the source is gone, or ``None`` to go on waiting. Its answer is
+    :attr:`gone`, which the run stops on.
     """
 
     def __init__(self, settings: Settings, patience_s: float = PLANNING_ALERT_S,
-                 repeat_s: float = PLANNING_ALERT_REPEAT_S) -> None:
+                 repeat_s: float = PLANNING_ALERT_REPEAT_S,
+                 diagnose: Callable[[], str | None] | None = None) -> None:
         self.patience_s, self.repeat_s = patience_s, repeat_s
         self.hint = (f": are the Kafka brokers at {settings.kafka_bootstrap} reachable?"
                      if settings.reads_kafka else "")
+        self.diagnose = diagnose
         self.since: float | None = None
         self.next_alert = patience_s
+        self.next_diagnosis = PLANNING_STUCK_S
+        #: Why the source is gone for good (``diagnose``'s answer), once it is.
+        self.gone: str | None = None
 
     def stuck(self, now: float) -> bool:
         """Whether the trigger has waited on its source for :data:`PLANNING_STUCK_S` or
@@ -305,12 +316,21 @@ class PlanningWatch:
                 log.warning("the source answered after %.0fs: the stream goes on",
                             now - self.since)
             self.since, self.next_alert = None, self.patience_s
+            self.next_diagnosis = PLANNING_STUCK_S
             return
         if self.since is None:
             self.since = now
         waited = now - self.since
+        if self.diagnose is not None and waited >= self.next_diagnosis:
+            self.gone = self.diagnose()
+            self.next_diagnosis = self.next_alert
+            if self.gone is not None:
+                log.error("ALERT the stream has waited %.0fs on a source that is gone: %s",
+                          waited, self.gone)
+                return
         if waited >= self.next_alert:
             log.warning("ALERT the stream has waited %.0fs on its source for what is new, no "
                         "batch in flight (Spark: %s)%s It goes on waiting; SIGTERM stops it",
                         waited, status.get("message", "?"), self.hint or ".")
             self.next_alert = waited + self.repeat_s
+            self.next_diagnosis = self.next_alert

@@ -216,6 +216,21 @@ def _fragment_key() -> Column:
     return F.coalesce("state_session_id", "event_id")
 
 
+#: An id that ends in a number after ``#`` or ``/``: the ``<file>#<line>`` and
+#: ``<topic>/<partition>/<offset>`` given to events without an id, or a user's own such.
+_NUMBERED_ID = r"^(.*[#/])([0-9]{1,19})$"
+
+
+def id_order(event_id: Column) -> Column:
+    """What orders events of the same instant: the id, its final number zero-padded, so
+    that the ids given to events without one (``part-7.log#15``) follow their lines, not
+    their text (``#7`` before ``#15``). Computed from the id alone, so the open session's
+    stored first and last ids order the same way in every batch."""
+    number = F.regexp_extract(event_id, _NUMBERED_ID, 2)
+    return F.when(number == "", event_id).otherwise(F.concat(
+        F.regexp_extract(event_id, _NUMBERED_ID, 1), F.lpad(number, 19, "0")))
+
+
 def _only(active: Column | None) -> Callable[[Column], Column]:
     """``column`` where ``active`` holds, else null (the identity when it always holds)."""
     if active is None:
@@ -379,15 +394,15 @@ def _session_parts(
     of = _only(active)
     state = F.col("is_state")
     no_pages = F.array().cast("array<string>")
-    # Ordered by time, then id: the entry and exit pages stay the same however the events
-    # were split into batches, even when two events share a timestamp.
-    entry = F.struct(F.col("start_us").alias("t"),
-                     F.when(state, F.col("entry_event_id")).otherwise(F.col("event_id"))
-                     .alias("event_id"),
+    # Ordered by time, then id (:func:`id_order`): the entry and exit pages stay the same
+    # however the events were split into batches, even when two events share a timestamp.
+    entry_id = F.when(state, F.col("entry_event_id")).otherwise(F.col("event_id"))
+    exit_id = F.when(state, F.col("exit_event_id")).otherwise(F.col("event_id"))
+    entry = F.struct(F.col("start_us").alias("t"), id_order(entry_id).alias("order"),
+                     entry_id.alias("event_id"),
                      F.when(state, F.col("entry_page")).otherwise(F.col("page")).alias("page"))
-    exit_ = F.struct(F.col("end_us").alias("t"),
-                     F.when(state, F.col("exit_event_id")).otherwise(F.col("event_id"))
-                     .alias("event_id"),
+    exit_ = F.struct(F.col("end_us").alias("t"), id_order(exit_id).alias("order"),
+                     exit_id.alias("event_id"),
                      F.when(state, F.col("exit_page")).otherwise(F.col("page")).alias("page"))
     pages = F.when(state, F.coalesce("pages", no_pages)).when(
         F.col("page").isNotNull(), F.array("page")).otherwise(no_pages)

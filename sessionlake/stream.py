@@ -63,7 +63,12 @@ from sessionlake.checkpoint import (
     partition_folder,
 )
 from sessionlake.config import ENV, ConfigError, Settings, format_duration
-from sessionlake.kafkaadmin import KafkaTopic, KafkaUnavailable, describe_topic
+from sessionlake.kafkaadmin import (
+    KafkaTopic,
+    KafkaTopicMissing,
+    KafkaUnavailable,
+    describe_topic,
+)
 from sessionlake.monitor import BatchMonitor, PlanningWatch
 from sessionlake.sources import KAFKA_SCHEME, file_lines, kafka_lines, number_lines
 from sessionlake.spark import fit_to_stream
@@ -80,6 +85,10 @@ class StreamAlreadyRunning(RuntimeError):
 
 class RestoreUnfinished(RuntimeError):
     """A restore of the checkpoint was cut off half-way: the run would mix two states."""
+
+
+class SourceGone(RuntimeError):
+    """The stream's source went away for good while it ran (a Kafka topic deleted)."""
 
 
 def check_no_restore_pending(spark: SparkSession, checkpoint: str) -> None:
@@ -884,6 +893,41 @@ def kafka_records(spark: SparkSession, settings: Settings) -> DataFrame:
     return reader.load().select("topic", "partition", "offset", "value")
 
 
+#: How long the look-up that tells a deleted topic from brokers away may wait, in seconds.
+KAFKA_DIAGNOSIS_TIMEOUT_S = 5.0
+
+
+def kafka_topic_gone(
+    spark: SparkSession, settings: Settings, topic: KafkaTopic
+) -> Callable[[], str | None]:
+    """The :class:`~sessionlake.monitor.PlanningWatch` diagnosis of a Kafka stream whose
+    trigger waits: why the topic ``topic`` (as the run found it at its start) is gone for
+    good, or ``None`` while the brokers are only away (the run waits for them).
+
+    A continuous run's source asks the brokers for a deleted topic again and again, and
+    would wait for ever, its alerts blaming the brokers.
+    """
+    def diagnose() -> str | None:
+        assert settings.kafka_bootstrap and settings.kafka_topic
+        where = f"topic {settings.kafka_topic} on the Kafka brokers at {settings.kafka_bootstrap}"
+        try:
+            now = describe_topic(spark, settings.kafka_bootstrap, settings.kafka_topic,
+                                 KAFKA_DIAGNOSIS_TIMEOUT_S, settings.kafka_client_properties())
+        except KafkaTopicMissing:
+            return (f"{where} was deleted while the stream read it: its records not read yet "
+                    "are gone. A topic of that name created anew is read on a checkpoint of "
+                    "its own (--checkpoint DIR)")
+        except (KafkaUnavailable, ConfigError):
+            return None
+        if topic.topic_id and now.topic_id and now.topic_id != topic.topic_id:
+            return (f"{where} was deleted and created anew while the stream read it (topic id "
+                    f"{topic.topic_id}, now {now.topic_id}): read the new one on a checkpoint "
+                    "of its own (--checkpoint DIR)")
+        return None
+
+    return diagnose
+
+
 def run_stream(
     spark: SparkSession,
     settings: Settings,
@@ -987,11 +1031,16 @@ def run_stream(
             stop = threading.Event()
             forced = False
             give_up_waiting: float | None = None
-            planning = PlanningWatch(settings)
+            planning = PlanningWatch(settings, diagnose=kafka_topic_gone(spark, settings, topic)
+                                     if topic is not None else None)
             with _stop_on_signals(stop):
                 while query.isActive:
                     now, status = time.monotonic(), query.status  # one py4j call a second
                     planning.look(status, in_batch.is_set(), now)
+                    if planning.gone is not None:
+                        monitor.stop_requested = True
+                        query.stop()
+                        raise SourceGone(f"the stream stopped: {planning.gone}")
                     if stop.is_set() and give_up_waiting is None:
                         # A trigger stuck on its source will not reach a quiet moment.
                         give_up_waiting = now + (0.0 if planning.stuck(now)

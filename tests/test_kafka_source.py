@@ -30,6 +30,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -454,6 +455,52 @@ def test_a_continuous_run_waits_out_brokers_that_stop_answering(
             run.wait()
     assert run.returncode == 0, log.read_text()[-3000:]
     assert input_records(spark, lake) == 70
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_topic_deleted_under_a_continuous_run_stops_it_in_one_line(
+    spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A continuous run's source would ask for a deleted topic for ever, its alerts
+    blaming the brokers: the run tells the topic gone (Kafka's Admin API, once the trigger
+    has waited 10 s) and stops, in one line, exit status 2."""
+    topic, lines = "vanishing", _lines(landing)[2][:30]
+    create_topic(spark, broker.bootstrap, topic, 1)
+    produce_lines(spark, broker.bootstrap, topic, lines, 1)
+    lake = tmp_path / "lake"
+    checkpoint = str(lake / "_checkpoints" / "stream")
+    deleted = threading.Event()
+
+    def delete_after_the_first_batch() -> None:
+        deadline = time.monotonic() + 300
+        while stream_position(str(lake), checkpoint).last_batch_id < 0:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        delete_topic(spark, broker.bootstrap, topic)
+        deleted.set()
+        if not stopped.wait(120):  # the run did not stop itself: stop it, and fail below
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    stopped = threading.Event()
+    deleter = threading.Thread(target=delete_after_the_first_batch, daemon=True)
+    deleter.start()
+    try:
+        code = main(["run", "--source", "kafka", "--kafka-bootstrap", broker.bootstrap,
+                     "--topic", topic, "--lake", str(lake), "--grace", GRACE,
+                     "--trigger", "continuous", "--processing-interval", "1s"])
+    finally:
+        stopped.set()
+        deleter.join(timeout=60)
+    assert deleted.is_set() and code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"sessionlake: error: the stream stopped: topic {topic} on the Kafka brokers at "
+        f"{broker.bootstrap} was deleted while the stream read it: its records not read yet "
+        "are gone. A topic of that name created anew is read on a checkpoint of its own "
+        "(--checkpoint DIR)")
+    assert input_records(spark, lake) == len(lines)
 
 
 def _wait_for_batch(lake: Path, checkpoint: str, after: int, run: subprocess.Popen[bytes],

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from datetime import timedelta
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pyspark.sql import SparkSession
 
 from sessionlake.batch import BatchReport
 from sessionlake.config import ConfigError, settings_from
 from sessionlake.monitor import BatchRecord, PlanningWatch, batch_alerts, batch_record
+from sessionlake.tables import read_table
 from tests.conftest import ObservedLake
 
 
@@ -187,3 +191,59 @@ def test_a_trigger_waiting_on_its_source_alerts_then_again_then_says_it_answered
                      "Kafka brokers at b:9092 reachable? It goes on waiting; SIGTERM stops it")
     assert again.startswith("ALERT the stream has waited 360s")
     assert answered == "the source answered after 361s: the stream goes on"
+
+
+def test_a_source_found_gone_while_the_trigger_waits_ends_the_watch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The diagnosis runs once the trigger is stuck (10 s), then at each alert; brokers
+    only away (``None``) keep the run waiting, a topic gone for good is the watch's
+    ``gone`` and one ERROR alert."""
+    settings = settings_from({"lake": "/l", "source": "kafka", "kafka_bootstrap": "b:9092",
+                              "kafka_topic": "t"}, env={})
+    answers = iter([None, None, "topic t was deleted"])
+    asked: list[int] = []
+
+    def diagnose() -> str | None:
+        asked.append(second)
+        return next(answers)
+
+    watch = PlanningWatch(settings, patience_s=60, repeat_s=300, diagnose=diagnose)
+    waiting = {"isTriggerActive": True, "message": "Getting offsets from KafkaV2[Subscribe[t]]"}
+    with caplog.at_level(logging.WARNING, logger="sessionlake.monitor"):
+        for second in (0, 9, 10, 11, 59, 60, 61, 359, 360):
+            watch.look(waiting, False, float(second))
+            assert (watch.gone is None) == (second < 360)
+    assert asked == [10, 60, 360]
+    assert [r.levelname for r in caplog.records] == ["WARNING", "ERROR"]
+    assert caplog.records[-1].getMessage() == (
+        "ALERT the stream has waited 360s on a source that is gone: topic t was deleted")
+
+
+def test_a_batch_finishes_before_its_metrics_row_commits(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``finished_at`` (``started_at``, the batch's clock, plus ``duration_ms``) is no later
+    than the commit of its own ``batch_metrics`` row: the duration counts from the clock's
+    reading, not from before the batch pinned the versions it reads (slow on a cold start,
+    made 3 s slow here)."""
+    from sessionlake import eventids
+    from sessionlake.stream import run_stream
+
+    def slow_bound(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(3)
+        return bound(*args, **kwargs)
+
+    bound = eventids.events_id_bound
+    monkeypatch.setattr(eventids, "events_id_bound", slow_bound)
+    landing = tmp_path / "in"
+    landing.mkdir()
+    (landing / "a.jsonl").write_text(json.dumps(
+        {"user_id": "u", "event_time": "2026-01-05T10:00:00Z", "page": "/"}) + "\n")
+    lake = str(tmp_path / "lake")
+    run_stream(spark, settings_from({"lake": lake, "source": str(landing)}, env={}))
+    commits = {json.loads(r["userMetadata"])["batch_id"]: r["timestamp"] for r in spark.sql(
+        f"DESCRIBE HISTORY delta.`{lake}/batch_metrics`").where("operation = 'WRITE'").collect()}
+    [row] = read_table(spark, lake, "batch_metrics").collect()
+    assert row["finished_at"] - row["started_at"] == timedelta(milliseconds=row["duration_ms"])
+    assert row["finished_at"] <= commits[row["batch_id"]], (row.asDict(), commits)

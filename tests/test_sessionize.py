@@ -79,10 +79,19 @@ def test_session_id_is_deterministic_and_depends_on_user_and_start(spark: SparkS
     assert len(ids["u"]) == 32
 
 
-def test_equal_times_break_ties_by_event_id(spark: SparkSession) -> None:
+@pytest.mark.parametrize(("first_id", "second_id"), [
+    ("a", "b"),
+    # The ids given to events without one follow their lines and offsets, not their text.
+    ("part-7.log#7", "part-7.log#15"),
+    ("part-6.log#1250", "part-7.log#1"),
+    ("clicks/0/9", "clicks/0/10"),
+])
+def test_equal_times_break_ties_by_event_id(
+    spark: SparkSession, first_id: str, second_id: str
+) -> None:
     sessions = sessions_of(spark, [
-        event("u", "10:00", "/second", event_id="b"),
-        event("u", "10:00", "/first", event_id="a"),
+        event("u", "10:00", "/second", event_id=second_id),
+        event("u", "10:00", "/first", event_id=first_id),
     ])
     row = first(sessions)
     assert (row["entry_page"], row["exit_page"]) == ("/first", "/second")
