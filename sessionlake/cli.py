@@ -523,9 +523,13 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     """``sessionlake restore``: return every table and the checkpoint to a snapshot."""
-    from sessionlake.snapshots import SnapshotError, restore_snapshot
+    from sessionlake.snapshots import SnapshotError, check_restore_request, restore_snapshot
 
     settings = _settings(args)
+    try:
+        check_restore_request(settings, args.snapshot)
+    except SnapshotError as error:
+        raise UsageError(str(error)) from None
     spark = _spark(settings, "sessionlake-restore")
     try:
         snapshot = restore_snapshot(spark, settings, args.snapshot)

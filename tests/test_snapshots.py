@@ -13,6 +13,7 @@ from pyspark.testing import assertDataFrameEqual
 from sessionlake import storage
 from sessionlake.archive import archive_read_files
 from sessionlake.checkpoint import CONTINUOUS_LOG, RESTORING_MARKER
+from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
 from sessionlake.retention import RetentionRequest, enforce_retention
 from sessionlake.snapshots import (
@@ -168,6 +169,22 @@ def snapshot_then_a_batch(spark: SparkSession, tmp_path: Path) -> tuple[Settings
     land(Path(config.source or ""), 1)
     run(spark, config)
     return config, snapshot
+
+
+def test_the_cli_refuses_a_restore_before_spark_starts(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A wrong id, or a stream holding the checkpoint, is told before a JVM starts."""
+    config, snapshot = snapshot_then_a_batch(spark, tmp_path)
+    monkeypatch.setattr("sessionlake.cli._spark",
+                        lambda *args, **kwargs: pytest.fail("Spark was started"))
+    assert main(["restore", "--lake", config.lake, "--snapshot", "nosuch"]) == 2
+    assert "no snapshot 'nosuch' in" in capsys.readouterr().err
+    with checkpoint_lock(config.checkpoint):
+        assert main(["restore", "--lake", config.lake, "--snapshot",
+                     snapshot.snapshot_id]) == 2
+    assert "(a restore needs the stream stopped)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("on", ["its checkpoint", "another checkpoint"])
