@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -342,9 +342,11 @@ def age_limits(
 
 
 def rows_to_delete(
-    spark: SparkSession, lake: str, request: RetentionRequest, today: date
+    spark: SparkSession, lake: str, request: RetentionRequest, today: date,
+    versions: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
-    """How many rows of each table the request's erasures and age limits would delete.
+    """How many rows of each table the request's erasures and age limits would delete, in
+    each table as it is now or at ``versions``.
 
     A row that both rules reach counts once, as the run deletes it once.
     """
@@ -353,8 +355,9 @@ def rows_to_delete(
     if named is not None:
         for table in USER_TABLES:
             reached[table] = reached[table] | named if table in reached else named
-    return each_table(
-        lambda table: read_table(spark, lake, table).where(reached[table]).count(), reached)
+    at = versions or {}
+    return each_table(lambda table: read_table(spark, lake, table, at.get(table))
+                      .where(reached[table]).count(), reached)
 
 
 def _require_lake(spark: SparkSession, lake: str) -> None:
@@ -430,7 +433,9 @@ def preview_retention(
     0 hours the run would also remove the files its own deletes rewrite, which do not exist
     yet and are not counted.
     """
-    deleted = rows_to_delete(spark, settings.lake, request, started.date())
+    # Every table counted as of one moment (a running stream commits meanwhile), and said.
+    versions = {t: table_version(spark, settings.lake, t) for t in STREAM_TABLES}
+    deleted = rows_to_delete(spark, settings.lake, request, started.date(), versions)
     streams_need = streams_need_since(spark, settings)
     plan = plan_vacuum(spark, settings, request, started, streams_need)
     files = files_to_vacuum(spark, settings.lake, plan.hours) if plan is not None else 0
@@ -439,6 +444,8 @@ def preview_retention(
     if request.users_to_erase() is not None and pending is not None:
         notes.append(f"the erasure would be refused now: a batch of the stream on "
                      f"{pending[1]} was cut off and is to be replayed first")
+    notes.append("rows counted in " + ", ".join(
+        f"{t}@{versions[t]}" for t in STREAM_TABLES if t in deleted))
     report = RetentionReport(run_id, deleted, plan, files, plan is not None and plan.hours == 0,
                              "; ".join(notes) or None, dry_run=True)
     log.info("%s", report.summary())
