@@ -441,7 +441,7 @@ def check_restore_request(settings: Settings, snapshot_id: str) -> None:
                             "`sessionlake run` creates it")
     try:
         with stream_locks(settings.lake, settings.checkpoint.rstrip("/")):
-            pass
+            pass  # taken and let go at once: whether a stream holds them is all we ask
     except StreamAlreadyRunning as error:
         raise SnapshotError(f"{error} (a restore needs the stream stopped)") from None
 
