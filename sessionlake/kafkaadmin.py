@@ -126,9 +126,12 @@ def describe_topic(
         with kafka_admin(spark, bootstrap, timeout_s, properties) as admin:
             names = _wait(spark, admin.listTopics().names(), timeout_s)
             if not names.contains(topic):
+                # With access control, a topic the client may not describe is not listed.
+                allow = (", or allow the client of --kafka-properties to describe it"
+                         if properties else "")
                 raise KafkaTopicMissing(
                     f"topic {topic!r} does not exist on the Kafka brokers at {bootstrap}: "
-                    "create it, or fix --topic"
+                    f"create it, or fix --topic{allow}"
                 )
             described = _wait(
                 spark, admin.describeTopics([topic]).allTopicNames(), timeout_s
