@@ -77,8 +77,6 @@ ARCHIVE_ENV = "SESSIONLAKE_ARCHIVE"
 #: and docker/ create it.
 CHECKPOINT_POOL = "sessionlake_checkpoint"
 CHECKPOINT_POOL_SLOTS = 1
-#: Written by :func:`sessionlake.stream.checkpoint_lock` while a run holds the checkpoint.
-#: The stream's identity (``stream_id``, restore ``epoch``), kept in the checkpoint folder.
 
 _MASTER = re.compile(
     r"^(local(\[(\*|[1-9]\d*)(,[1-9]\d*)?\])?"
@@ -594,7 +592,7 @@ def check_restore_possible(locations: Locations, params: RestoreParams) -> None:
         except SnapshotError as error:
             raise _bad("snapshot_id", params.snapshot_id, str(error)) from None
     pid = stream_holding(locations.checkpoint)
-    if pid is not None and restartable_run(locations.checkpoint) is None:
+    if pid is not None and _restart_dag_args(locations.checkpoint, pid) is None:
         raise ValueError(
             f"sessionlake run pid {pid} holds checkpoint {locations.checkpoint}, and a restore "
             "needs the stream stopped. It was not started by the restart DAG, so this DAG "
@@ -606,10 +604,14 @@ def restartable_run(checkpoint: str) -> list[str] | None:
     """The command line of the run holding the checkpoint, when the restart DAG started it
     (:data:`CONTINUOUS_RUN`); ``None`` when no run holds it, or another does."""
     pid = stream_holding(checkpoint)
-    record = _local(checkpoint) / CONTINUOUS_RUN if pid is not None else None
-    if record is None or not record.exists():
-        return None
-    started = json.loads(record.read_text())
+    return None if pid is None else _restart_dag_args(checkpoint, pid)
+
+
+def _restart_dag_args(checkpoint: str, pid: int) -> list[str] | None:
+    """The command line :func:`start_continuous_run` noted for ``pid``; ``None`` when it
+    noted none, or another pid's."""
+    record = _local(checkpoint) / CONTINUOUS_RUN
+    started = json.loads(record.read_text()) if record.exists() else {}
     return [str(arg) for arg in started["args"]] if started.get("pid") == pid else None
 
 
@@ -621,14 +623,14 @@ def stop_for_restore(checkpoint: str, timeout: float = 300.0) -> list[str] | Non
     :raises ValueError: when a run the restart DAG did not start holds it (it started
         since :func:`check_restore_possible`).
     """
-    args = restartable_run(checkpoint)
-    if args is None:
-        pid = stream_holding(checkpoint)
-        if pid is not None:
-            raise ValueError(f"sessionlake run pid {pid}, not the restart DAG's, holds "
-                             f"checkpoint {checkpoint}: stop it (`kill -TERM {pid}`), then "
-                             "trigger the restore again")
+    pid = stream_holding(checkpoint)
+    if pid is None:
         return None
+    args = _restart_dag_args(checkpoint, pid)
+    if args is None:
+        raise ValueError(f"sessionlake run pid {pid}, not the restart DAG's, holds "
+                         f"checkpoint {checkpoint}: stop it (`kill -TERM {pid}`), then "
+                         "trigger the restore again")
     stop_continuous_run(checkpoint, timeout)
     return args
 

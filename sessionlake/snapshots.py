@@ -61,6 +61,7 @@ from sessionlake.deltalog import (
     set_aside_log_from,
 )
 from sessionlake.erasure import reapply_erasures
+from sessionlake.health import running_stream
 from sessionlake.stream import StreamAlreadyRunning, stream_locks
 from sessionlake.tables import (
     PROPERTIES_NOTE,
@@ -426,7 +427,8 @@ def _replace_checkpoint(
 
 def check_restore_request(settings: Settings, snapshot_id: str) -> None:
     """What a restore checks first that needs no Spark, for a lake on this machine: the
-    snapshot is in the catalog, and no stream holds the checkpoint or the lake. Told in a
+    snapshot is in the catalog, and no stream holds the checkpoint or the lake (asked of
+    their locks without taking them, :func:`sessionlake.health.running_stream`). Told in a
     moment, before a JVM starts (about 6 and 9 s before, on a loaded machine);
     :func:`restore_snapshot` checks them again under the locks.
 
@@ -439,11 +441,11 @@ def check_restore_request(settings: Settings, snapshot_id: str) -> None:
     if not storage.exists(None, settings.lake):
         raise SnapshotError(f"{settings.lake} is not a sessionlake lake (no such folder): "
                             "`sessionlake run` creates it")
-    try:
-        with stream_locks(settings.lake, settings.checkpoint.rstrip("/")):
-            pass  # taken and let go at once: whether a stream holds them is all we ask
-    except StreamAlreadyRunning as error:
-        raise SnapshotError(f"{error} (a restore needs the stream stopped)") from None
+    running = running_stream(settings)
+    if running is not None:
+        pid, checkpoint = running
+        raise SnapshotError(f"a sessionlake run (pid {pid}) is writing the lake on checkpoint "
+                            f"{checkpoint} (a restore needs the stream stopped)")
 
 
 def restore_snapshot(spark: SparkSession, settings: Settings, snapshot_id: str) -> Snapshot:
