@@ -112,7 +112,9 @@ def stream_identity(spark: SparkSession, checkpoint: str) -> StreamIdentity:
     return StreamIdentity(stream_id=str(data["stream_id"]), epoch=int(data["epoch"]))
 
 
-def write_stream_identity(spark: SparkSession, checkpoint: str, identity: StreamIdentity) -> None:
+def write_stream_identity(
+    spark: SparkSession | None, checkpoint: str, identity: StreamIdentity
+) -> None:
     """Store ``identity`` in the checkpoint folder (restore bumps the epoch)."""
     storage.write_text(
         spark,

@@ -524,13 +524,15 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 def cmd_restore(args: argparse.Namespace) -> int:
     """``sessionlake restore``: return every table and the checkpoint to a snapshot."""
     from sessionlake.snapshots import SnapshotError, check_restore_request, restore_snapshot
+    from sessionlake.spark import SparkOnDemand
 
     settings = _settings(args)
     try:
         check_restore_request(settings, args.snapshot)
     except SnapshotError as error:
         raise UsageError(str(error)) from None
-    spark = _spark(settings, "sessionlake-restore")
+    # A local lake is restored from its logs; the JVM starts only if a step needs it.
+    spark = SparkOnDemand(lambda: _spark(settings, "sessionlake-restore"))
     try:
         snapshot = restore_snapshot(spark, settings, args.snapshot)
     except SnapshotError as error:

@@ -126,6 +126,8 @@ class LiveFile:
     size: int
     version: int | None
     deletion_vector: dict[str, Any] | None = None
+    #: the ``add`` action itself, as a commit's JSON holds it (a restore writes it again).
+    action: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass
@@ -140,6 +142,9 @@ class TableLog:
     files: dict[tuple[str, str], LiveFile] = field(default_factory=dict)
     configuration: dict[str, str] = field(default_factory=dict)
     created_ms: int | None = None
+    #: the newest ``metaData`` and ``protocol`` actions, as a commit's JSON holds them.
+    metadata: dict[str, Any] = field(default_factory=dict)
+    protocol: dict[str, Any] = field(default_factory=dict)
     damage: list[Damage] = field(default_factory=list)
 
     @property
@@ -184,7 +189,7 @@ def read_log(spark: SparkSession | None, uri: str, version: int | None = None) -
     files: dict[tuple[str, str], LiveFile] = {}
     for version in sorted(checkpoints, reverse=True):
         try:
-            files, meta = _read_checkpoint(spark, log.uri, checkpoints[version])
+            files, meta, log.protocol = _read_checkpoint(spark, log.uri, checkpoints[version])
         except Exception as error:  # pyarrow or I/O: an unreadable checkpoint
             log.damage.append(Damage(f"{LOG_DIR}/{checkpoints[version][0]}",
                                      f"checkpoint does not read ({_first_line(error)})",
@@ -348,23 +353,48 @@ def _check_last_checkpoint(
 
 def _read_checkpoint(
     spark: SparkSession | None, uri: str, parts: list[str]
-) -> tuple[dict[tuple[str, str], LiveFile], dict[str, Any]]:
-    """The live files and the ``metaData`` action held by a (multi-part) checkpoint."""
+) -> tuple[dict[tuple[str, str], LiveFile], dict[str, Any], dict[str, Any]]:
+    """The live files and the ``metaData`` and ``protocol`` actions of a (multi-part)
+    checkpoint, each in the shape a commit's JSON gives it."""
     files: dict[tuple[str, str], LiveFile] = {}
     metadata: dict[str, Any] = {}
+    protocol: dict[str, Any] = {}
     for part in parts:
         data = storage.read_bytes(spark, f"{uri}/{LOG_DIR}/{part}")
         if data is None:
             raise FileNotFoundError(part)
-        columns = [c for c in ("add", "metaData") if c in pq.read_schema(io.BytesIO(data)).names]
+        names = pq.read_schema(io.BytesIO(data)).names
+        columns = [c for c in ("add", "metaData", "protocol") if c in names]
         for row in pq.read_table(io.BytesIO(data), columns=columns).to_pylist():
-            add, meta = row.get("add"), row.get("metaData")
+            add, meta, proto = row.get("add"), row.get("metaData"), row.get("protocol")
             if add:
+                add = _as_json_action(add, maps=("partitionValues", "tags"))
+                add.pop("stats_parsed", None)
+                add.pop("partitionValues_parsed", None)
                 files[file_key(add)] = LiveFile(add["path"], int(add["size"]), None,
-                                                add.get("deletionVector"))
+                                                add.get("deletionVector"), add)
             if meta:
-                metadata = meta
-    return files, metadata
+                metadata = _as_json_action(meta, maps=("configuration",))
+                if isinstance(metadata.get("format"), dict):
+                    metadata["format"] = _as_json_action(metadata["format"], maps=("options",))
+            if proto:
+                protocol = _as_json_action(proto, maps=())
+    return files, metadata, protocol
+
+
+def _as_json_action(row: dict[str, Any], maps: tuple[str, ...]) -> dict[str, Any]:
+    """A checkpoint row's action as a commit's JSON gives it: no null fields, and the named
+    map fields as objects (Parquet gives maps as lists of key-value pairs)."""
+    action = {}
+    for key, value in row.items():
+        if value is None:
+            continue
+        if key in maps:
+            value = dict(value)
+        elif isinstance(value, dict):
+            value = {k: v for k, v in value.items() if v is not None}
+        action[key] = value
+    return action
 
 
 def _apply_commit(
@@ -396,11 +426,13 @@ def _apply_commit(
         if "add" in action:
             add = action["add"]
             files[file_key(add)] = LiveFile(add["path"], int(add["size"]), version,
-                                            add.get("deletionVector"))
+                                            add.get("deletionVector"), add)
         elif "remove" in action:
             files.pop(file_key(action["remove"]), None)
         elif "metaData" in action:
             _apply_metadata(log, action["metaData"])
+        elif "protocol" in action:
+            log.protocol = action["protocol"]
     return True
 
 
@@ -408,6 +440,7 @@ def _apply_metadata(log: TableLog, metadata: dict[str, Any]) -> None:
     """Keep what sessionlake needs of a ``metaData`` action (JSON, or a checkpoint row)."""
     if not metadata:
         return
+    log.metadata = metadata
     log.configuration = dict(metadata.get("configuration") or {})
     if metadata.get("createdTime") is not None:
         log.created_ms = int(metadata["createdTime"])

@@ -18,13 +18,16 @@ import hashlib
 import logging
 import re
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
+from sessionlake import storage
 from sessionlake.conflicts import retry_on_conflict
+from sessionlake.deltareader import read_rows, read_state
+from sessionlake.spark import SparkOnDemand
 from sessionlake.tables import (
     RETENTION_AUDIT,
     USER_TABLES,
@@ -98,24 +101,40 @@ def erase(spark: SparkSession, lake: str, condition: Column) -> dict[str, int]:
     return each_table(erase_from, USER_TABLES)
 
 
-def erasures_since(spark: SparkSession, lake: str, since: datetime) -> list[str]:
-    """Hashes of the users erased by retention runs that started at or after ``since``."""
-    if not table_exists(spark, lake, RETENTION_AUDIT):
+def erasures_since(spark: SparkSession | None, lake: str, since: datetime) -> list[str]:
+    """Hashes of the users erased by retention runs that started at or after ``since``.
+
+    A local lake's audit is read without Spark (:mod:`sessionlake.deltareader`): a restore
+    asks this before it knows whether it needs a JVM at all.
+    """
+    if not table_exists(spark if storage.local_path(lake) is None else None, lake,
+                        RETENTION_AUDIT):
         return []
+    if storage.local_path(lake) is not None:
+        audit = read_rows(read_state(table_path(lake, RETENTION_AUDIT)),
+                          ["started_at", "erased_user_sha256"])
+        since_utc = since if since.tzinfo else since.replace(tzinfo=UTC)
+        runs = zip(audit["started_at"].to_pylist(), audit["erased_user_sha256"].to_pylist(),
+                   strict=True)
+        return sorted({h for started, hashes in runs if started >= since_utc
+                       for h in hashes or ()})
+    if spark is None:
+        raise ValueError(f"{lake} is not a local path: a Spark session is needed to reach it")
     rows = read_table(spark, lake, RETENTION_AUDIT).where(
         F.col("started_at") >= F.lit(since).cast("timestamp")
     ).select(F.explode("erased_user_sha256").alias("hash")).distinct().collect()
     return sorted(row["hash"] for row in rows)
 
 
-def reapply_erasures(spark: SparkSession, lake: str, since: datetime) -> dict[str, int]:
+def reapply_erasures(spark: SparkOnDemand, lake: str, since: datetime) -> dict[str, int]:
     """Erase again every user erased since ``since`` (after a restore to before then).
 
+    :param spark: started only when someone was erased (or the lake is not local).
     :return: rows deleted per table (empty when nobody was erased since).
     """
-    hashes = erasures_since(spark, lake, since)
+    hashes = erasures_since(None if storage.local_path(lake) else spark(), lake, since)
     if not hashes:
         return {}
-    deleted = erase(spark, lake, users_hashed(hashes))
+    deleted = erase(spark(), lake, users_hashed(hashes))
     log.warning("re-applied %d erasures made since %s: %s", len(hashes), since, deleted)
     return deleted

@@ -60,8 +60,10 @@ from sessionlake.deltalog import (
     read_log,
     set_aside_log_from,
 )
+from sessionlake.deltarestore import ConcurrentCommit, is_at, refusal, restore_commit
 from sessionlake.erasure import reapply_erasures
 from sessionlake.health import running_stream
+from sessionlake.spark import SparkOnDemand
 from sessionlake.stream import StreamAlreadyRunning, stream_locks
 from sessionlake.tables import (
     PROPERTIES_NOTE,
@@ -154,7 +156,7 @@ def find_snapshot(lake: str, snapshot_id: str, spark: SparkSession | None = None
     )
 
 
-def _require_lake(spark: SparkSession, lake: str) -> None:
+def _require_lake(spark: SparkSession | None, lake: str) -> None:
     missing = [t for t in STREAM_TABLES if not table_exists(spark, lake, t)]
     if missing:
         raise SnapshotError(
@@ -249,7 +251,7 @@ def version_after_batch(
     return chosen
 
 
-def _read_identity(spark: SparkSession, checkpoint: str) -> StreamIdentity | None:
+def _read_identity(spark: SparkSession | None, checkpoint: str) -> StreamIdentity | None:
     text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{IDENTITY_FILE}")
     if text is None:
         return None
@@ -310,7 +312,9 @@ def create_snapshot(
 
 
 @contextmanager
-def _restore_marked(spark: SparkSession, checkpoint: str, snapshot: Snapshot) -> Iterator[None]:
+def _restore_marked(
+    spark: SparkSession | None, checkpoint: str, snapshot: Snapshot
+) -> Iterator[None]:
     """Leave a marker in the checkpoint while a restore is half done.
 
     Tables and checkpoint are restored one after the other; should the restore be cut off,
@@ -324,7 +328,7 @@ def _restore_marked(spark: SparkSession, checkpoint: str, snapshot: Snapshot) ->
 
 
 def _damage_to_set_aside(
-    spark: SparkSession, lake: str, table: str, version: int, snapshot: Snapshot
+    spark: SparkSession | None, lake: str, table: str, version: int, snapshot: Snapshot
 ) -> int | None:
     """The first damaged version of ``table``'s log, when it lies after ``version``.
 
@@ -354,7 +358,7 @@ def _damage_to_set_aside(
     return damaged_from
 
 
-def _check_files_kept(spark: SparkSession, lake: str, table: str, version: int) -> None:
+def _check_files_kept(spark: SparkSession | None, lake: str, table: str, version: int) -> None:
     """Refuse, before anything changes, when ``RESTORE`` of ``table`` to ``version`` would
     fail: a data file or deletion vector of that version is gone (a VACUUM removed it, or
     it was deleted), or the log no longer reaches that version. Found only half-way, the
@@ -372,22 +376,42 @@ def _check_files_kept(spark: SparkSession, lake: str, table: str, version: int) 
         )
 
 
-def _set_aside(spark: SparkSession, lake: str, table: str, damaged_from: int,
+def _set_aside(spark: SparkOnDemand, lake: str, table: str, damaged_from: int,
                now: datetime) -> None:
     """Move the log entries of ``table`` from ``damaged_from`` on out of its log."""
     uri = table_path(lake, table)
-    target, moved = set_aside_log_from(spark, uri, damaged_from, now.strftime("%Y%m%dT%H%M%SZ"))
-    clear_delta_cache(spark)
+    target, moved = set_aside_log_from(_files(spark, lake), uri, damaged_from,
+                                       now.strftime("%Y%m%dT%H%M%SZ"))
+    if spark.started is not None:
+        clear_delta_cache(spark.started)
     log.warning("%s: moved the damaged log entries from version %s on (%s) to %s",
                 table, damaged_from, ", ".join(n for n in moved if not n.startswith(".")),
                 target)
 
 
-def _restore_table(spark: SparkSession, lake: str, table: str, version: int) -> bool:
-    """``RESTORE`` one table to ``version``; ``False`` when it already is there."""
-    if table_version(spark, lake, table) == version:
+def _restore_table(spark: SparkOnDemand, lake: str, table: str, version: int) -> bool:
+    """``RESTORE`` one table to ``version``; ``False`` when it already is there.
+
+    A local table is restored by one commit written from its log
+    (:mod:`sessionlake.deltarestore`: milliseconds, no Spark); one it cannot restore so
+    by Delta's ``RESTORE``.
+    """
+    uri = table_path(lake, table)
+    if storage.local_path(uri) is not None:
+        if is_at(uri, version):
+            return False  # already there, or a previous attempt of this restore got this far
+        try:
+            if restore_commit(uri, version) is not None:
+                return True
+        except ConcurrentCommit as error:
+            raise SnapshotError(f"{error}: nothing of it changed; run the restore again") \
+                from None
+        log.info("%s: restored by Delta's RESTORE (%s)", table,
+                 refusal(read_log(None, uri), read_log(None, uri, version)))
+    session = spark()
+    if table_version(session, lake, table) == version:
         return False
-    target = DeltaTable.forPath(spark, table_path(lake, table))
+    target = DeltaTable.forPath(session, uri)
     history = target.history(1).head()
     if history is not None and history["operation"] == "RESTORE" and \
             str((history["operationParameters"] or {}).get("version")) == str(version):
@@ -406,7 +430,7 @@ def _restore_table(spark: SparkSession, lake: str, table: str, version: int) -> 
 
 
 def _replace_checkpoint(
-    spark: SparkSession, checkpoint: str, snapshot_dir: str, snapshot: Snapshot
+    spark: SparkSession | None, checkpoint: str, snapshot_dir: str, snapshot: Snapshot
 ) -> StreamIdentity | None:
     """Put the snapshot's checkpoint copy in place, under a new epoch of its stream."""
     current = _read_identity(spark, checkpoint)
@@ -448,7 +472,9 @@ def check_restore_request(settings: Settings, snapshot_id: str) -> None:
                             f"{checkpoint} (a restore needs the stream stopped)")
 
 
-def restore_snapshot(spark: SparkSession, settings: Settings, snapshot_id: str) -> Snapshot:
+def restore_snapshot(
+    spark: SparkSession | SparkOnDemand, settings: Settings, snapshot_id: str
+) -> Snapshot:
     """Return every table and the streaming checkpoint to ``snapshot_id``.
 
     Users erased since the snapshot was taken (see the retention audit) are erased again
@@ -459,49 +485,65 @@ def restore_snapshot(spark: SparkSession, settings: Settings, snapshot_id: str) 
     after the snapshot's version (an entry missing or half-written, so that Delta cannot
     load it to restore it) first has those entries moved aside.
 
+    On this machine's disks a restore is written from the tables' logs and needs Spark only
+    to erase users again or for a table it cannot restore so: pass a
+    :class:`~sessionlake.spark.SparkOnDemand` to start the JVM only then.
+
     :return: the snapshot restored.
     :raises SnapshotError: unknown id, no lake, a running stream, vacuumed files, a log
         damaged at the snapshot's version, or a table re-created since.
     """
+    on_demand = spark if isinstance(spark, SparkOnDemand) else SparkOnDemand.of(spark)
     lake, checkpoint = settings.lake, settings.checkpoint.rstrip("/")
-    snapshot = find_snapshot(lake, snapshot_id, spark)
-    _require_lake(spark, lake)
+    files = _files(on_demand, lake, checkpoint)
+    snapshot = find_snapshot(lake, snapshot_id, files)
+    _require_lake(files, lake)
     try:
         with stream_locks(lake, checkpoint):
             # Checked before anything changes: a refusal leaves no restore half done.
             damaged = {t: d for t, v in snapshot.table_versions.items()
-                       if (d := _damage_to_set_aside(spark, lake, t, v, snapshot)) is not None}
+                       if (d := _damage_to_set_aside(files, lake, t, v, snapshot)) is not None}
             for table, version in snapshot.table_versions.items():
-                _check_files_kept(spark, lake, table, version)
-            with _restore_marked(spark, checkpoint, snapshot):
-                _restore_locked(spark, lake, checkpoint, snapshot, damaged)
+                _check_files_kept(files, lake, table, version)
+            with _restore_marked(files, checkpoint, snapshot):
+                _restore_locked(on_demand, lake, checkpoint, snapshot, damaged)
     except StreamAlreadyRunning as error:
         raise SnapshotError(f"{error} (a restore needs the stream stopped)") from None
     return snapshot
 
 
+def _files(spark: SparkOnDemand, *locations: str) -> SparkSession | None:
+    """What the file operations on ``locations`` need: no session for this machine's
+    disks, Spark's file systems for anything else."""
+    if all(storage.local_path(location) is not None for location in locations):
+        return spark.started
+    return spark()
+
+
 def _restore_locked(
-    spark: SparkSession, lake: str, checkpoint: str, snapshot: Snapshot,
+    spark: SparkOnDemand, lake: str, checkpoint: str, snapshot: Snapshot,
     damaged: dict[str, int],
 ) -> None:
     """The restore proper, under the lock and the marker: logs, tables, checkpoint, erasures."""
     now = datetime.now(UTC)
     for table, damaged_from in damaged.items():
         _set_aside(spark, lake, table, damaged_from, now)
-    # Side by side: each RESTORE is a dozen small Spark jobs that mostly wait on the driver
-    # (a restore of seven small tables, in a warm process: 22.2-25.3 s one after another,
-    # 16.6-20.5 s side by side).
     versions = snapshot.table_versions
+    # Side by side, for the tables Delta's RESTORE must return (a dozen small Spark jobs
+    # each, that mostly wait on the driver); the others take milliseconds.
     changed = each_table(lambda t: _restore_table(spark, lake, t, versions[t]), versions)
     restored = [t for t, was_changed in changed.items() if was_changed]
+    if spark.started is not None:
+        clear_delta_cache(spark.started)  # this JVM's cached states predate the commits
+    files = _files(spark, lake, checkpoint)
     identity = _replace_checkpoint(
-        spark, checkpoint, _snapshot_dir(lake, snapshot.snapshot_id), snapshot
+        files, checkpoint, _snapshot_dir(lake, snapshot.snapshot_id), snapshot
     )
     # Whoever was erased after the snapshot was taken stays erased.
     reapply_erasures(spark, lake, snapshot.created)
     # Delta's RESTORE returns the tables' properties to the snapshot's too (checked with
     # Delta 4.4): the next run looks at them again.
-    storage.delete(spark, f"{lake.rstrip('/')}/{PROPERTIES_NOTE}")
+    storage.delete(files, f"{lake.rstrip('/')}/{PROPERTIES_NOTE}")
     log.info("restored %s (tables changed: %s; stream %s)", snapshot.snapshot_id,
              ", ".join(restored) or "none", identity)
 

@@ -17,9 +17,10 @@ import hashlib
 import os
 import re
 import tempfile
+import threading
 import time
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from pyspark import SparkContext
@@ -337,6 +338,38 @@ TASK_FAILURE_LOGGERS = ("org.apache.spark.executor.Executor",
                         "org.apache.spark.util.Utils",
                         "org.apache.spark.sql.execution.datasources.FileFormatWriter",
                         "org.apache.spark.sql.delta.files.DeltaFileFormatWriter")
+
+
+class SparkOnDemand:
+    """A Spark session started the first time a step asks for it.
+
+    Some commands often finish from the Delta log alone (a restore of a local lake writes
+    its commits by hand, :mod:`sessionlake.deltarestore`) and start the JVM, about 7 s, only
+    for a step that needs one.
+    """
+
+    def __init__(self, start: Callable[[], SparkSession]) -> None:
+        self._start = start
+        self._session: SparkSession | None = None
+        self._starting = threading.Lock()  # steps side by side start one session
+
+    @classmethod
+    def of(cls, spark: SparkSession) -> SparkOnDemand:
+        """One already started."""
+        on_demand = cls(lambda: spark)
+        on_demand._session = spark
+        return on_demand
+
+    def __call__(self) -> SparkSession:
+        with self._starting:
+            if self._session is None:
+                self._session = self._start()
+            return self._session
+
+    @property
+    def started(self) -> SparkSession | None:
+        """The session, if a step has started it."""
+        return self._session
 
 
 @contextlib.contextmanager

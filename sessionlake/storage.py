@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -46,9 +47,14 @@ def within(path: str, folder: str) -> bool:
     return path == folder or path.startswith(f"{folder}/")
 
 
-def _fs_and_path(spark: SparkSession | None, uri: str) -> tuple[Any, Any]:
+def _needed(spark: SparkSession | None, uri: str) -> SparkSession:
     if spark is None:
         raise ValueError(f"{uri} is not a local path: a Spark session is needed to reach it")
+    return spark
+
+
+def _fs_and_path(spark: SparkSession | None, uri: str) -> tuple[Any, Any]:
+    spark = _needed(spark, uri)
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     path = jvm.org.apache.hadoop.fs.Path(uri)
@@ -145,7 +151,7 @@ def move(spark: SparkSession | None, source: str, target: str) -> None:
         raise OSError(f"could not move {source} to {target}")
 
 
-def write_text(spark: SparkSession, uri: str, text: str) -> None:
+def write_text(spark: SparkSession | None, uri: str, text: str) -> None:
     """Write ``text`` to ``uri`` whole: a reader finds the old text or the new, never a
     part of either nor no file at all, even if the writer is cut off. On this machine's
     disks the new text is synced before it replaces the old, and the rename after, so a
@@ -171,6 +177,7 @@ def write_text(spark: SparkSession, uri: str, text: str) -> None:
         os.replace(tmp, local)
         _sync_folder(local.parent)
         return
+    spark = _needed(spark, uri)
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     path = jvm.org.apache.hadoop.fs.Path(uri)
@@ -185,6 +192,25 @@ def write_text(spark: SparkSession, uri: str, text: str) -> None:
         stream.cancel()  # the temporary file goes; the target is untouched
         raise
     stream.close()  # renames the temporary file over the target
+
+
+def create_local(path: Path, text: str) -> None:
+    """Create the file ``path`` with ``text``, whole, only if no file has that name: what
+    a Delta commit needs (two writers of one version, one wins). The text is synced under
+    a temporary name, then linked to ``path`` in one step that fails if it exists.
+
+    :raises FileExistsError: ``path`` exists; nothing was changed.
+    """
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with tmp.open("x", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _sync_folder(path.parent)
 
 
 def _sync_folder(folder: Path) -> None:
@@ -210,7 +236,7 @@ def delete(spark: SparkSession | None, uri: str) -> None:
         fs.delete(path, True)
 
 
-def copy_tree(spark: SparkSession, source: str, target: str) -> None:
+def copy_tree(spark: SparkSession | None, source: str, target: str) -> None:
     """Copy the folder (or file) ``source`` to ``target``, replacing whatever was there."""
     src_local, dst_local = local_path(source), local_path(target)
     if src_local is not None and dst_local is not None:
@@ -222,6 +248,7 @@ def copy_tree(spark: SparkSession, source: str, target: str) -> None:
         else:
             shutil.copy2(src_local, dst_local)
         return
+    spark = _needed(spark, target)
     src_fs, src = _fs_and_path(spark, source)
     dst_fs, dst = _fs_and_path(spark, target)
     if dst_fs.exists(dst):

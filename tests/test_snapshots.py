@@ -24,6 +24,7 @@ from sessionlake.snapshots import (
     list_snapshots,
     restore_snapshot,
 )
+from sessionlake.spark import SparkOnDemand
 from sessionlake.stream import RestoreUnfinished, checkpoint_lock, lake_lock, run_stream
 from sessionlake.tables import STREAM_TABLES, read_table, table_version
 from tests.helpers import NOW, event
@@ -247,3 +248,29 @@ def test_bad_requests_are_refused(spark: SparkSession, tmp_path: Path, case: str
         run(spark, config)
         with pytest.raises(SnapshotError, match="no snapshot 'nope'"):
             restore_snapshot(spark, config, "nope")
+
+
+def test_a_local_restore_starts_no_jvm(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each table returns by a commit written from its log: the restore takes a moment."""
+    config, snapshot = snapshot_then_a_batch(spark, tmp_path)
+    monkeypatch.setattr("sessionlake.cli._spark",
+                        lambda *args, **kwargs: pytest.fail("Spark was started"))
+    assert main(["restore", "--lake", config.lake, "--checkpoint", config.checkpoint,
+                 "--snapshot", snapshot.snapshot_id]) == 0
+    for table, version in snapshot.table_versions.items():
+        then = spark.read.format("delta").option("versionAsOf", version) \
+            .load(f"{config.lake}/{table}")
+        assertDataFrameEqual(read_table(spark, config.lake, table), then)
+
+
+def test_an_erasure_since_the_snapshot_starts_spark_to_erase_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    config, snapshot = snapshot_then_a_batch(spark, tmp_path)
+    enforce_retention(spark, config, RetentionRequest(erase_users=("u1",)))
+    on_demand = SparkOnDemand(lambda: spark)
+    restore_snapshot(on_demand, config, snapshot.snapshot_id)
+    assert on_demand.started is spark
+    assert read_table(spark, config.lake, "events").where("user_id = 'u1'").count() == 0
