@@ -2,10 +2,12 @@
 
 A snapshot is the version of every table together with a copy of the streaming
 checkpoint, taken at a micro-batch boundary: the tables hold exactly the batches the copied
-checkpoint has committed. Restoring one returns every table (Delta ``RESTORE``) and the
-checkpoint to that point, so that the next run resumes there and, fed the same input,
+checkpoint has committed. Restoring one returns every table (a ``RESTORE`` commit) and
+the checkpoint to that point, so that the next run resumes there and, fed the same input,
 ends with the same result as if nothing had been restored. This is the answer to state
-stores whose restore replays a whole changelog: here it is one metadata commit per table.
+stores whose restore replays a whole changelog: here it is one metadata commit per table,
+written from the table's log for a local lake (:mod:`sessionlake.deltarestore`), so that a
+restore takes a second or two and starts no JVM unless erasures must be made again.
 
 Taking a snapshot never stops a running stream:
 
@@ -165,13 +167,13 @@ def _require_lake(spark: SparkSession | None, lake: str) -> None:
         )
 
 
-def last_committed_batch(spark: SparkSession, spark_checkpoint: str) -> int:
+def last_committed_batch(spark: SparkSession | None, spark_checkpoint: str) -> int:
     """The newest batch id in a Spark checkpoint's ``commits`` log (-1 when none)."""
     ids = [int(n) for n in storage.list_names(spark, f"{spark_checkpoint}/commits") if n.isdigit()]
     return max(ids, default=-1)
 
 
-def copy_stable(spark: SparkSession, source: str, target: str) -> None:
+def copy_stable(spark: SparkSession | None, source: str, target: str) -> None:
     """Copy the folder ``source`` to ``target`` as a point-in-time image.
 
     A running stream keeps writing its checkpoint; the copy is repeated until no file of
@@ -196,7 +198,7 @@ def copy_stable(spark: SparkSession, source: str, target: str) -> None:
     )
 
 
-def _drop_orphan_checksums(spark: SparkSession, folder: str) -> None:
+def _drop_orphan_checksums(spark: SparkSession | None, folder: str) -> None:
     """Delete ``.NAME.crc`` files whose ``NAME`` is not there.
 
     Hadoop renames a file and its checksum one after the other; an image taken between the
@@ -211,7 +213,9 @@ def _drop_orphan_checksums(spark: SparkSession, folder: str) -> None:
                 storage.delete(spark, f"{folder}/{path}")
 
 
-def _commit_batch_ids(spark: SparkSession, log_dir: str, version: int, app_id: str) -> list[int]:
+def _commit_batch_ids(
+    spark: SparkSession | None, log_dir: str, version: int, app_id: str
+) -> list[int]:
     """The batches of ``app_id`` that made commit ``version`` (its tag, or legacy txn key)."""
     text = storage.read_text(spark, f"{log_dir}/{version:020d}.json")
     if text is None:
@@ -228,7 +232,7 @@ def _commit_batch_ids(spark: SparkSession, log_dir: str, version: int, app_id: s
 
 
 def version_after_batch(
-    spark: SparkSession, lake: str, table: str, app_id: str, batch_id: int
+    spark: SparkSession | None, lake: str, table: str, app_id: str, batch_id: int
 ) -> int:
     """The version of ``table`` holding exactly the batches up to ``batch_id`` of ``app_id``.
 
@@ -265,12 +269,14 @@ def new_snapshot_id(now: datetime) -> str:
 
 
 def create_snapshot(
-    spark: SparkSession, settings: Settings, name: str | None = None,
+    spark: SparkSession | None, settings: Settings, name: str | None = None,
     now: datetime | None = None,
 ) -> Snapshot:
     """Record a consistent restore point of the lake and its checkpoint.
 
     Safe while a stream runs: the point is the last batch the copied checkpoint committed.
+    Only files are read and copied: ``spark`` may be ``None`` for a lake and checkpoint on
+    this machine's disks (no JVM to start).
 
     :param name: an optional label, shown in the catalog.
     :return: the catalog entry written.

@@ -298,7 +298,7 @@ def _literal(value: Any) -> Column:
     return F.lit(value)
 
 
-def table_version(spark: SparkSession, lake: str, table: str) -> int:
+def table_version(spark: SparkSession | None, lake: str, table: str) -> int:
     """The latest committed version of ``table``: the newest commit file in its log.
 
     Listing ``_delta_log`` costs one file-system call; asking for the history would run a

@@ -250,13 +250,19 @@ def test_bad_requests_are_refused(spark: SparkSession, tmp_path: Path, case: str
             restore_snapshot(spark, config, "nope")
 
 
-def test_a_local_restore_starts_no_jvm(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_local_snapshot_and_restore_start_no_jvm(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Each table returns by a commit written from its log: the restore takes a moment."""
+    """A snapshot copies files; each table returns by a commit written from its log."""
     config, snapshot = snapshot_then_a_batch(spark, tmp_path)
     monkeypatch.setattr("sessionlake.cli._spark",
                         lambda *args, **kwargs: pytest.fail("Spark was started"))
+    assert main(["snapshot", "--lake", config.lake, "--checkpoint", config.checkpoint]) == 0
+    newest = find_snapshot(config.lake, capsys.readouterr().out.split()[-1])
+    assert newest.last_batch_id == 1
+    assert newest.table_versions == {t: table_version(spark, config.lake, t)
+                                     for t in STREAM_TABLES}
     assert main(["restore", "--lake", config.lake, "--checkpoint", config.checkpoint,
                  "--snapshot", snapshot.snapshot_id]) == 0
     for table, version in snapshot.table_versions.items():
