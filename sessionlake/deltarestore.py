@@ -82,7 +82,7 @@ def refusal(now: TableLog, then: TableLog) -> str | None:
         return "its log has damage"
     if then.newest_version >= now.newest_version:
         return f"version {then.newest_version} is not before the newest"
-    if now.protocol != then.protocol:
+    if _features(now.protocol) != _features(then.protocol):
         return "its protocol changed since that version"
     protocol = now.protocol
     reader, writer = int(protocol.get("minReaderVersion", 0)), \
@@ -97,6 +97,13 @@ def refusal(now: TableLog, then: TableLog) -> str | None:
         if str(log.configuration.get("delta.appendOnly", "false")).lower() == "true":
             return "it is append-only"
     return None
+
+
+def _features(protocol: dict[str, Any]) -> tuple[object, ...]:
+    """A protocol's versions and feature sets (the log's lists may come in any order)."""
+    return (protocol.get("minReaderVersion"), protocol.get("minWriterVersion"),
+            frozenset(protocol.get("readerFeatures") or ()),
+            frozenset(protocol.get("writerFeatures") or ()))
 
 
 def restore_commit(uri: str, version: int) -> RestoreMetrics | None:
@@ -147,6 +154,16 @@ def restore_commit(uri: str, version: int) -> RestoreMetrics | None:
             "during the restore"
         ) from None
     return metrics
+
+
+def needs_delta(uri: str, version: int) -> str | None:
+    """Why returning the table at ``uri`` to ``version`` needs Delta's ``RESTORE`` (and so
+    Spark); ``None`` when :func:`restore_commit` does it, or the table is there already."""
+    if storage.local_path(uri) is None:
+        return "not on this machine's disks"
+    if is_at(uri, version):
+        return None
+    return refusal(read_log(None, uri), read_log(None, uri, version))
 
 
 def is_at(uri: str, version: int) -> bool:

@@ -62,7 +62,7 @@ from sessionlake.deltalog import (
     read_log,
     set_aside_log_from,
 )
-from sessionlake.deltarestore import ConcurrentCommit, is_at, refusal, restore_commit
+from sessionlake.deltarestore import ConcurrentCommit, is_at, needs_delta, restore_commit
 from sessionlake.erasure import reapply_erasures
 from sessionlake.health import running_stream
 from sessionlake.spark import SparkOnDemand
@@ -412,8 +412,7 @@ def _restore_table(spark: SparkOnDemand, lake: str, table: str, version: int) ->
         except ConcurrentCommit as error:
             raise SnapshotError(f"{error}: nothing of it changed; run the restore again") \
                 from None
-        log.info("%s: restored by Delta's RESTORE (%s)", table,
-                 refusal(read_log(None, uri), read_log(None, uri, version)))
+        log.info("%s: restored by Delta's RESTORE (%s)", table, needs_delta(uri, version))
     session = spark()
     if table_version(session, lake, table) == version:
         return False
@@ -535,6 +534,8 @@ def _restore_locked(
     for table, damaged_from in damaged.items():
         _set_aside(spark, lake, table, damaged_from, now)
     versions = snapshot.table_versions
+    if any(needs_delta(table_path(lake, t), v) for t, v in versions.items()):
+        spark()  # the JVM starts here, not in one of the threads below
     # Side by side, for the tables Delta's RESTORE must return (a dozen small Spark jobs
     # each, that mostly wait on the driver); the others take milliseconds.
     changed = each_table(lambda t: _restore_table(spark, lake, t, versions[t]), versions)

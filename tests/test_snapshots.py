@@ -280,3 +280,24 @@ def test_an_erasure_since_the_snapshot_starts_spark_to_erase_again(
     restore_snapshot(on_demand, config, snapshot.snapshot_id)
     assert on_demand.started is spark
     assert read_table(spark, config.lake, "events").where("user_id = 'u1'").count() == 0
+
+
+def test_a_table_the_log_writer_cannot_restore_goes_through_deltas_restore(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A table feature switched on since the snapshot (row tracking changes the protocol):
+    that table is left to Delta's RESTORE, which starts the JVM; the others are not."""
+    config, snapshot = snapshot_then_a_batch(spark, tmp_path)
+    spark.sql(f"ALTER TABLE delta.`{config.lake}/sessions` "
+              "SET TBLPROPERTIES ('delta.enableRowTracking' = 'true')")
+    on_demand = SparkOnDemand(lambda: spark)
+    restore_snapshot(on_demand, config, snapshot.snapshot_id)
+    assert on_demand.started is spark
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{config.lake}/sessions` LIMIT 1").head()
+    assert history is not None and history["engineInfo"].startswith("Apache-Spark")
+    events = spark.sql(f"DESCRIBE HISTORY delta.`{config.lake}/events` LIMIT 1").head()
+    assert events is not None and events["engineInfo"].startswith("sessionlake")
+    for table, version in snapshot.table_versions.items():
+        then = spark.read.format("delta").option("versionAsOf", version) \
+            .load(f"{config.lake}/{table}")
+        assertDataFrameEqual(read_table(spark, config.lake, table), then)
