@@ -172,22 +172,6 @@ def snapshot_then_a_batch(spark: SparkSession, tmp_path: Path) -> tuple[Settings
     return config, snapshot
 
 
-def test_the_cli_refuses_a_restore_before_spark_starts(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """A wrong id, or a stream holding the checkpoint, is told before a JVM starts."""
-    config, snapshot = snapshot_then_a_batch(spark, tmp_path)
-    monkeypatch.setattr("sessionlake.cli._spark",
-                        lambda *args, **kwargs: pytest.fail("Spark was started"))
-    assert main(["restore", "--lake", config.lake, "--snapshot", "nosuch"]) == 2
-    assert "no snapshot 'nosuch' in" in capsys.readouterr().err
-    with checkpoint_lock(config.checkpoint):
-        assert main(["restore", "--lake", config.lake, "--snapshot",
-                     snapshot.snapshot_id]) == 2
-    assert "(a restore needs the stream stopped)" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize("on", ["its checkpoint", "another checkpoint"])
 def test_restore_is_refused_while_a_stream_runs(spark: SparkSession, tmp_path: Path,
                                                 on: str) -> None:
@@ -250,14 +234,29 @@ def test_bad_requests_are_refused(spark: SparkSession, tmp_path: Path, case: str
             restore_snapshot(spark, config, "nope")
 
 
-def test_a_local_snapshot_and_restore_start_no_jvm(
+def assert_tables_at(spark: SparkSession, lake: str, versions: dict[str, int]) -> None:
+    """Each table reads as it did at its version."""
+    for table, version in versions.items():
+        then = spark.read.format("delta").option("versionAsOf", version).load(f"{lake}/{table}")
+        assertDataFrameEqual(read_table(spark, lake, table), then)
+
+
+def test_the_cli_snapshots_and_restores_a_local_lake_without_a_jvm(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A snapshot copies files; each table returns by a commit written from its log."""
+    """A wrong id, or a stream holding the checkpoint, is told at once; a snapshot copies
+    files, and each table returns by a commit written from its log."""
     config, snapshot = snapshot_then_a_batch(spark, tmp_path)
     monkeypatch.setattr("sessionlake.cli._spark",
                         lambda *args, **kwargs: pytest.fail("Spark was started"))
+    assert main(["restore", "--lake", config.lake, "--snapshot", "nosuch"]) == 2
+    assert "no snapshot 'nosuch' in" in capsys.readouterr().err
+    with checkpoint_lock(config.checkpoint):
+        assert main(["restore", "--lake", config.lake, "--snapshot",
+                     snapshot.snapshot_id]) == 2
+    assert "(a restore needs the stream stopped)" in capsys.readouterr().err
+
     assert main(["snapshot", "--lake", config.lake, "--checkpoint", config.checkpoint]) == 0
     newest = find_snapshot(config.lake, capsys.readouterr().out.split()[-1])
     assert newest.last_batch_id == 1
@@ -265,10 +264,7 @@ def test_a_local_snapshot_and_restore_start_no_jvm(
                                      for t in STREAM_TABLES}
     assert main(["restore", "--lake", config.lake, "--checkpoint", config.checkpoint,
                  "--snapshot", snapshot.snapshot_id]) == 0
-    for table, version in snapshot.table_versions.items():
-        then = spark.read.format("delta").option("versionAsOf", version) \
-            .load(f"{config.lake}/{table}")
-        assertDataFrameEqual(read_table(spark, config.lake, table), then)
+    assert_tables_at(spark, config.lake, snapshot.table_versions)
 
 
 def test_an_erasure_since_the_snapshot_starts_spark_to_erase_again(
@@ -297,7 +293,4 @@ def test_a_table_the_log_writer_cannot_restore_goes_through_deltas_restore(
     assert history is not None and history["engineInfo"].startswith("Apache-Spark")
     events = spark.sql(f"DESCRIBE HISTORY delta.`{config.lake}/events` LIMIT 1").head()
     assert events is not None and events["engineInfo"].startswith("sessionlake")
-    for table, version in snapshot.table_versions.items():
-        then = spark.read.format("delta").option("versionAsOf", version) \
-            .load(f"{config.lake}/{table}")
-        assertDataFrameEqual(read_table(spark, config.lake, table), then)
+    assert_tables_at(spark, config.lake, snapshot.table_versions)
