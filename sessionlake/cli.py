@@ -504,13 +504,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     """``sessionlake snapshot``: record a restore point and print its id (or list them)."""
-    from sessionlake.snapshots import SnapshotError, create_snapshot, list_snapshots
+    from sessionlake.snapshots import (
+        SnapshotError,
+        create_snapshot,
+        list_snapshots,
+        unrestorable,
+    )
     from sessionlake.storage import local_path
 
     settings = _settings(args)
     if args.list:
         for snapshot in list_snapshots(settings.lake):
-            print(snapshot.summary())
+            missing = unrestorable(snapshot, settings.lake)
+            print(snapshot.summary() + (f"  [cannot be restored: {missing}]" if missing else ""))
         return 0
     # A snapshot reads and copies files: on this machine's disks, no JVM is needed.
     local = all(local_path(p) is not None for p in (settings.lake, settings.checkpoint))

@@ -201,7 +201,7 @@ def test_a_cut_off_restore_blocks_the_stream_until_it_is_run_again(
 
 
 def test_a_restore_whose_files_were_vacuumed_is_refused_before_anything_changes(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config, snapshot = snapshot_then_a_batch(spark, tmp_path)
     # u1's rows rewritten, and the files that held them before deleted at once.
@@ -216,6 +216,12 @@ def test_a_restore_whose_files_were_vacuumed_is_refused_before_anything_changes(
     assert versions == {t: table_version(spark, config.lake, t) for t in STREAM_TABLES}
     assert rows_before == {t: read_table(spark, config.lake, t).count() for t in STREAM_TABLES}
     assert not (Path(config.checkpoint) / RESTORING_MARKER).exists()
+    # The catalog says so without a restore being tried; a snapshot taken since is fine.
+    fresh = create_snapshot(spark, config)
+    assert main(["snapshot", "--lake", config.lake, "--list"]) == 0
+    listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "[cannot be restored: " in listed[snapshot.snapshot_id]
+    assert "cannot" not in listed[fresh.snapshot_id]
     land(Path(config.source or ""), 2)
     assert len(run(spark, config)) == 1  # the stream goes on
 
