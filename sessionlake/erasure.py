@@ -107,8 +107,7 @@ def erasures_since(spark: SparkSession | None, lake: str, since: datetime) -> li
     A local lake's audit is read without Spark (:mod:`sessionlake.deltareader`): a restore
     asks this before it knows whether it needs a JVM at all.
     """
-    if not table_exists(spark if storage.local_path(lake) is None else None, lake,
-                        RETENTION_AUDIT):
+    if not table_exists(spark, lake, RETENTION_AUDIT):
         return []
     if storage.local_path(lake) is not None:
         audit = read_rows(read_state(table_path(lake, RETENTION_AUDIT)),
