@@ -504,18 +504,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     """``sessionlake snapshot``: record a restore point and print its id (or list them)."""
-    from sessionlake.snapshots import (
-        SnapshotError,
-        create_snapshot,
-        list_snapshots,
-        unrestorable,
-    )
+    from sessionlake.health import unrestorable_versions
+    from sessionlake.snapshots import SnapshotError, create_snapshot, list_snapshots
     from sessionlake.storage import local_path
 
     settings = _settings(args)
     if args.list:
+        listed: dict[str, dict[str, int]] = {}  # each table's files, listed once for all
         for snapshot in list_snapshots(settings.lake):
-            missing = unrestorable(snapshot, settings.lake)
+            missing = unrestorable_versions(settings.lake, snapshot.table_versions, listed)
             print(snapshot.summary() + (f"  [cannot be restored: {missing}]" if missing else ""))
         return 0
     # A snapshot reads and copies files: on this machine's disks, no JVM is needed.
@@ -707,13 +704,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sessionlake: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as error:
+        from sessionlake.kafkaadmin import kafka_timeout
+
         lost = _kafka_data_lost(error)
         if lost is not None:
             print(f"sessionlake: error: the stream stopped on records deleted from Kafka before "
                   f"it read them ({lost}): run it again, and it names them and how to skip "
                   "them", file=sys.stderr)
             return EXIT_USAGE
-        unanswered = _kafka_unanswered(error)
+        unanswered = kafka_timeout(str(error))
         if unanswered is not None:
             print(f"sessionlake: error: the stream stopped: its Kafka brokers did not answer "
                   f"({unanswered}): run it again once they do; it goes on from its checkpoint",
@@ -739,16 +738,6 @@ def _kafka_data_lost(error: BaseException) -> str | None:
     reasons = [line.strip().removeprefix("Reason: ") for line in after[:8]
                if line.strip().startswith("Reason: ")]
     return reasons[0] if reasons else "Kafka's offsets no longer hold them"
-
-
-def _kafka_unanswered(error: BaseException) -> str | None:
-    """Kafka's time-out when ``error`` stopped a stream whose brokers stopped answering
-    (Spark's Kafka source gives up after about three minutes of retries)."""
-    name = "org.apache.kafka.common.errors.TimeoutException: "
-    for line in str(error).splitlines():
-        if name in line:
-            return line.split(name, 1)[1].split(" SQLSTATE:", 1)[0].strip()
-    return None
 
 
 def _unreadable_file(error: BaseException) -> str | None:

@@ -23,15 +23,17 @@ import io
 import json
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import pyarrow.parquet as pq
-from pyspark.sql import SparkSession
 
 from sessionlake import storage
+
+if TYPE_CHECKING:  # the local paths need no Spark, nor its import
+    from pyspark.sql import SparkSession
 
 LOG_DIR = "_delta_log"
 LAST_CHECKPOINT = "_last_checkpoint"
@@ -229,18 +231,28 @@ def read_log(spark: SparkSession | None, uri: str, version: int | None = None) -
     return log
 
 
-def inspect_table(spark: SparkSession | None, uri: str, version: int | None = None) -> TableLog:
+def files_on_disk(spark: SparkSession | None, uri: str) -> dict[str, int]:
+    """Every file under the table at ``uri`` (its log included), by path relative to it:
+    its size in bytes."""
+    return {path: size for path, (size, _) in storage.tree_state(spark, uri).items()}
+
+
+def inspect_table(spark: SparkSession | None, uri: str, version: int | None = None,
+                  on_disk: Mapping[str, int] | None = None) -> TableLog:
     """:func:`read_log`, then every live data file and deletion vector checked on disk.
 
     A data file that is missing, or whose size differs from its ``add`` action (a file cut
     short while written or copied), is damage from the version that added it. With
     ``version``, the files of that version are checked (those a ``RESTORE`` to it needs).
+    ``on_disk``: the table's :func:`files_on_disk`, when already listed (checks of several
+    versions of one table list it once).
     """
     log = read_log(spark, uri, version)
     if not log.exists:
         return log
     _check_checksum(spark, log)
-    on_disk = {path: size for path, (size, _) in storage.tree_state(spark, log.uri).items()}
+    if on_disk is None:
+        on_disk = files_on_disk(spark, log.uri)
     broken: list[tuple[LiveFile, str, str]] = []
     for live in log.files.values():
         relative = unquote(live.path)
@@ -265,6 +277,19 @@ def inspect_table(spark: SparkSession | None, uri: str, version: int | None = No
         version = live.version if live.version is not None else added.get(live.path, 0)
         log.damage.append(Damage(file, problem, version, False))
     return log
+
+
+def missing_at(spark: SparkSession | None, uri: str, version: int,
+               on_disk: Mapping[str, int] | None = None) -> str | None:
+    """What the table at ``uri`` lacks to return to ``version`` (a data file or deletion
+    vector a VACUUM removed, a log entry), said in one line, or ``None``: a snapshot
+    that names that version can no longer be restored. ``on_disk``: as for
+    :func:`inspect_table`."""
+    damage = inspect_table(spark, uri, version, on_disk).damage
+    if not damage:
+        return None
+    first = min(damage, key=lambda d: d.version)
+    return f"cannot return to version {version}: {first.file}: {first.problem}"
 
 
 def set_aside_log_from(

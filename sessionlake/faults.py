@@ -8,12 +8,18 @@ point costs one dictionary look-up.
 Points, in the order a micro-batch reaches them: ``ingest``, ``before_merge``,
 ``after_merge``, ``after_sessions``, ``after_metrics`` (after the last table write, before
 Spark commits the batch to the checkpoint).
+
+With ``SESSIONLAKE_FAULT_PAUSE=<file>`` the point pauses instead of crashing: it creates
+``<file>`` and waits until it is removed, then goes on. A test changes the world in that
+pause (it freezes a Kafka broker, say) exactly where the batch stands.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 
 POINTS: tuple[str, ...] = (
     "ingest", "before_merge", "after_merge", "after_sessions", "after_metrics",
@@ -36,4 +42,15 @@ def point(name: str) -> None:
         return
     if batch and str(_current_batch[0]) != batch:
         return
+    if pause := os.environ.get("SESSIONLAKE_FAULT_PAUSE"):
+        _pause(Path(pause))
+        return
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _pause(marker: Path) -> None:
+    """Wait, once, until ``marker`` (created now) is removed."""
+    os.environ.pop("SESSIONLAKE_FAULT", None)  # a replay of the batch goes through
+    marker.touch()
+    while marker.exists():
+        time.sleep(0.1)

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sessionlake import deltareader
+from sessionlake import deltalog, deltareader
 from sessionlake.checkpoint import (
     LAKE_HOLDER_FILE,
     LAKE_LOCK_FILE,
@@ -132,6 +132,9 @@ class SnapshotEntry:
     created_at: str
     name: str | None
     last_batch_id: int
+    #: Why it can no longer be restored (a VACUUM removed a file one of its table
+    #: versions needs), or ``None``.
+    unrestorable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -371,20 +374,42 @@ def table_health(name: str, state: deltareader.TableState) -> TableHealth:
 
 
 def list_snapshot_entries(lake: Path, problems: list[str] | None = None) -> list[SnapshotEntry]:
-    """The snapshot catalog (``<lake>/_snapshots/*/snapshot.json``), oldest first."""
+    """The snapshot catalog (``<lake>/_snapshots/*/snapshot.json``), oldest first, each
+    marked when it can no longer be restored."""
     root = lake / SNAPSHOTS_DIR
     entries = []
+    listed: dict[str, dict[str, int]] = {}  # each table's files, listed once for all
     for manifest in sorted(root.glob(f"*/{MANIFEST}")) if root.is_dir() else []:
         try:
             data = json.loads(manifest.read_text(encoding="utf-8"))
             entries.append(SnapshotEntry(
                 snapshot_id=str(data["snapshot_id"]), created_at=str(data["created_at"]),
                 name=data.get("name"), last_batch_id=int(data.get("last_batch_id", -1)),
+                unrestorable=unrestorable_versions(str(lake), data.get("table_versions", {}),
+                                                   listed),
             ))
         except (OSError, ValueError, KeyError) as error:
             if problems is not None:
                 problems.append(f"snapshot {manifest.parent.name} is unreadable: {error}")
     return sorted(entries, key=lambda s: (s.created_at, s.snapshot_id))
+
+
+def unrestorable_versions(lake: str, table_versions: Mapping[str, int],
+                          listed: dict[str, dict[str, int]] | None = None) -> str | None:
+    """Why the lake's tables can no longer all return to ``table_versions`` (a snapshot's),
+    or ``None``. ``listed`` keeps each table's files once listed, for the next snapshot.
+
+    The lake is on this machine (a local path).
+    """
+    listed = {} if listed is None else listed
+    for table, version in table_versions.items():
+        uri = f"{lake.rstrip('/')}/{table}"
+        if uri not in listed:
+            listed[uri] = deltalog.files_on_disk(None, uri)
+        missing = deltalog.missing_at(None, uri, int(version), listed[uri])
+        if missing:
+            return f"{table} {missing}"
+    return None
 
 
 def _retention_runs(state: deltareader.TableState | None, problems: list[str]

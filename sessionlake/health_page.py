@@ -193,9 +193,11 @@ def _tables(health: Health) -> str:
 def _snapshots(health: Health) -> str:
     if not health.snapshots:
         return '<p id="snapshots">No snapshots yet (`sessionlake snapshot`).</p>'
-    rows = [(s.snapshot_id, s.name, s.created_at, s.last_batch_id)
+    rows = [(s.snapshot_id, s.name, s.created_at, s.last_batch_id,
+             "yes" if s.unrestorable is None else f"no: {s.unrestorable}")
             for s in reversed(health.snapshots)]
-    return _table(("snapshot", "name", "taken at", "after batch"), rows, "snapshots")
+    return _table(("snapshot", "name", "taken at", "after batch", "restorable"), rows,
+                  "snapshots")
 
 
 def _retention(health: Health) -> str:

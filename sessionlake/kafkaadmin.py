@@ -8,6 +8,7 @@ development broker to create, grow and fill topics. No Python Kafka client is ne
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,6 +34,23 @@ class KafkaUnavailable(RuntimeError):
 class KafkaTopicMissing(KafkaUnavailable):
     """The brokers answered, and the topic is not among theirs."""
 
+
+
+#: What Kafka's client and Spark's Kafka consumer say when the brokers do not answer in
+#: time: a look-up (offsets, a partition's position, metadata), or a batch's fetch of its
+#: records (``kafkaConsumer.pollTimeoutMs``, by default ``spark.network.timeout``: 120 s).
+_TIMEOUT = re.compile(
+    r"(?:org\.apache\.kafka\.common\.errors\.TimeoutException: |java\.util\.concurrent\."
+    r"TimeoutException: (?=Cannot fetch record for offset ))(.*?)(?: SQLSTATE:.*)?$")
+
+
+def kafka_timeout(error_text: str) -> str | None:
+    """Kafka's time-out in ``error_text`` (a stream's error, causes included), said in one
+    line, when the brokers did not answer; ``None`` for any other error."""
+    for line in error_text.splitlines():
+        if found := _TIMEOUT.search(line):
+            return found.group(1).strip()
+    return None
 
 @contextmanager
 def kafka_admin(

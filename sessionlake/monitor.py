@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -44,6 +44,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from sessionlake.batch import BatchReport
 from sessionlake.config import Settings, format_duration
+from sessionlake.kafkaadmin import kafka_timeout
 
 log = logging.getLogger("sessionlake.monitor")
 
@@ -235,7 +236,10 @@ class BatchMonitor(StreamingQueryListener):
         """Nothing to say while the query waits for files."""
 
     def onQueryTerminated(self, event: Any) -> None:
-        if event.exception and not self.stop_requested:
+        if event.exception and rereads_after(self.settings, event.exception):
+            log.info("query stopped on a batch its Kafka brokers did not answer: run %s",
+                     event.runId)  # the run says what it does next (KafkaRereads)
+        elif event.exception and not self.stop_requested:
             log.error("ALERT stream stopped on an error: %s", event.exception.splitlines()[0])
         else:
             log.info("stream stopped: run %s", event.runId)
@@ -334,3 +338,56 @@ class PlanningWatch:
                         waited, status.get("message", "?"), self.hint or ".")
             self.next_alert = waited + self.repeat_s
             self.next_diagnosis = self.next_alert
+
+
+def rereads_after(settings: Settings, error_text: str) -> str | None:
+    """Kafka's time-out, when a run on ``settings`` starts its query again after it ended
+    on ``error_text`` (:class:`KafkaRereads`): a continuous run on Kafka whose brokers did
+    not answer. ``None``: the run stops on that error."""
+    if not (settings.reads_kafka and settings.trigger == "continuous"):
+        return None
+    return kafka_timeout(error_text)
+
+
+#: How long a continuous Kafka run waits before it starts its query again after a batch
+#: failed reading its records, in seconds: the first wait, then each one longer while
+#: failures follow each other without a batch committed in between, up to the last.
+KAFKA_REREAD_WAITS_S: tuple[float, ...] = (5.0, 10.0, 20.0, 40.0, 60.0)
+
+
+class KafkaRereads:
+    """When a continuous Kafka run starts its query again after a batch failed because
+    the brokers stopped answering while it read its records.
+
+    Spark's Kafka source waits out brokers away while a trigger asks for offsets, but not
+    while a batch fetches its records: the batch fails, and with it the query. The failed
+    batch was not committed, and every table write is idempotent per batch id, so a new
+    query on the same checkpoint replays it exactly once; a continuous run therefore
+    starts one, after a wait that grows while failures follow each other, and goes on
+    waiting for the brokers as a trigger does. Any other error, and any run that is not
+    continuous on Kafka, still stops the run.
+    """
+
+    def __init__(self, settings: Settings,
+                 waits_s: Sequence[float] = KAFKA_REREAD_WAITS_S) -> None:
+        self.settings = settings
+        self.waits_s = tuple(waits_s)
+        self.failures = 0
+        self._batches_at_failure = -1
+
+    def wait_before_next(self, error: BaseException | None, batches_done: int) -> float | None:
+        """Seconds to wait before the next query, after the query ended on ``error``
+        with ``batches_done`` batches committed by the run; ``None``: do not start one."""
+        reason = rereads_after(self.settings, str(error)) if error is not None else None
+        if reason is None:
+            return None
+        if batches_done > self._batches_at_failure:
+            self.failures = 0
+        self._batches_at_failure = batches_done
+        wait_s = self.waits_s[min(self.failures, len(self.waits_s) - 1)]
+        self.failures += 1
+        log.error("ALERT a batch failed reading its records: the Kafka brokers at %s stopped "
+                  "answering (%s). The stream starts again from its checkpoint in %.0fs and "
+                  "replays that batch (failure %d in a row); SIGTERM stops it",
+                  self.settings.kafka_bootstrap, reason, wait_s, self.failures)
+        return wait_s

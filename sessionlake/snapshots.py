@@ -58,7 +58,7 @@ from sessionlake.deltalog import (
     batch_keys,
     clear_delta_cache,
     commit_actions,
-    inspect_table,
+    missing_at,
     read_log,
     set_aside_log_from,
 )
@@ -372,33 +372,13 @@ def _check_files_kept(spark: SparkSession | None, lake: str, table: str, version
 
     :raises SnapshotError: naming the table, the file and the version.
     """
-    missing = _missing_at(spark, lake, table, version)
+    missing = missing_at(spark, table_path(lake, table), version)
     if missing:
         raise SnapshotError(
-            f"{missing} (a VACUUM or a deletion removed it since the snapshot was taken); "
+            f"{table} {missing} (a VACUUM or a deletion removed it since the snapshot was taken); "
             f"nothing was restored: restore a newer snapshot (listed in "
             f"{lake.rstrip('/')}/_snapshots)"
         )
-
-
-def _missing_at(spark: SparkSession | None, lake: str, table: str, version: int) -> str | None:
-    """What ``table`` lacks to return to ``version`` (a file, a log entry), or ``None``."""
-    damage = inspect_table(spark, table_path(lake, table), version).damage
-    if not damage:
-        return None
-    first = min(damage, key=lambda d: d.version)
-    return f"{table} cannot return to version {version}: {first.file}: {first.problem}"
-
-
-def unrestorable(snapshot: Snapshot, lake: str, spark: SparkSession | None = None) -> str | None:
-    """Why ``snapshot`` can no longer be restored (a VACUUM removed files its table
-    versions need), or ``None``: what ``snapshot --list`` marks, so that an operator does
-    not learn it from a refused restore."""
-    for table, version in snapshot.table_versions.items():
-        missing = _missing_at(spark, lake, table, version)
-        if missing:
-            return missing
-    return None
 
 
 def _set_aside(spark: SparkOnDemand, lake: str, table: str, damaged_from: int,

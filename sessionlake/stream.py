@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
@@ -69,7 +70,7 @@ from sessionlake.kafkaadmin import (
     KafkaUnavailable,
     describe_topic,
 )
-from sessionlake.monitor import BatchMonitor, PlanningWatch
+from sessionlake.monitor import BatchMonitor, KafkaRereads, PlanningWatch, rereads_after
 from sessionlake.sources import KAFKA_SCHEME, file_lines, kafka_lines, number_lines
 from sessionlake.spark import fit_to_stream
 from sessionlake.storage import is_glob, local_path
@@ -1033,8 +1034,20 @@ def run_stream(
             give_up_waiting: float | None = None
             planning = PlanningWatch(settings, diagnose=kafka_topic_gone(spark, settings, topic)
                                      if topic is not None else None)
+            rereads = KafkaRereads(settings)
+            ended: StreamingQueryException | None = None  # the error the query ended on
             with _stop_on_signals(stop):
-                while query.isActive:
+                while True:
+                    if not query.isActive:
+                        wait_s = None if ended is None or monitor.stop_requested \
+                            else rereads.wait_before_next(ended, len(summary.batches))
+                        if wait_s is None:
+                            break
+                        if stop.wait(wait_s):  # the failed batch runs again on restart
+                            monitor.stop_requested = True
+                            break
+                        ended, query = None, _started_again(writer, monitor)
+                        continue
                     now, status = time.monotonic(), query.status  # one py4j call a second
                     planning.look(status, in_batch.is_set(), now)
                     if planning.gone is not None:
@@ -1057,8 +1070,11 @@ def run_stream(
                         if forget_requested(requests_in):  # the trim failed: not again
                             requests_in = None
                         continue
-                    query.awaitTermination(1)
-            error = query.exception()
+                    try:
+                        query.awaitTermination(1)
+                    except StreamingQueryException as failed:
+                        ended = failed
+            error = ended or query.exception()
             if error is not None and monitor.stop_requested:
                 # A trigger can begin between the check for a quiet moment and the stop (or
                 # the wait gave up): the stop interrupts it before its commit, so it runs
@@ -1075,6 +1091,13 @@ def run_stream(
             spark.streams.removeListener(monitor)
             _PY4J_LOG.removeFilter(quiet_after_stop)
     return summary
+
+
+def _started_again(writer: DataStreamWriter, monitor: BatchMonitor) -> StreamingQuery:
+    """A new query of ``writer`` on its checkpoint, the previous one having ended."""
+    monitor.wait_terminated()
+    monitor.query_restarted()
+    return writer.start()
 
 
 def _restarted_forgetting(query: StreamingQuery, writer: DataStreamWriter,
@@ -1105,10 +1128,11 @@ _PY4J_LOG = logging.getLogger("py4j.clientserver")
 
 
 class _QuietAfterStop(logging.Filter):
-    """Drop py4j's report of a batch that a requested stop interrupted as it began.
+    """Drop py4j's report of a batch that a requested stop interrupted as it began, or
+    that failed on Kafka brokers the run waits for (:class:`KafkaRereads`).
 
-    That batch was not committed and runs again on restart; :func:`run_stream` logs it as
-    one warning. Before a stop is requested every report passes.
+    That batch was not committed and runs again (on restart, or in the run's next query);
+    the run says so in one line. Before a stop is requested every other report passes.
     """
 
     def __init__(self, monitor: BatchMonitor) -> None:
@@ -1116,7 +1140,10 @@ class _QuietAfterStop(logging.Filter):
         self._monitor = monitor
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not self._monitor.stop_requested
+        if self._monitor.stop_requested:
+            return False
+        error = record.exc_info[1] if record.exc_info else None
+        return error is None or rereads_after(self._monitor.settings, str(error)) is None
 
 
 def quiet_moment_wait(settings: Settings) -> float:

@@ -17,8 +17,9 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake.cli import _kafka_unanswered, main
+from sessionlake.cli import main
 from sessionlake.deltalog import read_log
+from sessionlake.kafkaadmin import kafka_timeout
 from tests.conftest import DATA, REPO, ObservedLake
 
 LOG_LINES = (DATA / "apache_access_2015_head3000.log").read_text().splitlines(keepends=True)
@@ -227,7 +228,15 @@ def test_run_then_restart_on_another_master_then_query(tmp_path: Path) -> None:
      "common.errors.TimeoutException: Timed out waiting for a node assignment. Call: "
      "listNodes SQLSTATE: XXKST\n=== Streaming Query ===\n",
      "Timed out waiting for a node assignment. Call: listNodes"),
+    # What a batch's fetch raised with its broker frozen under it (Spark's consumer gave up).
+    ("py4j.protocol.Py4JJavaError: An error occurred while calling o899.localCheckpoint.\n"
+     ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage "
+     "2.0 failed 1 times, most recent failure: Lost task 0.0 in stage 2.0 (TID 1) (localhost "
+     "executor driver): java.util.concurrent.TimeoutException: Cannot fetch record for "
+     "offset 0 in 15000 milliseconds\n",
+     "Cannot fetch record for offset 0 in 15000 milliseconds"),
     ("[STREAM_FAILED] Query terminated with exception: Job aborted", None),
+    ("java.util.concurrent.TimeoutException: Futures timed out after [300 seconds]", None),
 ])
 def test_kafka_brokers_gone_mid_run_are_told_in_one_line(error: str, said: str | None) -> None:
-    assert _kafka_unanswered(RuntimeError(error)) == said
+    assert kafka_timeout(error) == said

@@ -459,6 +459,76 @@ def test_a_continuous_run_waits_out_brokers_that_stop_answering(
 
 @pytest.mark.kafka
 @pytest.mark.slow
+def test_a_continuous_run_replays_a_batch_whose_brokers_stopped_answering_as_it_read(
+    spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path,
+) -> None:
+    """The broker frozen (SIGSTOP) after the first batch's offsets were planned and before
+    it read its records (the run paused at its ``ingest`` fault point): the batch fails,
+    the run says so in one ALERT and starts its query again from the checkpoint, and once
+    the broker answers the batch is replayed and committed once; later records follow and
+    SIGTERM still stops the run cleanly. Spark's consumer gives up a fetch after
+    ``spark.network.timeout`` (15 s here, 120 s by default), Kafka's client a look-up
+    after ``default.api.timeout.ms`` (2 s here, by the properties file)."""
+    topic, lines = "midbatch", _lines(landing)[1]
+    create_topic(spark, broker.bootstrap, topic, 1)
+    produce_lines(spark, broker.bootstrap, topic, lines[:40], 1)
+    quick = tmp_path / "quick.properties"
+    quick.write_text("request.timeout.ms=1500\ndefault.api.timeout.ms=2000\n")
+    lake, paused = tmp_path / "lake", tmp_path / "paused"
+    checkpoint = str(lake / "_checkpoints" / "stream")
+    env = {**os.environ, "SESSIONLAKE_DRIVER_MEMORY": "1g", "SESSIONLAKE_FAULT": "ingest@0",
+           "SESSIONLAKE_FAULT_PAUSE": str(paused),
+           "SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", "")
+           + " -Dspark.network.timeout=15s -Dspark.network.timeoutInterval=10s"
+           " -Dspark.executor.heartbeatInterval=3s"}
+    log = tmp_path / "run.log"
+    with open(log, "w") as output:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "sessionlake.cli", "run", "--source", "kafka",
+             "--kafka-bootstrap", broker.bootstrap, "--topic", topic, "--lake", str(lake),
+             "--grace", GRACE, "--trigger", "continuous", "--processing-interval", "1s",
+             "--kafka-properties", str(quick)],
+            cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT)
+    alert = "ALERT a batch failed reading its records: the Kafka brokers at"
+    frozen = False
+    try:
+        deadline = time.monotonic() + 300
+        while not paused.exists():
+            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        os.kill(broker.process.pid, signal.SIGSTOP)
+        frozen = True
+        paused.unlink()  # the batch goes on, to a broker that does not answer
+        while alert not in log.read_text():
+            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        os.kill(broker.process.pid, signal.SIGCONT)
+        frozen = False
+        first = _wait_for_batch(lake, checkpoint, after=-1, run=run, log=log)
+        produce_lines(spark, broker.bootstrap, topic, lines[40:70], 1)
+        _wait_for_batch(lake, checkpoint, after=first, run=run, log=log)
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=120)
+    finally:
+        if frozen:
+            os.kill(broker.process.pid, signal.SIGCONT)
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    said = log.read_text()
+    assert run.returncode == 0, said[-3000:]
+    assert first == 0
+    assert "starts again from its checkpoint in 5s and replays that batch" in said
+    assert "ALERT stream stopped on an error" not in said
+    metrics = read_table(spark, str(lake), "batch_metrics")
+    assert metrics.count() == metrics.select("batch_id").distinct().count()
+    assert input_records(spark, lake) == 70
+    events = read_table(spark, str(lake), "events")
+    assert events.count() == events.select("event_id").distinct().count()
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
 def test_a_topic_deleted_under_a_continuous_run_stops_it_in_one_line(
     spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],

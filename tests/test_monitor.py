@@ -15,7 +15,14 @@ from pyspark.sql import SparkSession
 
 from sessionlake.batch import BatchReport
 from sessionlake.config import ConfigError, settings_from
-from sessionlake.monitor import BatchRecord, PlanningWatch, batch_alerts, batch_record
+from sessionlake.monitor import (
+    BatchRecord,
+    KafkaRereads,
+    PlanningWatch,
+    batch_alerts,
+    batch_record,
+    rereads_after,
+)
 from sessionlake.tables import read_table
 from tests.conftest import ObservedLake
 
@@ -247,3 +254,42 @@ def test_a_batch_finishes_before_its_metrics_row_commits(
     [row] = read_table(spark, lake, "batch_metrics").collect()
     assert row["finished_at"] - row["started_at"] == timedelta(milliseconds=row["duration_ms"])
     assert row["finished_at"] <= commits[row["batch_id"]], (row.asDict(), commits)
+
+
+FETCH_TIMEOUT = ("org.apache.spark.SparkException: Job aborted due to stage failure: ... "
+                 "java.util.concurrent.TimeoutException: Cannot fetch record for offset 40 in "
+                 "120000 milliseconds")
+
+
+def _kafka_run(trigger: str) -> Any:
+    return settings_from({"lake": "/l", "source": "kafka", "kafka_bootstrap": "127.0.0.1:9092",
+                          "kafka_topic": "t", "trigger": trigger}, env={})
+
+
+def test_a_continuous_kafka_run_waits_longer_between_failures_that_follow_each_other(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rereads = KafkaRereads(_kafka_run("continuous"), waits_s=(5, 10, 20))
+    with caplog.at_level(logging.ERROR, logger="sessionlake.monitor"):
+        waits = [rereads.wait_before_next(RuntimeError(FETCH_TIMEOUT), batches_done=3)
+                 for _ in range(4)]
+    assert waits == [5, 10, 20, 20]
+    assert "Cannot fetch record for offset 40 in 120000 milliseconds" in caplog.text
+    assert "(failure 4 in a row)" in caplog.text
+    # A batch committed since the last failure: the waits start again from the first.
+    assert rereads.wait_before_next(RuntimeError(FETCH_TIMEOUT), batches_done=4) == 5
+
+
+@pytest.mark.parametrize(("trigger", "error"), [
+    ("available-now", FETCH_TIMEOUT),  # a scheduled run fails, and its next run replays
+    ("continuous", "[STREAM_FAILED] Query terminated with exception: Job aborted"),
+    ("continuous", None),  # the query ended without an error
+])
+def test_other_ends_of_a_query_stop_the_run(trigger: str, error: str | None) -> None:
+    rereads = KafkaRereads(_kafka_run(trigger))
+    assert rereads.wait_before_next(None if error is None else RuntimeError(error), 0) is None
+
+
+def test_a_run_on_files_does_not_start_again_on_a_time_out() -> None:
+    files = settings_from({"lake": "/l", "source": "/landing", "trigger": "continuous"}, env={})
+    assert rereads_after(files, FETCH_TIMEOUT) is None

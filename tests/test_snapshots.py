@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import os
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from sessionlake.archive import archive_read_files
 from sessionlake.checkpoint import CONTINUOUS_LOG, RESTORING_MARKER
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
+from sessionlake.health import collect_health
+from sessionlake.health_page import render_health_page
 from sessionlake.retention import RetentionRequest, enforce_retention
 from sessionlake.snapshots import (
     Snapshot,
@@ -222,6 +225,13 @@ def test_a_restore_whose_files_were_vacuumed_is_refused_before_anything_changes(
     listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
     assert "[cannot be restored: " in listed[snapshot.snapshot_id]
     assert "cannot" not in listed[fresh.snapshot_id]
+    # So does the health page, from the same check.
+    health = collect_health(config)
+    marks = {s.snapshot_id: s.unrestorable for s in health.snapshots}
+    assert marks[fresh.snapshot_id] is None
+    assert marks[snapshot.snapshot_id] == listed[snapshot.snapshot_id].split(
+        "[cannot be restored: ", 1)[1].rstrip("]")
+    assert f"no: {marks[snapshot.snapshot_id]}" in html.unescape(render_health_page(health))
     land(Path(config.source or ""), 2)
     assert len(run(spark, config)) == 1  # the stream goes on
 
