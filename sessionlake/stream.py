@@ -69,6 +69,7 @@ from sessionlake.kafkaadmin import (
     KafkaTopicMissing,
     KafkaUnavailable,
     describe_topic,
+    kafka_timeout,
 )
 from sessionlake.monitor import BatchMonitor, KafkaRereads, PlanningWatch, rereads_after
 from sessionlake.sources import KAFKA_SCHEME, file_lines, kafka_lines, number_lines
@@ -1036,18 +1037,24 @@ def run_stream(
                                      if topic is not None else None)
             rereads = KafkaRereads(settings)
             ended: StreamingQueryException | None = None  # the error the query ended on
+            stopped_after_failure = False
             with _stop_on_signals(stop):
                 while True:
                     if not query.isActive:
                         wait_s = None if ended is None or monitor.stop_requested \
-                            else rereads.wait_before_next(ended, len(summary.batches))
-                        if wait_s is None:
-                            break
-                        if stop.wait(wait_s):  # the failed batch runs again on restart
-                            monitor.stop_requested = True
-                            break
-                        ended, query = None, _started_again(writer, monitor)
-                        continue
+                            or stop.is_set() else rereads.wait_before_next(
+                                ended, len(summary.batches))
+                        if wait_s is not None and not stop.wait(wait_s):
+                            ended, query = None, _started_again(writer, monitor)
+                            continue
+                        if ended is not None and stop.is_set() and \
+                                (why := rereads_after(settings, str(ended))) is not None:
+                            log.warning("stopped on the signal; the batch that failed on its "
+                                        "Kafka brokers (%s) was not committed and runs again "
+                                        "on restart", why)
+                            ended, monitor.stop_requested, stopped_after_failure = \
+                                None, True, True
+                        break
                     now, status = time.monotonic(), query.status  # one py4j call a second
                     planning.look(status, in_batch.is_set(), now)
                     if planning.gone is not None:
@@ -1074,7 +1081,7 @@ def run_stream(
                         query.awaitTermination(1)
                     except StreamingQueryException as failed:
                         ended = failed
-            error = ended or query.exception()
+            error = None if stopped_after_failure else ended or query.exception()
             if error is not None and monitor.stop_requested:
                 # A trigger can begin between the check for a quiet moment and the stop (or
                 # the wait gave up): the stop interrupts it before its commit, so it runs
@@ -1129,10 +1136,11 @@ _PY4J_LOG = logging.getLogger("py4j.clientserver")
 
 class _QuietAfterStop(logging.Filter):
     """Drop py4j's report of a batch that a requested stop interrupted as it began, or
-    that failed on Kafka brokers the run waits for (:class:`KafkaRereads`).
+    that failed on Kafka brokers that did not answer.
 
-    That batch was not committed and runs again (on restart, or in the run's next query);
-    the run says so in one line. Before a stop is requested every other report passes.
+    That batch was not committed and runs again (on restart, or in a continuous run's next
+    query: :class:`KafkaRereads`); the run says so in one line. Before a stop is requested
+    every other report passes.
     """
 
     def __init__(self, monitor: BatchMonitor) -> None:
@@ -1143,7 +1151,8 @@ class _QuietAfterStop(logging.Filter):
         if self._monitor.stop_requested:
             return False
         error = record.exc_info[1] if record.exc_info else None
-        return error is None or rereads_after(self._monitor.settings, str(error)) is None
+        return error is None or not self._monitor.settings.reads_kafka \
+            or kafka_timeout(str(error)) is None
 
 
 def quiet_moment_wait(settings: Settings) -> float:
