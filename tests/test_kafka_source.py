@@ -32,7 +32,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -408,6 +409,29 @@ def test_a_secured_cluster_is_read_with_the_settings_of_kafka_properties(
     assert written == []
 
 
+@contextmanager
+def continuous_run(broker: KafkaBroker, topic: str, lake: Path, properties: Path, log: Path,
+                   env: Mapping[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """``sessionlake run --trigger continuous`` on ``topic`` in its own process, its output
+    in ``log``; afterwards the broker answers again (SIGCONT) and the run is not left behind."""
+    environment = {k: v for k, v in os.environ.items() if k != "SESSIONLAKE_FAULT"}
+    environment.update({"SESSIONLAKE_DRIVER_MEMORY": "1g", **(env or {})})
+    with open(log, "w") as output:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "sessionlake.cli", "run", "--source", "kafka",
+             "--kafka-bootstrap", broker.bootstrap, "--topic", topic, "--lake", str(lake),
+             "--grace", GRACE, "--trigger", "continuous", "--processing-interval", "1s",
+             "--kafka-properties", str(properties)],
+            cwd=REPO, env=environment, stdout=output, stderr=subprocess.STDOUT)
+    try:
+        yield run
+    finally:
+        os.kill(broker.process.pid, signal.SIGCONT)
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+
+
 @pytest.mark.kafka
 @pytest.mark.slow
 def test_a_continuous_run_waits_out_brokers_that_stop_answering(
@@ -424,35 +448,17 @@ def test_a_continuous_run_waits_out_brokers_that_stop_answering(
     quick.write_text("request.timeout.ms=1500\ndefault.api.timeout.ms=2000\n")
     lake = tmp_path / "lake"
     checkpoint = str(lake / "_checkpoints" / "stream")
-    env = {**os.environ, "SESSIONLAKE_DRIVER_MEMORY": "1g"}
-    env.pop("SESSIONLAKE_FAULT", None)
     log = tmp_path / "run.log"
-    with open(log, "w") as output:
-        run = subprocess.Popen(
-            [sys.executable, "-m", "sessionlake.cli", "run", "--source", "kafka",
-             "--kafka-bootstrap", broker.bootstrap, "--topic", topic, "--lake", str(lake),
-             "--grace", GRACE, "--trigger", "continuous", "--processing-interval", "1s",
-             "--kafka-properties", str(quick)],
-            cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT)
-    frozen = False
-    try:
+    with continuous_run(broker, topic, lake, quick, log) as run:
         first = _wait_for_batch(lake, checkpoint, after=-1, run=run, log=log)
         os.kill(broker.process.pid, signal.SIGSTOP)
-        frozen = True
         time.sleep(20)  # Spark's own source gives up after about 3 x (2 + 1) s
         assert run.poll() is None, "the run died while the broker did not answer"
         os.kill(broker.process.pid, signal.SIGCONT)
-        frozen = False
         produce_lines(spark, broker.bootstrap, topic, lines[40:70], 1)
         _wait_for_batch(lake, checkpoint, after=first, run=run, log=log)
         run.send_signal(signal.SIGTERM)
         run.wait(timeout=120)
-    finally:
-        if frozen:
-            os.kill(broker.process.pid, signal.SIGCONT)
-        if run.poll() is None:
-            run.kill()
-            run.wait()
     assert run.returncode == 0, log.read_text()[-3000:]
     assert input_records(spark, lake) == 70
 
@@ -476,45 +482,29 @@ def test_a_continuous_run_replays_a_batch_whose_brokers_stopped_answering_as_it_
     quick.write_text("request.timeout.ms=1500\ndefault.api.timeout.ms=2000\n")
     lake, paused = tmp_path / "lake", tmp_path / "paused"
     checkpoint = str(lake / "_checkpoints" / "stream")
-    env = {**os.environ, "SESSIONLAKE_DRIVER_MEMORY": "1g", "SESSIONLAKE_FAULT": "ingest@0",
-           "SESSIONLAKE_FAULT_PAUSE": str(paused),
-           "SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", "")
-           + " -Dspark.network.timeout=15s -Dspark.network.timeoutInterval=10s"
-           " -Dspark.executor.heartbeatInterval=3s"}
     log = tmp_path / "run.log"
-    with open(log, "w") as output:
-        run = subprocess.Popen(
-            [sys.executable, "-m", "sessionlake.cli", "run", "--source", "kafka",
-             "--kafka-bootstrap", broker.bootstrap, "--topic", topic, "--lake", str(lake),
-             "--grace", GRACE, "--trigger", "continuous", "--processing-interval", "1s",
-             "--kafka-properties", str(quick)],
-            cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT)
     alert = "ALERT a batch failed reading its records: the Kafka brokers at"
-    frozen = False
-    try:
+    with continuous_run(broker, topic, lake, quick, log, {
+        "SESSIONLAKE_FAULT": "ingest@0", "SESSIONLAKE_FAULT_PAUSE": str(paused),
+        "SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", "")
+        + " -Dspark.network.timeout=15s -Dspark.network.timeoutInterval=10s"
+        " -Dspark.executor.heartbeatInterval=3s",
+    }) as run:
         deadline = time.monotonic() + 300
         while not paused.exists():
             assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
         os.kill(broker.process.pid, signal.SIGSTOP)
-        frozen = True
         paused.unlink()  # the batch goes on, to a broker that does not answer
         while alert not in log.read_text():
             assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
         os.kill(broker.process.pid, signal.SIGCONT)
-        frozen = False
         first = _wait_for_batch(lake, checkpoint, after=-1, run=run, log=log)
         produce_lines(spark, broker.bootstrap, topic, lines[40:70], 1)
         _wait_for_batch(lake, checkpoint, after=first, run=run, log=log)
         run.send_signal(signal.SIGTERM)
         run.wait(timeout=120)
-    finally:
-        if frozen:
-            os.kill(broker.process.pid, signal.SIGCONT)
-        if run.poll() is None:
-            run.kill()
-            run.wait()
     said = log.read_text()
     assert run.returncode == 0, said[-3000:]
     assert first == 0
