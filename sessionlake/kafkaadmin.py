@@ -35,7 +35,6 @@ class KafkaTopicMissing(KafkaUnavailable):
     """The brokers answered, and the topic is not among theirs."""
 
 
-
 #: What Kafka's client and Spark's Kafka consumer say when the brokers do not answer in
 #: time: a look-up (offsets, a partition's position, metadata), or a batch's fetch of its
 #: records (``kafkaConsumer.pollTimeoutMs``, by default ``spark.network.timeout``: 120 s).
@@ -51,6 +50,7 @@ def kafka_timeout(error_text: str) -> str | None:
         if found := _TIMEOUT.search(line):
             return found.group(1).strip()
     return None
+
 
 @contextmanager
 def kafka_admin(

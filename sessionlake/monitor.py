@@ -236,16 +236,17 @@ class BatchMonitor(StreamingQueryListener):
         """Nothing to say while the query waits for files."""
 
     def onQueryTerminated(self, event: Any) -> None:
-        unanswered = kafka_timeout(event.exception) \
-            if event.exception and self.settings.reads_kafka else None
-        if unanswered is not None and rereads_after(self.settings, event.exception):
+        if event.exception and rereads_after(self.settings, event.exception):
             log.info("query stopped on a batch its Kafka brokers did not answer: run %s",
                      event.runId)  # the run says what it does next (KafkaRereads)
-        elif unanswered is not None and not self.stop_requested:
-            log.error("ALERT stream stopped: its Kafka brokers at %s did not answer (%s)",
-                      self.settings.kafka_bootstrap, unanswered)
         elif event.exception and not self.stop_requested:
-            log.error("ALERT stream stopped on an error: %s", event.exception.splitlines()[0])
+            unanswered = kafka_timeout(event.exception) if self.settings.reads_kafka else None
+            if unanswered is None:
+                log.error("ALERT stream stopped on an error: %s",
+                          event.exception.splitlines()[0])
+            else:
+                log.error("ALERT stream stopped: its Kafka brokers at %s did not answer (%s)",
+                          self.settings.kafka_bootstrap, unanswered)
         else:
             log.info("stream stopped: run %s", event.runId)
         self._terminated.set()
