@@ -503,25 +503,41 @@ def process_lines(
     settings: Settings,
     identity: StreamIdentity,
     clock: Clock = utc_now,
+    on_phase: Callable[[str], None] | None = None,
 ) -> BatchReport:
     """Process one micro-batch of lines (``source_file``, ``source_line``, ``line``).
 
     The batch holds the checkpoint's and the lake's batch locks from pinning its input
     versions to its last write, so that an erasure (which takes them too) happens before
     or after the whole batch, never between its read of a user's state and its write of it.
+
+    :param on_phase: told where the batch is as it gets there: ``locks`` (waiting for
+        them), ``inputs``, then each of :data:`PHASES` (the run names it in its alert for a
+        batch that runs too long).
     """
+    tell = on_phase or (lambda _: None)
+    tell("locks")
     with batch_locks(settings.lake, settings.checkpoint):
-        return _process_locked(spark, lines, batch_id, settings, identity, clock)
+        tell("inputs")
+        return _process_locked(spark, lines, batch_id, settings, identity, clock, tell)
+
+
+#: A batch's phases, in order: each is timed (``BatchReport.phases_ms``).
+PHASES: tuple[str, ...] = ("parse", "lateness_and_state", "sessionize", "classify",
+                           "appends", "merge_wait", "metrics")
 
 
 class _BatchWork:
     """What one run of a micro-batch keeps while it works: its materialized frames (freed
-    at the end, see :func:`materialize`) and how long each phase took."""
+    at the end, see :func:`materialize`), how long each phase took, and which one it is
+    in (told to ``on_phase``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_phase: Callable[[str], None]) -> None:
         self.kept: list[DataFrame] = []
         self.phases_ms: dict[str, int] = {}
         self._phase_start = time.monotonic()
+        self._on_phase = on_phase
+        on_phase(PHASES[0])
 
     def keep(self, frame: DataFrame) -> DataFrame:
         """``frame`` computed now, once (:func:`materialize`), until :meth:`release`."""
@@ -529,10 +545,14 @@ class _BatchWork:
         return self.kept[-1]
 
     def phase(self, name: str) -> None:
-        """End the phase ``name`` (it began where the previous one ended)."""
+        """End the phase ``name`` (it began where the previous one ended); the next of
+        :data:`PHASES` begins."""
         now = time.monotonic()
         self.phases_ms[name] = int((now - self._phase_start) * 1000)
         self._phase_start = now
+        following = PHASES.index(name) + 1
+        if following < len(PHASES):
+            self._on_phase(PHASES[following])
 
     def release(self) -> None:
         """Free every kept frame's blocks: the batch is done with them."""
@@ -547,6 +567,7 @@ def _process_locked(
     settings: Settings,
     identity: StreamIdentity,
     clock: Clock,
+    on_phase: Callable[[str], None],
 ) -> BatchReport:
     inputs, done = record_inputs(spark, settings, identity, batch_id, clock)
     if done:
@@ -554,7 +575,7 @@ def _process_locked(
     now = inputs.processing_time
     lake, gap, key = settings.lake, settings.gap, (identity.app_id, batch_id)
     watermark = watermark_of(inputs.max_event_time_before, settings.grace)
-    work = _BatchWork()
+    work = _BatchWork(on_phase)
     ahead = ThreadPoolExecutor(max_workers=len(RESOLVED_AHEAD))
     resolving = resolve_ahead(ahead, spark, lake, inputs)
     try:

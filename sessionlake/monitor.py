@@ -24,7 +24,9 @@ WARNING, an ``ALERT ...`` line for each limit the batch broke:
 
 A trigger that waits on its source for long, with no batch in flight (Kafka brokers that
 do not answer, a remote folder's listing that hangs), gets an ``ALERT`` line too, from a
-:class:`PlanningWatch`: Spark itself waits without a word.
+:class:`PlanningWatch`: Spark itself waits without a word. So does a batch still running
+past ``alert_batch_duration`` (:class:`RunningBatchWatch`), whose own line would come only
+when it ends.
 
 Log shippers and Airflow's task log pick the lines up as they are; ``grep ALERT`` finds the
 alerts. The decision is made by :func:`batch_alerts`, a plain function.
@@ -344,6 +346,61 @@ class PlanningWatch:
                         waited, status.get("message", "?"), self.hint or ".")
             self.next_alert = waited + self.repeat_s
             self.next_diagnosis = self.next_alert
+
+
+class RunningBatchWatch:
+    """Alerts while a batch of the stream's own runs past ``alert_batch_duration``.
+
+    A batch's line, and its alert for taking too long, come when it ends: one that hangs
+    (Kafka brokers frozen while it fetches its records, a store that stops answering)
+    would say nothing for as long as it hangs, and a SIGTERM waits for it. The run's loop
+    shows the watch, each second, which batch is in flight (:meth:`look`); ``activity``,
+    asked only when an alert is due, says what Spark is doing meanwhile
+    (:func:`spark_activity`).
+    """
+
+    def __init__(self, settings: Settings, repeat_s: float = PLANNING_ALERT_REPEAT_S,
+                 activity: Callable[[], str] | None = None) -> None:
+        self.limit = settings.alert_batch_duration
+        self.repeat_s = repeat_s
+        self.activity = activity
+        self.batch_id: int | None = None
+        self.since = 0.0
+        self.next_alert = 0.0
+
+    def look(self, batch_id: int | None, now: float, phase: str | None = None) -> None:
+        """Note at ``now`` (monotonic seconds) which batch is in flight (``None``: none),
+        and in which of its phases (:func:`sessionlake.batch.process_lines`)."""
+        if batch_id != self.batch_id:
+            self.batch_id, self.since = batch_id, now
+            self.next_alert = self.limit.total_seconds()
+        if batch_id is None or now - self.since < self.next_alert:
+            return
+        running = now - self.since
+        doing = self.activity() if self.activity is not None else ""
+        log.warning("ALERT batch %s has been running for %.0fs, over the %s limit "
+                    "(--alert-batch-duration, SESSIONLAKE_ALERT_BATCH_DURATION)%s%s. It goes "
+                    "on; SIGTERM stops the run once it ends, and a run killed now replays "
+                    "the batch on restart, exactly once", batch_id, running,
+                    format_duration(self.limit), f", in phase {phase}" if phase else "",
+                    f"; Spark: {doing}" if doing else "")
+        self.next_alert = running + self.repeat_s
+
+
+def spark_activity(tracker: Any, most: int = 3) -> str:
+    """What Spark's ``tracker`` (``SparkContext.statusTracker()``) says is running: its
+    active stages, each with its name (the call in the batch's code that started it) and
+    tasks, up to ``most`` of them."""
+    stages = [info for info in map(tracker.getStageInfo, sorted(tracker.getActiveStageIds()))
+              if info is not None]
+    if not stages:
+        return "no stage running (the batch is planning, committing or waiting on a lock)"
+    said = [f"stage {info.stageId} ({info.name}): {info.numCompletedTasks} of "
+            f"{info.numTasks} tasks done, {info.numActiveTasks} running"
+            for info in stages[:most]]
+    if len(stages) > most:
+        said.append(f"{len(stages) - most} more")
+    return "; ".join(said)
 
 
 def rereads_after(settings: Settings, error_text: str) -> str | None:

@@ -71,7 +71,14 @@ from sessionlake.kafkaadmin import (
     describe_topic,
     kafka_timeout,
 )
-from sessionlake.monitor import BatchMonitor, KafkaRereads, PlanningWatch, rereads_after
+from sessionlake.monitor import (
+    BatchMonitor,
+    KafkaRereads,
+    PlanningWatch,
+    RunningBatchWatch,
+    rereads_after,
+    spark_activity,
+)
 from sessionlake.sources import KAFKA_SCHEME, file_lines, kafka_lines, number_lines
 from sessionlake.spark import fit_to_stream
 from sessionlake.storage import is_glob, local_path
@@ -989,15 +996,15 @@ def run_stream(
             stream = landing_files(spark, settings, reads_subfolders(spark, settings))
             to_lines = partial(number_lines, source_root_path=root)
 
-        in_batch = threading.Event()
+        in_flight = _BatchInFlight()
         reports: dict[int, BatchReport] = {}
 
         def handle(frame: DataFrame, batch_id: int) -> None:
-            in_batch.set()
+            in_flight.batch_id = batch_id
             try:
                 faults.set_batch(batch_id)
                 report = process_lines(spark, to_lines(frame), batch_id, settings, identity,
-                                       clock)
+                                       clock, in_flight.begin)
                 if not settings.reads_kafka:
                     report = replace(report, input_files=batch_file_count(
                         spark, settings.checkpoint, batch_id))
@@ -1007,7 +1014,7 @@ def run_stream(
                 if on_batch is not None:
                     on_batch(report)
             finally:
-                in_batch.clear()
+                in_flight.batch_id = in_flight.phase = None
 
         writer = (
             stream.writeStream.foreachBatch(handle)
@@ -1035,6 +1042,8 @@ def run_stream(
             give_up_waiting: float | None = None
             planning = PlanningWatch(settings, diagnose=kafka_topic_gone(spark, settings, topic)
                                      if topic is not None else None)
+            running = RunningBatchWatch(settings, activity=lambda: spark_activity(
+                spark.sparkContext.statusTracker()))
             rereads = KafkaRereads(settings)
             ended: StreamingQueryException | None = None  # the error the query ended on
             stopped_after_failure = False
@@ -1056,7 +1065,8 @@ def run_stream(
                                 None, True, True
                         break
                     now, status = time.monotonic(), query.status  # one py4j call a second
-                    planning.look(status, in_batch.is_set(), now)
+                    planning.look(status, in_flight.is_set(), now)
+                    running.look(in_flight.batch_id, now, in_flight.phase)
                     if planning.gone is not None:
                         monitor.stop_requested = True
                         query.stop()
@@ -1065,13 +1075,13 @@ def run_stream(
                         # A trigger stuck on its source will not reach a quiet moment.
                         give_up_waiting = now + (0.0 if planning.stuck(now)
                                                  else quiet_moment_wait(settings))
-                    if give_up_waiting is not None and not in_batch.is_set():
+                    if give_up_waiting is not None and not in_flight.is_set():
                         forced = time.monotonic() > give_up_waiting
                         if forced or _between_triggers(status):
                             monitor.stop_requested = True
                             query.stop()
                             break
-                    elif (requests_in is not None and not in_batch.is_set()
+                    elif (requests_in is not None and not in_flight.is_set()
                           and forget_requested(requests_in) and _between_triggers(status)):
                         query = _restarted_forgetting(query, writer, monitor, settings)
                         if forget_requested(requests_in):  # the trim failed: not again
@@ -1098,6 +1108,23 @@ def run_stream(
             spark.streams.removeListener(monitor)
             _PY4J_LOG.removeFilter(quiet_after_stop)
     return summary
+
+
+class _BatchInFlight:
+    """Which batch the stream's ``foreachBatch`` handler is running, if any, and where it
+    is: set on Spark's thread, read by the run's loop."""
+
+    def __init__(self) -> None:
+        self.batch_id: int | None = None
+        self.phase: str | None = None
+
+    def begin(self, phase: str) -> None:
+        """The batch in flight got to ``phase`` (:func:`sessionlake.batch.process_lines`)."""
+        self.phase = phase
+
+    def is_set(self) -> bool:
+        """Whether a batch of the stream's own is in flight."""
+        return self.batch_id is not None
 
 
 def _started_again(writer: DataStreamWriter, monitor: BatchMonitor) -> StreamingQuery:

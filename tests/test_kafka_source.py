@@ -474,7 +474,8 @@ def test_a_continuous_run_replays_a_batch_whose_brokers_stopped_answering_as_it_
     the broker answers the batch is replayed and committed once; later records follow and
     SIGTERM still stops the run cleanly. Spark's consumer gives up a fetch after
     ``spark.network.timeout`` (15 s here, 120 s by default), Kafka's client a look-up
-    after ``default.api.timeout.ms`` (2 s here, by the properties file)."""
+    after ``default.api.timeout.ms`` (2 s here, by the properties file). While the batch
+    hangs, past ``--alert-batch-duration`` (8 s here), an ALERT says so and what Spark runs."""
     topic, lines = "midbatch", _lines(landing)[1]
     create_topic(spark, broker.bootstrap, topic, 1)
     produce_lines(spark, broker.bootstrap, topic, lines[:40], 1)
@@ -486,6 +487,7 @@ def test_a_continuous_run_replays_a_batch_whose_brokers_stopped_answering_as_it_
     alert = "ALERT a batch failed reading its records: the Kafka brokers at"
     with continuous_run(broker, topic, lake, quick, log, {
         "SESSIONLAKE_FAULT": "ingest@0", "SESSIONLAKE_FAULT_PAUSE": str(paused),
+        "SESSIONLAKE_ALERT_BATCH_DURATION": "8s",
         "SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", "")
         + " -Dspark.network.timeout=15s -Dspark.network.timeoutInterval=10s"
         " -Dspark.executor.heartbeatInterval=3s",
@@ -510,6 +512,10 @@ def test_a_continuous_run_replays_a_batch_whose_brokers_stopped_answering_as_it_
     assert first == 0
     assert "starts again from its checkpoint in 5s and replays that batch" in said
     assert "ALERT stream stopped on an error" not in said
+    hanging = said.index("ALERT batch 0 has been running for ")
+    line = said[hanging:said.index("\n", hanging)]
+    assert hanging < said.index(alert), said[-3000:]
+    assert ", in phase parse; Spark: stage " in line and " tasks done, " in line, line
     metrics = read_table(spark, str(lake), "batch_metrics")
     assert metrics.count() == metrics.select("batch_id").distinct().count()
     assert input_records(spark, lake) == 70

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -19,9 +21,11 @@ from sessionlake.monitor import (
     BatchRecord,
     KafkaRereads,
     PlanningWatch,
+    RunningBatchWatch,
     batch_alerts,
     batch_record,
     rereads_after,
+    spark_activity,
 )
 from sessionlake.tables import read_table
 from tests.conftest import ObservedLake
@@ -225,6 +229,70 @@ def test_a_source_found_gone_while_the_trigger_waits_ends_the_watch(
     assert [r.levelname for r in caplog.records] == ["WARNING", "ERROR"]
     assert caplog.records[-1].getMessage() == (
         "ALERT the stream has waited 360s on a source that is gone: topic t was deleted")
+
+
+def test_a_batch_running_past_the_limit_alerts_while_it_runs_then_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run's loop shows the watch the batch in flight each second: one past
+    ``--alert-batch-duration`` alerts before it ends, with what Spark is doing, then again
+    every ``repeat_s``; the next batch gets its own limit."""
+    settings = settings_from({"lake": "/l", "alert_batch_duration": "2m"}, env={})
+    asked: list[int] = []
+
+    def activity() -> str:
+        asked.append(second)
+        return "stage 7 (collect at batch.py:1): 1 of 4 tasks done, 3 running"
+
+    watch = RunningBatchWatch(settings, repeat_s=300, activity=activity)
+    seen: list[int] = []
+    with caplog.at_level(logging.WARNING, logger="sessionlake.monitor"):
+        for second, batch in [(0, None), (1, 3), (120, 3), (121, 3), (122, 3),  # 3 from 1 s
+                              (420, 3), (421, 3), (430, None),
+                              (431, 4), (550, 4), (551, 4), (600, 5), (721, 5)]:
+            watch.look(batch, float(second), "merge_wait" if second < 430 else None)
+            seen.append(len(caplog.records))
+    assert seen == [0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 3, 3, 4]
+    assert asked == [121, 421, 551, 721]
+    assert caplog.records[0].getMessage() == (
+        "ALERT batch 3 has been running for 120s, over the 2m limit (--alert-batch-duration, "
+        "SESSIONLAKE_ALERT_BATCH_DURATION), in phase merge_wait; Spark: stage 7 (collect at "
+        "batch.py:1): 1 of 4 tasks done, 3 running. It goes on; SIGTERM stops the run once it "
+        "ends, and a run killed now replays the batch on restart, exactly once")
+    assert caplog.records[1].getMessage().startswith("ALERT batch 3 has been running for 420s")
+    assert caplog.records[2].getMessage().startswith("ALERT batch 4 has been running for 120s")
+
+
+def test_spark_activity_names_the_running_stages_and_their_tasks(
+    spark: SparkSession, tmp_path: Path,
+) -> None:
+    """Asked of Spark's own status tracker while a job's two tasks run, and after. Spark
+    updates its running tasks' count at the executors' heartbeat (10 s), so the tasks run
+    until the test has seen them."""
+    tracker = spark.sparkContext.statusTracker()
+    holding = tmp_path / "holding"
+    holding.touch()
+
+    def held(x: int) -> int:
+        deadline = time.monotonic() + 60
+        while holding.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return x
+
+    job = threading.Thread(
+        target=lambda: spark.sparkContext.parallelize(range(2), 2).map(held).collect())
+    job.start()
+    deadline = time.monotonic() + 60
+    said = spark_activity(tracker)
+    while not said.endswith(", 2 running") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        said = spark_activity(tracker)
+    holding.unlink()
+    job.join()
+    assert re.fullmatch(r"stage \d+ \(collect at \S+/test_monitor\.py:\d+\): "
+                        r"0 of 2 tasks done, 2 running", said), said
+    assert spark_activity(tracker) == (
+        "no stage running (the batch is planning, committing or waiting on a lock)")
 
 
 def test_a_batch_finishes_before_its_metrics_row_commits(
