@@ -1045,24 +1045,24 @@ def run_stream(
             running = RunningBatchWatch(settings, activity=lambda: spark_activity(
                 spark.sparkContext.statusTracker()))
             rereads = KafkaRereads(settings)
-            ended: StreamingQueryException | None = None  # the error the query ended on
-            stopped_after_failure = False
+            ended: StreamingQueryException | None = None  # raised by awaitTermination
+            error: BaseException | None = None  # what the run's last query ended on
             with _stop_on_signals(stop):
                 while True:
                     if not query.isActive:
-                        wait_s = None if ended is None or monitor.stop_requested \
+                        error = ended or query.exception()
+                        wait_s = None if error is None or monitor.stop_requested \
                             or stop.is_set() else rereads.wait_before_next(
-                                ended, len(summary.batches))
+                                error, len(summary.batches))
                         if wait_s is not None and not stop.wait(wait_s):
                             ended, query = None, _started_again(writer, monitor)
                             continue
-                        if ended is not None and stop.is_set() and \
-                                (why := rereads_after(settings, str(ended))) is not None:
+                        if error is not None and stop.is_set() and \
+                                (why := rereads_after(settings, str(error))) is not None:
                             log.warning("stopped on the signal; the batch that failed on its "
                                         "Kafka brokers (%s) was not committed and runs again "
                                         "on restart", why)
-                            ended, monitor.stop_requested, stopped_after_failure = \
-                                None, True, True
+                            error = None
                         break
                     now, status = time.monotonic(), query.status  # one py4j call a second
                     planning.look(status, in_flight.is_set(), now)
@@ -1080,6 +1080,7 @@ def run_stream(
                         if forced or _between_triggers(status):
                             monitor.stop_requested = True
                             query.stop()
+                            error = ended or query.exception()
                             break
                     elif (requests_in is not None and not in_flight.is_set()
                           and forget_requested(requests_in) and _between_triggers(status)):
@@ -1091,7 +1092,6 @@ def run_stream(
                         query.awaitTermination(1)
                     except StreamingQueryException as failed:
                         ended = failed
-            error = None if stopped_after_failure else ended or query.exception()
             if error is not None and monitor.stop_requested:
                 # A trigger can begin between the check for a quiet moment and the stop (or
                 # the wait gave up): the stop interrupts it before its commit, so it runs

@@ -525,6 +525,52 @@ def test_a_continuous_run_replays_a_batch_whose_brokers_stopped_answering_as_it_
 
 @pytest.mark.kafka
 @pytest.mark.slow
+def test_sigterm_while_a_continuous_run_waits_to_reread_stops_it_and_a_restart_replays_once(
+    spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path,
+) -> None:
+    """As above, the broker frozen under the first batch's fetch; a SIGTERM in the wait
+    before the query starts again stops the run in one line, exit status 0, and the next
+    run (available-now, once the broker answers) commits that batch once."""
+    topic, lines = "midbatch-stopped", _lines(landing)[1][:40]
+    create_topic(spark, broker.bootstrap, topic, 1)
+    produce_lines(spark, broker.bootstrap, topic, lines, 1)
+    quick = tmp_path / "quick.properties"
+    quick.write_text("request.timeout.ms=1500\ndefault.api.timeout.ms=2000\n")
+    lake, paused = tmp_path / "lake", tmp_path / "paused"
+    log = tmp_path / "run.log"
+    with continuous_run(broker, topic, lake, quick, log, {
+        "SESSIONLAKE_FAULT": "ingest@0", "SESSIONLAKE_FAULT_PAUSE": str(paused),
+        "SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", "")
+        + " -Dspark.network.timeout=15s -Dspark.network.timeoutInterval=10s"
+        " -Dspark.executor.heartbeatInterval=3s",
+    }) as run:
+        deadline = time.monotonic() + 300
+        while not paused.exists():
+            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        os.kill(broker.process.pid, signal.SIGSTOP)
+        paused.unlink()
+        while "starts again from its checkpoint in 5s" not in log.read_text():
+            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=120)
+    said = log.read_text()
+    assert run.returncode == 0, said[-3000:]
+    assert "stopped on the signal; the batch that failed on its Kafka brokers (" in said
+    assert "was not committed and runs again on restart" in said
+    assert not (lake / "batch_metrics").exists() or read_table(
+        spark, str(lake), "batch_metrics").count() == 0
+    assert main(["run", "--source", "kafka", "--kafka-bootstrap", broker.bootstrap,
+                 "--topic", topic, "--lake", str(lake), "--grace", GRACE,
+                 "--kafka-properties", str(quick)]) == 0
+    metrics = read_table(spark, str(lake), "batch_metrics")
+    assert [r.batch_id for r in metrics.select("batch_id").collect()] == [0]
+    assert input_records(spark, lake) == len(lines)
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
 def test_a_topic_deleted_under_a_continuous_run_stops_it_in_one_line(
     spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
