@@ -7,9 +7,11 @@ audit row. A null limit leaves that step out. Runs in the one-slot pool
 `sessionlake_checkpoint`: an erasure must not interleave with a micro-batch (the job would
 wait for the batch in flight; in the pool Airflow queues it instead of holding executors).
 
-Params: `erase_user_ids` (list of user ids), `sessions_max_age_days`, `events_max_age_days`
-(days >= 1), `vacuum_retain_hours` (hours >= 0), `dry_run` (only count what the run would
-delete and VACUUM; nothing changes, no audit row).
+Params: `erase_user_ids` (list of user ids), `erase_user_sha256` (the same users by the
+SHA-256 of their id, so that the DAG run's conf, which Airflow keeps, holds no id),
+`sessions_max_age_days`, `events_max_age_days` (days >= 1), `vacuum_retain_hours`
+(hours >= 0), `dry_run` (only count what the run would delete and VACUUM; nothing
+changes, no audit row).
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ with DAG(
     params={
         "erase_user_ids": Param([], type="array", items={"type": "string", "minLength": 1},
                                 description="users to erase from every table"),
+        "erase_user_sha256": Param(
+            [], type="array", items={"type": "string", "pattern": "^[0-9a-fA-F]{64}$"},
+            description="users to erase, by the SHA-256 (hex) of their id: the run's conf "
+                        "then holds no id"),
         "sessions_max_age_days": Param(365, type=["null", "integer"], minimum=1),
         "events_max_age_days": Param(90, type=["null", "integer"], minimum=1),
         "vacuum_retain_hours": Param(168, type=["null", "integer"], minimum=0),

@@ -56,7 +56,7 @@ from sessionlake.config import (
     settings_from,
 )
 from sessionlake.deltalog import batch_keys, commit_actions
-from sessionlake.erasure import user_hash
+from sessionlake.erasure import USER_HASH, user_hash
 from sessionlake.spark import (
     DEFAULT_CONF,
     PROJECT_ROOT,
@@ -310,9 +310,10 @@ def _flag(params: Mapping[str, Any], name: str) -> bool:
 def validate_retention_params(params: Mapping[str, Any]) -> RetentionParams:
     """Check the retention DAG's params.
 
-    ``erase_user_ids`` is a list of non-empty strings; the age limits are days >= 1 and
-    ``vacuum_retain_hours`` hours >= 0; ``None`` leaves a limit out. ``dry_run`` (true or
-    false) only counts what the run would delete.
+    ``erase_user_ids`` is a list of non-empty strings, ``erase_user_sha256`` a list of the
+    SHA-256 of ids (64 hex digits: a DAG run's conf, which Airflow keeps, then holds no
+    id); the age limits are days >= 1 and ``vacuum_retain_hours`` hours >= 0; ``None``
+    leaves a limit out. ``dry_run`` (true or false) only counts what the run would delete.
 
     :raises ValueError: naming the param, its value and why it is wrong.
     """
@@ -324,8 +325,15 @@ def validate_retention_params(params: Mapping[str, Any]) -> RetentionParams:
             # The list is not repeated: it holds the ids of people being erased.
             raise _bad("erase_user_ids", f"[{len(users)} ids]",
                        f"{user!r} is not a non-empty string")
+    hashes = params.get("erase_user_sha256") or []
+    if not isinstance(hashes, list | tuple):
+        raise _bad("erase_user_sha256", hashes, "must be a list of SHA-256 hex digests")
+    for digest in hashes:
+        if not isinstance(digest, str) or not USER_HASH.match(digest.lower()):
+            raise _bad("erase_user_sha256", digest, "is not a SHA-256 (64 hex digits)")
     return RetentionParams(
-        erase_user_sha256=tuple(dict.fromkeys(user_hash(u) for u in users)),
+        erase_user_sha256=tuple(dict.fromkeys(
+            [*(user_hash(u) for u in users), *(d.lower() for d in hashes)])),
         sessions_max_age_days=_optional_whole(params, "sessions_max_age_days", 1),
         events_max_age_days=_optional_whole(params, "events_max_age_days", 1),
         vacuum_retain_hours=_optional_whole(params, "vacuum_retain_hours", 0),

@@ -17,6 +17,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sessionlake.config import settings_from
+from sessionlake.erasure import user_hash
 from sessionlake.snapshots import create_snapshot
 from tests.dags.conftest import BIN, DAGS
 from tests.helpers import held_by_another_process
@@ -131,8 +132,9 @@ MAINTENANCE = [
     ("sessionlake_backfill", "backfill",
      {"from_date": "2026-01-05", "to_date": "2026-01-05", "gap_minutes": 30}),
     ("sessionlake_retention", "retention",
-     {"erase_user_ids": ["u2"], "sessions_max_age_days": 3650, "events_max_age_days": 3650,
-      "vacuum_retain_hours": 0}),
+     # By hash: the run's conf holds no id (erase_user_ids' hashing: test_params.py).
+     {"erase_user_sha256": [user_hash("u2")], "sessions_max_age_days": 3650,
+      "events_max_age_days": 3650, "vacuum_retain_hours": 0}),
     ("sessionlake_restore", "restore", None),
 ]
 

@@ -21,7 +21,7 @@ PARAMS = {
     "sessionlake_compaction": {"min_files"},
     "sessionlake_snapshot": {"name"},
     "sessionlake_restore": {"snapshot_id"},
-    "sessionlake_retention": {"erase_user_ids", "sessions_max_age_days",
+    "sessionlake_retention": {"erase_user_ids", "erase_user_sha256", "sessions_max_age_days",
                               "events_max_age_days", "vacuum_retain_hours", "dry_run"},
     "sessionlake_restart": {"shuffle_partitions", "master"},
     "sessionlake_archive": {"archive_to", "dry_run"},
