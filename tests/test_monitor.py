@@ -59,12 +59,17 @@ def test_every_batch_logs_one_structured_line(observed_lake: ObservedLake) -> No
 def test_alerts_name_the_batch_and_the_limit(observed_lake: ObservedLake) -> None:
     alerts = [r.getMessage() for r in observed_lake.monitor_records
               if r.levelno == logging.WARNING]
-    late = [a for a in alerts if "late" in a]
-    slow = [a for a in alerts if "took" in a]
+    late = [a for a in alerts if "records were late" in a]
+    slow = [a for a in alerts if " took " in a]
+    running = [a for a in alerts if " has been running for " in a]
     assert late == ["ALERT batch 1: 3 of 6 records were late (50%), over the 20% limit "
                     "(--alert-late-fraction, SESSIONLAKE_ALERT_LATE_FRACTION)"]
     assert len(slow) == 3 and all(a.startswith("ALERT batch ") for a in slow)
     assert "over the 0s limit (--alert-batch-duration" in slow[0]
+    # A 0s limit: each batch the run's loop sees in flight (it looks once a second, and
+    # these take seconds) is told while it runs too, with its phase and Spark's stages.
+    assert running and all(", in phase " in a and "; Spark: " in a for a in running), alerts
+    assert len(alerts) == len(late) + len(slow) + len(running), alerts
 
 
 @pytest.mark.parametrize(
