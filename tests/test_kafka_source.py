@@ -432,6 +432,29 @@ def continuous_run(broker: KafkaBroker, topic: str, lake: Path, properties: Path
             run.wait()
 
 
+@contextmanager
+def frozen_under_first_fetch(broker: KafkaBroker, topic: str, lake: Path, properties: Path,
+                             log: Path, paused: Path, env: Mapping[str, str] | None = None,
+                             ) -> Iterator[subprocess.Popen[bytes]]:
+    """A :func:`continuous_run` whose broker is frozen (SIGSTOP) after batch 0's offsets
+    were planned and before it reads its records (the run paused at its ``ingest`` fault
+    point, then let go). Spark's consumer gives up the fetch after
+    ``spark.network.timeout``, 15 s here."""
+    with continuous_run(broker, topic, lake, properties, log, {
+        "SESSIONLAKE_FAULT": "ingest@0", "SESSIONLAKE_FAULT_PAUSE": str(paused),
+        "SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", "")
+        + " -Dspark.network.timeout=15s -Dspark.network.timeoutInterval=10s"
+        " -Dspark.executor.heartbeatInterval=3s", **(env or {}),
+    }) as run:
+        deadline = time.monotonic() + 300
+        while not paused.exists():
+            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        os.kill(broker.process.pid, signal.SIGSTOP)
+        paused.unlink()  # the batch goes on, to a broker that does not answer
+        yield run
+
+
 @pytest.mark.kafka
 @pytest.mark.slow
 def test_a_continuous_run_waits_out_brokers_that_stop_answering(
@@ -485,19 +508,9 @@ def test_a_continuous_run_replays_a_batch_whose_brokers_stopped_answering_as_it_
     checkpoint = str(lake / "_checkpoints" / "stream")
     log = tmp_path / "run.log"
     alert = "ALERT a batch failed reading its records: the Kafka brokers at"
-    with continuous_run(broker, topic, lake, quick, log, {
-        "SESSIONLAKE_FAULT": "ingest@0", "SESSIONLAKE_FAULT_PAUSE": str(paused),
-        "SESSIONLAKE_ALERT_BATCH_DURATION": "8s",
-        "SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", "")
-        + " -Dspark.network.timeout=15s -Dspark.network.timeoutInterval=10s"
-        " -Dspark.executor.heartbeatInterval=3s",
-    }) as run:
+    with frozen_under_first_fetch(broker, topic, lake, quick, log, paused,
+                                  {"SESSIONLAKE_ALERT_BATCH_DURATION": "8s"}) as run:
         deadline = time.monotonic() + 300
-        while not paused.exists():
-            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        os.kill(broker.process.pid, signal.SIGSTOP)
-        paused.unlink()  # the batch goes on, to a broker that does not answer
         while alert not in log.read_text():
             assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
@@ -538,18 +551,8 @@ def test_sigterm_while_a_continuous_run_waits_to_reread_stops_it_and_a_restart_r
     quick.write_text("request.timeout.ms=1500\ndefault.api.timeout.ms=2000\n")
     lake, paused = tmp_path / "lake", tmp_path / "paused"
     log = tmp_path / "run.log"
-    with continuous_run(broker, topic, lake, quick, log, {
-        "SESSIONLAKE_FAULT": "ingest@0", "SESSIONLAKE_FAULT_PAUSE": str(paused),
-        "SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", "")
-        + " -Dspark.network.timeout=15s -Dspark.network.timeoutInterval=10s"
-        " -Dspark.executor.heartbeatInterval=3s",
-    }) as run:
+    with frozen_under_first_fetch(broker, topic, lake, quick, log, paused) as run:
         deadline = time.monotonic() + 300
-        while not paused.exists():
-            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        os.kill(broker.process.pid, signal.SIGSTOP)
-        paused.unlink()
         while "starts again from its checkpoint in 5s" not in log.read_text():
             assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
