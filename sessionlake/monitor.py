@@ -403,13 +403,17 @@ def spark_activity(tracker: Any, most: int = 3) -> str:
     return "; ".join(said)
 
 
+def rereads_kafka_timeouts(settings: Settings) -> bool:
+    """Whether a run on ``settings`` starts its query again after a batch failed on
+    Kafka brokers that did not answer (:class:`KafkaRereads`): a continuous run on Kafka."""
+    return settings.reads_kafka and settings.trigger == "continuous"
+
+
 def rereads_after(settings: Settings, error_text: str) -> str | None:
     """Kafka's time-out, when a run on ``settings`` starts its query again after it ended
     on ``error_text`` (:class:`KafkaRereads`): a continuous run on Kafka whose brokers did
     not answer. ``None``: the run stops on that error."""
-    if not (settings.reads_kafka and settings.trigger == "continuous"):
-        return None
-    return kafka_timeout(error_text)
+    return kafka_timeout(error_text) if rereads_kafka_timeouts(settings) else None
 
 
 #: How long a continuous Kafka run waits before it starts its query again after a batch

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from pyspark import SparkContext
@@ -339,6 +339,10 @@ TASK_FAILURE_LOGGERS = ("org.apache.spark.executor.Executor",
                         "org.apache.spark.sql.execution.datasources.FileFormatWriter",
                         "org.apache.spark.sql.delta.files.DeltaFileFormatWriter")
 
+#: The logger of a streaming query's end, whose "terminated with error" prints the error's
+#: whole Java stack trace (with its causes) before the failure reaches Python.
+QUERY_FAILURE_LOGGER = "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution"
+
 
 class SparkOnDemand:
     """A Spark session started the first time a step asks for it.
@@ -373,16 +377,18 @@ class SparkOnDemand:
 
 
 @contextlib.contextmanager
-def quiet_task_failures(spark: SparkSession) -> Iterator[None]:
-    """Spark logs no failed task's stack trace meanwhile: for a command whose every
-    failure is the user's own query (``sessionlake sql``: a division by zero, a bad cast,
-    ``raise_error``) and is said once, in one line, when it reaches Python."""
+def quiet_task_failures(spark: SparkSession, also: Sequence[str] = ()) -> Iterator[None]:
+    """Spark logs no failed task's stack trace meanwhile (nor those of the loggers named in
+    ``also``): for a command whose every failure is the user's own query (``sessionlake
+    sql``: a division by zero, a bad cast, ``raise_error``) and is said once, in one line,
+    when it reaches Python; or a run that says itself what it does about a failure."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     configurator = jvm.org.apache.logging.log4j.core.config.Configurator
     manager = jvm.org.apache.logging.log4j.LogManager
-    before = {name: manager.getLogger(name).getLevel() for name in TASK_FAILURE_LOGGERS}
-    for name in TASK_FAILURE_LOGGERS:
+    names = (*TASK_FAILURE_LOGGERS, *also)
+    before = {name: manager.getLogger(name).getLevel() for name in names}
+    for name in names:
         configurator.setLevel(name, jvm.org.apache.logging.log4j.Level.OFF)
     try:
         yield

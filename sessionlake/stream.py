@@ -9,6 +9,7 @@ Spark stateful operator is used, so the checkpoint holds only source offsets:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -77,10 +78,11 @@ from sessionlake.monitor import (
     PlanningWatch,
     RunningBatchWatch,
     rereads_after,
+    rereads_kafka_timeouts,
     spark_activity,
 )
 from sessionlake.sources import KAFKA_SCHEME, file_lines, kafka_lines, number_lines
-from sessionlake.spark import fit_to_stream
+from sessionlake.spark import QUERY_FAILURE_LOGGER, fit_to_stream, quiet_task_failures
 from sessionlake.storage import is_glob, local_path
 from sessionlake.tables import ensure_tables, upgrade_table_properties
 
@@ -1047,7 +1049,13 @@ def run_stream(
             rereads = KafkaRereads(settings)
             ended: StreamingQueryException | None = None  # raised by awaitTermination
             error: BaseException | None = None  # what the run's last query ended on
-            with _stop_on_signals(stop):
+            # A run that starts its query again after Kafka's time-outs says so in one line
+            # each time; Spark's stack traces of the same failure (some 300 lines) would
+            # bury it. A failure that stops the run still shows its tasks' stack trace in
+            # the error the run raises.
+            quiet = quiet_task_failures(spark, also=(QUERY_FAILURE_LOGGER,)) \
+                if rereads_kafka_timeouts(settings) else contextlib.nullcontext()
+            with _stop_on_signals(stop), quiet:
                 while True:
                     if not query.isActive:
                         error = ended or query.exception()

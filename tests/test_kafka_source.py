@@ -495,7 +495,8 @@ def test_a_continuous_run_replays_a_batch_whose_brokers_stopped_answering_as_it_
     it read its records (the run paused at its ``ingest`` fault point): the batch fails,
     the run says so in one ALERT and starts its query again from the checkpoint, and once
     the broker answers the batch is replayed and committed once; later records follow and
-    SIGTERM still stops the run cleanly. Spark's consumer gives up a fetch after
+    SIGTERM still stops the run cleanly; the log holds none of Spark's stack traces of the
+    failure. Spark's consumer gives up a fetch after
     ``spark.network.timeout`` (15 s here, 120 s by default), Kafka's client a look-up
     after ``default.api.timeout.ms`` (2 s here, by the properties file). While the batch
     hangs, past ``--alert-batch-duration`` (8 s here), an ALERT says so and what Spark runs."""
@@ -525,6 +526,8 @@ def test_a_continuous_run_replays_a_batch_whose_brokers_stopped_answering_as_it_
     assert first == 0
     assert "starts again from its checkpoint in 5s and replays that batch" in said
     assert "ALERT stream stopped on an error" not in said
+    # One line for the failed batch, not Spark's stack traces of it.
+    assert "terminated with error" not in said and "\tat org.apache." not in said, said
     hanging = said.index("ALERT batch 0 has been running for ")
     line = said[hanging:said.index("\n", hanging)]
     assert hanging < said.index(alert), said[-3000:]
