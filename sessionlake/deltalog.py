@@ -22,7 +22,9 @@ from __future__ import annotations
 import io
 import json
 import re
+import sys
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -148,6 +150,9 @@ class TableLog:
     metadata: dict[str, Any] = field(default_factory=dict)
     protocol: dict[str, Any] = field(default_factory=dict)
     damage: list[Damage] = field(default_factory=list)
+    #: the log entries the replay read (checkpoint parts, then commits), relative to the
+    #: table folder.
+    entries_read: list[str] = field(default_factory=list)
 
     @property
     def log_damaged_from(self) -> int | None:
@@ -198,6 +203,7 @@ def read_log(spark: SparkSession | None, uri: str, version: int | None = None) -
                                      version, True))
             continue
         log.checkpoint_version = version
+        log.entries_read = [f"{LOG_DIR}/{part}" for part in checkpoints[version]]
         _apply_metadata(log, meta)
         break
     start = 0 if log.checkpoint_version is None else log.checkpoint_version + 1
@@ -227,6 +233,7 @@ def read_log(spark: SparkSession | None, uri: str, version: int | None = None) -
     for version in range(start, end):
         if not _apply_commit(spark, log, version, files):
             break
+        log.entries_read.append(commit_file(version))
     log.files = files
     return log
 
@@ -284,12 +291,69 @@ def missing_at(spark: SparkSession | None, uri: str, version: int,
     """What the table at ``uri`` lacks to return to ``version`` (a data file or deletion
     vector a VACUUM removed, a log entry), said in one line, or ``None``: a snapshot
     that names that version can no longer be restored. ``on_disk``: as for
-    :func:`inspect_table`."""
-    damage = inspect_table(spark, uri, version, on_disk).damage
-    if not damage:
+    :func:`inspect_table`; given it, a local table's version found whole is remembered
+    (:class:`_VersionNeeds`), and asked again it is checked against ``on_disk`` without
+    replaying its log while the entries that replay read stay as they were."""
+    remembered = spark is None and on_disk is not None
+    key = (uri.rstrip("/"), version)
+    if remembered and on_disk is not None and (needs := _WHOLE_VERSIONS.get(key)) is not None:
+        if needs.met_by(on_disk):
+            _WHOLE_VERSIONS.move_to_end(key)
+            return None
+        del _WHOLE_VERSIONS[key]
+    log = inspect_table(spark, uri, version, on_disk)
+    if not log.damage:
+        if remembered and not any("://" in f.path or f.path.startswith("/")
+                                  for f in log.files.values()):
+            _WHOLE_VERSIONS[key] = _VersionNeeds.of(log, on_disk or {})
+            while len(_WHOLE_VERSIONS) > _WHOLE_VERSIONS_KEPT:
+                _WHOLE_VERSIONS.popitem(last=False)
         return None
-    first = min(damage, key=lambda d: d.version)
+    first = min(log.damage, key=lambda d: d.version)
     return f"cannot return to version {version}: {first.file}: {first.problem}"
+
+
+@dataclass(frozen=True)
+class _VersionNeeds:
+    """What a version of a table found whole needs on disk to stay whole: the log entries
+    its replay read, each of the size it had, and its data files and deletion vectors, at
+    least as big as its log says (paths relative to the table folder).
+
+    A version's log entries never change once written: while they are there as they
+    were, replaying them gives the same files, so the health page, which checks every kept
+    snapshot at each load, replays each one once (thirty snapshots of eight tables of 270
+    versions each: 6.5 s a load, replayed each time).
+    """
+
+    entries: tuple[tuple[str, int], ...]
+    files: tuple[tuple[str, int, bool], ...]  # path, size, whether exactly that size
+
+    @classmethod
+    def of(cls, log: TableLog, on_disk: Mapping[str, int]) -> _VersionNeeds:
+        files: list[tuple[str, int, bool]] = []
+        for live in log.files.values():
+            files.append((sys.intern(unquote(live.path)), live.size, True))
+            dv = live.deletion_vector
+            if dv and dv.get("storageType") == "u":
+                needed = int(dv.get("offset") or 0) + 4 + int(dv["sizeInBytes"]) + 4
+                files.append((_deletion_vector_file(str(dv["pathOrInlineDv"])), needed, False))
+        entries = tuple((name, on_disk.get(name, -1)) for name in log.entries_read)
+        return cls(entries, tuple(files))
+
+    def met_by(self, on_disk: Mapping[str, int]) -> bool:
+        """Whether the table's files ``on_disk`` still hold this version whole."""
+        if any(on_disk.get(name) != size for name, size in self.entries):
+            return False
+        for path, size, exact in self.files:
+            found = on_disk.get(path)
+            if found is None or found < size or (exact and found != size):
+                return False
+        return True
+
+
+#: Whole versions remembered by :func:`missing_at`, least recently asked first.
+_WHOLE_VERSIONS: OrderedDict[tuple[str, int], _VersionNeeds] = OrderedDict()
+_WHOLE_VERSIONS_KEPT = 512
 
 
 def set_aside_log_from(

@@ -207,6 +207,8 @@ def test_a_restore_whose_files_were_vacuumed_is_refused_before_anything_changes(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config, snapshot = snapshot_then_a_batch(spark, tmp_path)
+    # The health page found it restorable (and remembers its versions whole: not for long).
+    assert [s.unrestorable for s in collect_health(config).snapshots] == [None]
     # u1's rows rewritten, and the files that held them before deleted at once.
     enforce_retention(spark, config, RetentionRequest(
         erase_users=("u1",), vacuum_retain_hours=0, force_vacuum=True))
