@@ -23,6 +23,7 @@ import io
 import json
 import re
 import sys
+import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -296,18 +297,17 @@ def missing_at(spark: SparkSession | None, uri: str, version: int,
     replaying its log while the entries that replay read stay as they were."""
     remembered = spark is None and on_disk is not None
     key = (uri.rstrip("/"), version)
-    if remembered and on_disk is not None and (needs := _WHOLE_VERSIONS.get(key)) is not None:
-        if needs.met_by(on_disk):
-            _WHOLE_VERSIONS.move_to_end(key)
+    if remembered and on_disk is not None:
+        with _WHOLE_VERSIONS_LOCK:
+            needs = _WHOLE_VERSIONS.pop(key, None)
+        if needs is not None and needs.met_by(on_disk):
+            _remember_whole(key, needs)
             return None
-        del _WHOLE_VERSIONS[key]
     log = inspect_table(spark, uri, version, on_disk)
     if not log.damage:
         if remembered and not any("://" in f.path or f.path.startswith("/")
                                   for f in log.files.values()):
-            _WHOLE_VERSIONS[key] = _VersionNeeds.of(log, on_disk or {})
-            while len(_WHOLE_VERSIONS) > _WHOLE_VERSIONS_KEPT:
-                _WHOLE_VERSIONS.popitem(last=False)
+            _remember_whole(key, _VersionNeeds.of(log, on_disk or {}))
         return None
     first = min(log.damage, key=lambda d: d.version)
     return f"cannot return to version {version}: {first.file}: {first.problem}"
@@ -351,9 +351,19 @@ class _VersionNeeds:
         return True
 
 
-#: Whole versions remembered by :func:`missing_at`, least recently asked first.
+#: Whole versions remembered by :func:`missing_at`, least recently asked first (the
+#: health page's requests are served on several threads).
 _WHOLE_VERSIONS: OrderedDict[tuple[str, int], _VersionNeeds] = OrderedDict()
 _WHOLE_VERSIONS_KEPT = 512
+_WHOLE_VERSIONS_LOCK = threading.Lock()
+
+
+def _remember_whole(key: tuple[str, int], needs: _VersionNeeds) -> None:
+    with _WHOLE_VERSIONS_LOCK:
+        _WHOLE_VERSIONS[key] = needs
+        _WHOLE_VERSIONS.move_to_end(key)
+        while len(_WHOLE_VERSIONS) > _WHOLE_VERSIONS_KEPT:
+            _WHOLE_VERSIONS.popitem(last=False)
 
 
 def set_aside_log_from(
