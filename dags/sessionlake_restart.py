@@ -56,9 +56,8 @@ with DAG(
         """SIGTERM the run holding the checkpoint; return where its stream stopped."""
         where = orch.locations_from_env()
         stopped = orch.stop_continuous_run(where.checkpoint, orch.restart_timeout())
-        position = orch.stream_position(where.lake, where.checkpoint)
-        return {"stopped_pid": stopped, "stream_id": position.stream_id,
-                "last_batch_id": position.last_batch_id}
+        return {"stopped_pid": stopped,
+                **orch.stream_position(where.lake, where.checkpoint).as_xcom()}
 
     @task(pool=orch.CHECKPOINT_POOL)
     def start_stream(args: list[str]) -> int:
@@ -68,11 +67,7 @@ with DAG(
     @task(pool=orch.CHECKPOINT_POOL)
     def verify_resumed(before: dict[str, Any], pid: int) -> dict[str, Any]:
         """Wait for a new batch of the same stream from the new run."""
-        where = orch.locations_from_env()
-        previous = orch.StreamPosition(before["stream_id"], before["last_batch_id"])
-        now = orch.wait_for_resumed_stream(where.lake, where.checkpoint, previous, pid,
-                                           orch.restart_timeout())
-        return {"pid": pid, "stream_id": now.stream_id, "last_batch_id": now.last_batch_id}
+        return orch.resumed_run(before, pid)
 
     args = validate_params()
     before = stop_running_stream()

@@ -68,19 +68,12 @@ with DAG(
                                        "from the snapshot")
         where = orch.locations_from_env()
         restored = orch.stream_position(where.lake, where.checkpoint)
-        pid = orch.start_continuous_run(args, where.checkpoint)
-        return {"pid": pid, "stream_id": restored.stream_id,
-                "last_batch_id": restored.last_batch_id}
+        return {"pid": orch.start_continuous_run(args, where.checkpoint), **restored.as_xcom()}
 
     @task(pool=orch.CHECKPOINT_POOL)
     def verify_resumed(started: dict[str, Any]) -> dict[str, Any]:
         """Wait for the run's first batch after the restore, on the same stream."""
-        where = orch.locations_from_env()
-        restored = orch.StreamPosition(started["stream_id"], started["last_batch_id"])
-        now = orch.wait_for_resumed_stream(where.lake, where.checkpoint, restored,
-                                           started["pid"], orch.restart_timeout())
-        return {"pid": started["pid"], "stream_id": now.stream_id,
-                "last_batch_id": now.last_batch_id}
+        return orch.resumed_run(started, started["pid"])
 
     job = validate_params()
     stopped = stop_running_stream()

@@ -550,6 +550,10 @@ class StreamPosition:
     stream_id: str | None
     last_batch_id: int
 
+    def as_xcom(self) -> dict[str, Any]:
+        """Its fields, for a task's XCom (:func:`resumed_run` reads them back)."""
+        return {"stream_id": self.stream_id, "last_batch_id": self.last_batch_id}
+
 
 def _local(location: str) -> Path:
     if location.startswith("file:"):
@@ -720,6 +724,21 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return "\nState:\tZ" not in status
+
+
+def resumed_run(before: Mapping[str, Any], pid: int) -> dict[str, Any]:
+    """The restart and restore DAGs' last step: wait (``SESSIONLAKE_RESTART_TIMEOUT``) for
+    the run ``pid`` to commit a batch of the stream ``before`` names (a task's XCom holding
+    a :class:`StreamPosition`'s fields) after its ``last_batch_id``.
+
+    :return: the run's pid and the stream's new position, as the task's XCom.
+    """
+    where = locations_from_env()
+    now = wait_for_resumed_stream(
+        where.lake, where.checkpoint,
+        StreamPosition(before["stream_id"], int(before["last_batch_id"])), pid,
+        restart_timeout())
+    return {"pid": pid, **now.as_xcom()}
 
 
 def wait_for_resumed_stream(
