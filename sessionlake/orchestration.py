@@ -686,19 +686,23 @@ def stream_position(lake: str, checkpoint: str) -> StreamPosition:
     Read without Spark: each ``batch_metrics`` append carries the batch's tag (app id
     ``sessionlake-<stream_id>-e<epoch>`` and batch id) in its commit file. Only the current
     epoch counts: after a restore, batch ids start again from the snapshot's, below those
-    the stream had reached before.
+    the stream had reached before. A stream's batches commit in order, so the log is read
+    from its newest commit back to the first with that tag, not whole (a month of
+    one-minute batches keeps some 43,000 commits, and the restart and restore DAGs ask
+    every two seconds while they wait for the stream).
     """
     identity = _local(checkpoint) / IDENTITY_FILE
     fields = json.loads(identity.read_text()) if identity.exists() else {}
     stream_id = fields.get("stream_id")
-    last = -1
     log = _local(lake) / "batch_metrics" / "_delta_log"
     if stream_id is not None and log.is_dir():
         app_id = f"sessionlake-{stream_id}-e{int(fields.get('epoch', 0))}"
-        for commit in log.glob("*.json"):
-            batches = batch_keys(commit_actions(commit.read_text()))
-            last = max([last, *(batch for app, batch in batches if app == app_id)])
-    return StreamPosition(stream_id, last)
+        for commit in sorted(log.glob("*.json"), reverse=True):  # names sort by version
+            batches = [batch for app, batch in batch_keys(commit_actions(commit.read_text()))
+                       if app == app_id]
+            if batches:
+                return StreamPosition(stream_id, max(batches))
+    return StreamPosition(stream_id, -1)
 
 
 def start_continuous_run(args: Sequence[str], checkpoint: str) -> int:

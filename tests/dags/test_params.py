@@ -240,6 +240,10 @@ def test_stream_position_reads_the_batch_tags_of_batch_metrics(tmp_path: Path) -
     (log / "00000000000000000004.json").write_text(
         json.dumps({"commitInfo": {"operation": "WRITE", "userMetadata": tag}}) + "\n")
     assert orch.stream_position(str(lake), str(checkpoint)) == orch.StreamPosition("s1", 3)
+    # Read from the newest commit back to the stream's last: the older ones are not read.
+    (log / "00000000000000000002.json").write_text("not read")
+    (log / "00000000000000000005.json").write_text('{"commitInfo": {"operation": "OPTIMIZE"}}')
+    assert orch.stream_position(str(lake), str(checkpoint)) == orch.StreamPosition("s1", 3)
 
 
 def test_a_small_landing_starts_the_micro_batch_driver_with_c1_only(
