@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -152,9 +153,12 @@ def is_delta_table(location: str | Path) -> bool:
     return log_dir.is_dir() and any(log_dir.glob("*.json"))
 
 
-def read_state(location: str | Path) -> TableState:
+def read_state(location: str | Path, *, remember: bool = False) -> TableState:
     """Replay the log of the table at ``location``: its newest version and live files.
 
+    :param remember: keep the state in this process, so that the table's next read with
+        ``remember`` replays only the commits made since (:class:`_LastReads`); for a
+        process that reads the same tables again and again (the health page).
     :raises DeltaReadError: when there is no Delta table there, or it uses a reader
         feature this module does not know.
     """
@@ -163,17 +167,68 @@ def read_state(location: str | Path) -> TableState:
     commits = _commit_versions(log_dir)
     if not commits:
         raise DeltaReadError(f"{root} is not a Delta table (no commits in _delta_log)")
-    checkpoint_version, checkpoint_files = _newest_checkpoint(log_dir, max(commits))
-    replay = _Replay()
-    if checkpoint_files:
-        replay.apply_checkpoint(checkpoint_files)
-    newer = [v for v in commits if v > checkpoint_version]
-    _check_contiguous(root, checkpoint_version, newer)
+    newest = max(commits)
+    replay, version = _LAST_READS.replay_from(root, log_dir, newest) if remember \
+        else (None, -1)
+    if replay is not None and len([v for v in commits if v > version]) != newest - version:
+        replay = None  # commits since the last read were cleaned up
+    if replay is None:
+        version, checkpoint_files = _newest_checkpoint(log_dir, newest)
+        replay = _Replay()
+        if checkpoint_files:
+            replay.apply_checkpoint(checkpoint_files)
+            if version == newest:  # the newest commit's own info, beside its checkpoint
+                replay.read_commit_info(log_dir / f"{version:020d}.json")
+    newer = [v for v in commits if v > version]
+    _check_contiguous(root, version, newer)
     for version in newer:
         replay.apply_commit(log_dir / f"{version:020d}.json")
-    if not newer and checkpoint_files:  # the newest commit's own info, beside its checkpoint
-        replay.read_commit_info(log_dir / f"{checkpoint_version:020d}.json")
-    return replay.state(root, max(commits), log_dir)
+    if remember:
+        _LAST_READS.keep(root, log_dir, newest, replay)
+    return replay.state(root, newest, log_dir)
+
+
+class _LastReads:
+    """The newest state read of each table, so that the next read of it replays only the
+    commits made since: the health page reads every table at each load, and between two
+    checkpoints a table's log holds up to 99 commits (a MERGE's with some 150 files each).
+
+    A state is taken up again only while the commit it was read at is the file it was
+    (same size and modification time): a table created anew in its folder is replayed
+    whole.
+    """
+
+    def __init__(self) -> None:
+        self._states: dict[Path, tuple[int, tuple[int, int], _Replay]] = {}
+        self._lock = threading.Lock()  # the page's requests are served on several threads
+
+    def replay_from(self, root: Path, log_dir: Path, newest: int
+                    ) -> tuple[_Replay | None, int]:
+        """A copy of the table's last state read and its version, when the log still
+        leads from it to ``newest``; else ``(None, -1)``."""
+        with self._lock:
+            kept = self._states.get(root)
+        if kept is None or kept[0] > newest or _stamp(log_dir, kept[0]) != kept[1]:
+            return None, -1
+        return kept[2].copy(), kept[0]
+
+    def keep(self, root: Path, log_dir: Path, version: int, replay: _Replay) -> None:
+        stamp = _stamp(log_dir, version)
+        if stamp is not None:
+            with self._lock:
+                self._states[root] = (version, stamp, replay.copy())
+
+
+def _stamp(log_dir: Path, version: int) -> tuple[int, int] | None:
+    """The size and modification time of commit ``version``'s file (``None``: gone)."""
+    try:
+        stat = (log_dir / f"{version:020d}.json").stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_size, stat.st_mtime_ns
+
+
+_LAST_READS = _LastReads()
 
 
 def _commit_versions(log_dir: Path) -> list[int]:
@@ -221,6 +276,15 @@ class _Replay:
         self.metadata: dict[str, Any] = {}
         self.protocol: dict[str, Any] = {}
         self.commit_info: dict[str, Any] = {}
+
+    def copy(self) -> _Replay:
+        """Another replay from the same point (actions replace the metadata, protocol
+        and commit info whole, so only the files are copied)."""
+        other = _Replay()
+        other.files = dict(self.files)
+        other.metadata, other.protocol = self.metadata, self.protocol
+        other.commit_info = self.commit_info
+        return other
 
     def apply_checkpoint(self, parts: Sequence[Path]) -> None:
         for part in parts:

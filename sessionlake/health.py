@@ -304,7 +304,7 @@ def _table_states(lake: Path, problems: list[str]) -> dict[str, deltareader.Tabl
             problems.append(f"table {name} does not exist yet")
             continue
         try:
-            states[name] = deltareader.read_state(lake / name)
+            states[name] = deltareader.read_state(lake / name, remember=True)
         except (deltareader.DeltaReadError, OSError, ValueError) as error:
             problems.append(f"table {name} could not be read: {error}")
     return states

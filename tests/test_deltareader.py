@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -103,3 +104,46 @@ def test_int96_and_int64_timestamps_read_alike(spark: SparkSession, tmp_path: Pa
     assert sorted((r["id"], r["at"].replace(tzinfo=None)) for r in ours) == \
         sorted((r["id"], r["at"]) for r in theirs)
     assert len(ours) == 6
+
+
+@pytest.mark.parametrize("meanwhile", ["commits", "the table made anew", "nothing"])
+def test_a_table_read_again_replays_only_the_commits_since(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, meanwhile: str,
+) -> None:
+    """The health page reads every table at each load: a table read before is taken up
+    from its last state read, and gives what a whole replay gives; a table made anew in
+    the same folder is replayed whole."""
+    path = tmp_path / "t"
+    spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT) USING DELTA TBLPROPERTIES "
+              "('delta.enableDeletionVectors' = 'true', 'delta.checkpointInterval' = '4')")
+    spark.range(0, 100).write.format("delta").mode("append").save(str(path))
+    before = deltareader.read_state(path, remember=True)
+    if meanwhile == "commits":  # a checkpoint at version 4 among them
+        spark.range(100, 200).write.format("delta").mode("append").save(str(path))
+        spark.sql(f"DELETE FROM delta.`{path}` WHERE id % 3 = 0")
+        spark.range(200, 250).write.format("delta").mode("append").save(str(path))
+        spark.sql(f"DELETE FROM delta.`{path}` WHERE id < 10")
+    elif meanwhile == "the table made anew":
+        shutil.rmtree(path)
+        spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT) USING DELTA")
+        for start in (500, 600):
+            spark.range(start, start + 7).write.format("delta").mode("append").save(str(path))
+    replayed: list[str] = []
+    apply_commit = deltareader._Replay.apply_commit
+
+    def counted(replay: deltareader._Replay, commit: Path) -> None:
+        replayed.append(commit.name)
+        apply_commit(replay, commit)
+
+    monkeypatch.setattr(deltareader._Replay, "apply_commit", counted)
+    again = deltareader.read_state(path, remember=True)
+
+    expected = {"commits": [f"{v:020d}.json" for v in range(2, 6)],
+                "the table made anew": [f"{v:020d}.json" for v in range(3)],
+                "nothing": []}[meanwhile]
+    assert replayed == expected
+    assert again.row_count() == spark.read.format("delta").load(str(path)).count()
+    whole = deltareader.read_state(path)  # not remembered: the whole log
+    assert (again.version, sorted(again.files, key=str), again.last_operation) == \
+        (whole.version, sorted(whole.files, key=str), whole.last_operation)
+    assert before.version == 1
