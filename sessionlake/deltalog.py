@@ -305,8 +305,8 @@ def missing_at(spark: SparkSession | None, uri: str, version: int,
             return None
     log = inspect_table(spark, uri, version, on_disk)
     if not log.damage:
-        if remembered and not any("://" in f.path or f.path.startswith("/")
-                                  for f in log.files.values()):
+        if remembered and len(log.files) <= REMEMBERED_FILES_MAX and not any(
+                "://" in f.path or f.path.startswith("/") for f in log.files.values()):
             _remember_whole(key, _VersionNeeds.of(log, on_disk or {}))
         return None
     first = min(log.damage, key=lambda d: d.version)
@@ -355,6 +355,12 @@ class _VersionNeeds:
 #: health page's requests are served on several threads).
 _WHOLE_VERSIONS: OrderedDict[tuple[str, int], _VersionNeeds] = OrderedDict()
 _WHOLE_VERSIONS_KEPT = 512
+
+#: Live files up to which a whole version is remembered (:class:`_VersionNeeds`): about
+#: 70 bytes each, the paths shared between versions (100,000 files took 6.9 MB a version,
+#: 10.5 for the first), so at most some 1.4 MB a version. A version of more files is
+#: replayed at each check.
+REMEMBERED_FILES_MAX = 20_000
 _WHOLE_VERSIONS_LOCK = threading.Lock()
 
 

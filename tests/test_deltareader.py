@@ -106,13 +106,16 @@ def test_int96_and_int64_timestamps_read_alike(spark: SparkSession, tmp_path: Pa
     assert len(ours) == 6
 
 
-@pytest.mark.parametrize("meanwhile", ["commits", "the table made anew", "nothing"])
+@pytest.mark.parametrize("meanwhile", ["commits", "the table made anew", "nothing",
+                                       "nothing, but too many files to remember"])
 def test_a_table_read_again_replays_only_the_commits_since(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, meanwhile: str,
 ) -> None:
     """The health page reads every table at each load: a table read before is taken up
     from its last state read, and gives what a whole replay gives; a table made anew in
-    the same folder is replayed whole."""
+    the same folder is replayed whole, and so is a table of too many files to keep."""
+    if meanwhile.endswith("too many files to remember"):
+        monkeypatch.setattr(deltareader, "REMEMBERED_FILES_MAX", 0)
     path = tmp_path / "t"
     spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT) USING DELTA TBLPROPERTIES "
               "('delta.enableDeletionVectors' = 'true', 'delta.checkpointInterval' = '4')")
@@ -140,7 +143,9 @@ def test_a_table_read_again_replays_only_the_commits_since(
 
     expected = {"commits": [f"{v:020d}.json" for v in range(2, 6)],
                 "the table made anew": [f"{v:020d}.json" for v in range(3)],
-                "nothing": []}[meanwhile]
+                "nothing": [],
+                "nothing, but too many files to remember": [f"{v:020d}.json" for v in range(2)],
+                }[meanwhile]
     assert replayed == expected
     assert again.row_count() == spark.read.format("delta").load(str(path)).count()
     whole = deltareader.read_state(path)  # not remembered: the whole log
