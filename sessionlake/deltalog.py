@@ -271,10 +271,9 @@ def inspect_table(spark: SparkSession | None, uri: str, version: int | None = No
         elif size != live.size:
             broken.append((live, relative, f"data file is {size} bytes, the log says "
                                            f"{live.size}: half-written or changed"))
-        dv = live.deletion_vector
-        if dv and dv.get("storageType") == "u":
-            dv_file = _deletion_vector_file(str(dv["pathOrInlineDv"]))
-            needed = int(dv.get("offset") or 0) + 4 + int(dv["sizeInBytes"]) + 4
+        vector = _deletion_vector_needs(live)
+        if vector is not None:
+            dv_file, needed = vector
             dv_size = on_disk.get(dv_file)
             if dv_size is None or dv_size < needed:
                 state = "missing" if dv_size is None else f"cut short ({dv_size} bytes)"
@@ -295,19 +294,19 @@ def missing_at(spark: SparkSession | None, uri: str, version: int,
     :func:`inspect_table`; given it, a local table's version found whole is remembered
     (:class:`_VersionNeeds`), and asked again it is checked against ``on_disk`` without
     replaying its log while the entries that replay read stay as they were."""
-    remembered = spark is None and on_disk is not None
+    listed = on_disk if spark is None else None  # only a local table's are remembered
     key = (uri.rstrip("/"), version)
-    if remembered and on_disk is not None:
+    if listed is not None:
         with _WHOLE_VERSIONS_LOCK:
             needs = _WHOLE_VERSIONS.pop(key, None)
-        if needs is not None and needs.met_by(on_disk):
+        if needs is not None and needs.met_by(listed):
             _remember_whole(key, needs)
             return None
     log = inspect_table(spark, uri, version, on_disk)
     if not log.damage:
-        if remembered and len(log.files) <= REMEMBERED_FILES_MAX and not any(
+        if listed is not None and len(log.files) <= REMEMBERED_FILES_MAX and not any(
                 "://" in f.path or f.path.startswith("/") for f in log.files.values()):
-            _remember_whole(key, _VersionNeeds.of(log, on_disk or {}))
+            _remember_whole(key, _VersionNeeds.of(log, listed))
         return None
     first = min(log.damage, key=lambda d: d.version)
     return f"cannot return to version {version}: {first.file}: {first.problem}"
@@ -333,10 +332,9 @@ class _VersionNeeds:
         files: list[tuple[str, int, bool]] = []
         for live in log.files.values():
             files.append((sys.intern(unquote(live.path)), live.size, True))
-            dv = live.deletion_vector
-            if dv and dv.get("storageType") == "u":
-                needed = int(dv.get("offset") or 0) + 4 + int(dv["sizeInBytes"]) + 4
-                files.append((_deletion_vector_file(str(dv["pathOrInlineDv"])), needed, False))
+            vector = _deletion_vector_needs(live)
+            if vector is not None:
+                files.append((*vector, False))
         entries = tuple((name, on_disk.get(name, -1)) for name in log.entries_read)
         return cls(entries, tuple(files))
 
@@ -596,6 +594,17 @@ def _versions_adding(
         if len(found) == len(paths):
             break
     return found
+
+
+def _deletion_vector_needs(live: LiveFile) -> tuple[str, int] | None:
+    """The file of ``live``'s deletion vector stored beside the data, and the bytes it
+    must hold at least to give it (its offset, size and checksum); ``None`` for no such
+    vector."""
+    dv = live.deletion_vector
+    if not dv or dv.get("storageType") != "u":
+        return None
+    needed = int(dv.get("offset") or 0) + 4 + int(dv["sizeInBytes"]) + 4
+    return _deletion_vector_file(str(dv["pathOrInlineDv"])), needed
 
 
 def _deletion_vector_file(path_or_inline: str) -> str:

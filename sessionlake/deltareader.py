@@ -168,10 +168,8 @@ def read_state(location: str | Path, *, remember: bool = False) -> TableState:
     if not commits:
         raise DeltaReadError(f"{root} is not a Delta table (no commits in _delta_log)")
     newest = max(commits)
-    replay, version = _LAST_READS.replay_from(root, log_dir, newest) if remember \
+    replay, version = _LAST_READS.replay_from(root, log_dir, commits) if remember \
         else (None, -1)
-    if replay is not None and len([v for v in commits if v > version]) != newest - version:
-        replay = None  # commits since the last read were cleaned up
     if replay is None:
         version, checkpoint_files = _newest_checkpoint(log_dir, newest)
         replay = _Replay()
@@ -202,13 +200,15 @@ class _LastReads:
         self._states: dict[Path, tuple[int, tuple[int, int], _Replay]] = {}
         self._lock = threading.Lock()  # the page's requests are served on several threads
 
-    def replay_from(self, root: Path, log_dir: Path, newest: int
+    def replay_from(self, root: Path, log_dir: Path, commits: Sequence[int]
                     ) -> tuple[_Replay | None, int]:
-        """A copy of the table's last state read and its version, when the log still
-        leads from it to ``newest``; else ``(None, -1)``."""
+        """A copy of the table's last state read and its version, when the log's
+        ``commits`` (sorted) still lead from it to the newest, none cleaned up since; else
+        ``(None, -1)``."""
         with self._lock:
             kept = self._states.get(root)
-        if kept is None or kept[0] > newest or _stamp(log_dir, kept[0]) != kept[1]:
+        if kept is None or kept[0] not in commits or _stamp(log_dir, kept[0]) != kept[1] \
+                or commits[-1] - kept[0] != len(commits) - 1 - commits.index(kept[0]):
             return None, -1
         return kept[2].copy(), kept[0]
 
