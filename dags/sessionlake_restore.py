@@ -50,7 +50,7 @@ with DAG(
         checked = orch.validate_restore_params(trigger_params())
         locations = orch.locations_from_env()
         orch.check_restore_possible(locations, checked)
-        return orch.spark_job(orch.restore_args(locations, checked))
+        return orch.restore_job(locations, checked)
 
     @task(pool=orch.CHECKPOINT_POOL)
     def stop_running_stream() -> list[str] | None:

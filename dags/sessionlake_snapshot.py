@@ -34,6 +34,6 @@ with DAG(
     def validate_params() -> orch.SparkJob:
         """Check the params and build the job before any data is touched."""
         checked = orch.validate_snapshot_params(trigger_params())
-        return orch.spark_job(orch.snapshot_args(orch.locations_from_env(), checked))
+        return orch.snapshot_job(orch.locations_from_env(), checked)
 
     submit_job(validate_params(), task_id="snapshot", name="sessionlake-snapshot")

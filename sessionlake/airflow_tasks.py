@@ -10,14 +10,22 @@ and the Spark jobs, run without Airflow.
 
 from __future__ import annotations
 
-from typing import Any, cast
+import os
+import shlex
+import subprocess
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import XComArg, get_current_context
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
-from sessionlake.orchestration import JOB_SCRIPT, unknown_param
+from sessionlake.orchestration import JOB_SCRIPT, python_executable, unknown_param
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 #: The Airflow connection whose host is the Spark master the DAGs submit to.
 SPARK_CONNECTION = "spark_default"
@@ -56,18 +64,71 @@ def submit_job(
 ) -> SparkSubmitOperator:
     """A spark-submit of ``jobs/sessionlake_job.py`` with the arguments, conf and
     environment that ``job`` (a ``multiple_outputs`` task returning
-    :class:`sessionlake.orchestration.SparkJob`) decided when it ran.
+    :class:`sessionlake.orchestration.SparkJob`) decided when it ran; or, for a job that
+    says ``local``, the same command as a child process (:class:`SessionlakeJobOperator`).
 
     :param operator_args: any other :class:`SparkSubmitOperator` argument (``pool``...).
     """
     fields = cast(PlainXComArg, job)
-    return SparkSubmitOperator(
+    return SessionlakeJobOperator(
         task_id=task_id,
         conn_id=SPARK_CONNECTION,
         application=str(JOB_SCRIPT),
         application_args=at_run_time(fields["args"]),
         conf=at_run_time(fields["conf"]),
         env_vars=at_run_time(fields["env"]),
+        local=at_run_time(fields["local"]),
         name=name,
         **operator_args,
     )
+
+
+class SessionlakeJobOperator(SparkSubmitOperator):
+    """A spark-submit of one ``sessionlake`` command, or, when ``local`` is true, the same
+    command run by the worker as a child process, with the connection's master for any
+    step that needs Spark (:func:`sessionlake.orchestration.needs_no_submit`: a snapshot
+    or a restore of a lake on local disks, which needs no driver JVM of its own).
+
+    The child's output goes to the task log line by line; a stopped task sends it SIGTERM,
+    as the Spark provider does a spark-submit.
+    """
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "local")
+
+    def __init__(self, *, local: Any = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.local = local
+        self._child: subprocess.Popen[str] | None = None
+
+    def execute(self, context: Context) -> None:
+        """Run the command: spark-submitted, or in a child process when ``local``."""
+        if not self.local:
+            return super().execute(context)
+        args = [*(self.application_args or []), "--master", connection_master()]
+        self.log.info("sessionlake %s (a lake on local disks: run here, not spark-submitted)",
+                      shlex.join(args))
+        self._child = subprocess.Popen(
+            [python_executable(), "-m", "sessionlake.cli", *args],
+            env={**os.environ, **(self.env_vars or {})}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        said: deque[str] = deque(maxlen=5)
+        assert self._child.stdout is not None
+        for line in self._child.stdout:
+            said.append(line.rstrip())
+            self.log.info("%s", said[-1])
+        if self._child.wait() != 0:
+            raise RuntimeError(f"sessionlake {args[0]} exited with status "
+                               f"{self._child.returncode}: " + " | ".join(said))
+        return None
+
+    def on_kill(self) -> None:
+        """Stop the child (SIGTERM; SIGKILL after 60 s), or the spark-submit."""
+        if not self.local:
+            return super().on_kill()
+        if self._child is not None and self._child.poll() is None:
+            self._child.terminate()
+            try:
+                self._child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._child.kill()
+        return None

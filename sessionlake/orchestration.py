@@ -472,11 +472,14 @@ def retention_args(locations: Locations, params: RetentionParams) -> list[str]:
 
 
 class SparkJob(TypedDict):
-    """What a ``SparkSubmitOperator`` needs: application args, Spark conf, environment."""
+    """What a ``SparkSubmitOperator`` needs: application args, Spark conf, environment;
+    and whether the command runs as a child process of the Airflow worker instead
+    (``local``: see :func:`needs_no_submit`)."""
 
     args: list[str]
     conf: dict[str, str]
     env: dict[str, str]
+    local: bool
 
 
 def python_executable() -> str:
@@ -519,10 +522,35 @@ def spark_submit_env() -> dict[str, str]:
     }
 
 
-def spark_job(args: Sequence[str], quick_start: bool = False) -> SparkJob:
-    """The ``SparkSubmitOperator`` inputs of one ``sessionlake`` command."""
+def spark_job(args: Sequence[str], quick_start: bool = False, *,
+              local: bool = False) -> SparkJob:
+    """The ``SparkSubmitOperator`` inputs of one ``sessionlake`` command.
+
+    :param local: run it as a child process of the worker, not through spark-submit: only
+        for a command that starts Spark just for a step that needs one
+        (:func:`needs_no_submit`).
+    """
     return SparkJob(args=list(args), conf=spark_submit_conf(quick_start),
-                    env=spark_submit_env())
+                    env=spark_submit_env(), local=local)
+
+
+def needs_no_submit(locations: Locations) -> bool:
+    """Whether a snapshot or a restore can run in the worker rather than spark-submitted:
+    with the lake and the checkpoint on this machine's disks, it copies and writes files
+    from their logs and starts Spark only for a step that needs one (then on the DAGs'
+    master). A spark-submit spent about 5 s starting a driver JVM for a snapshot of under
+    1 s."""
+    return all(local_path(where) is not None for where in (locations.lake, locations.checkpoint))
+
+
+def snapshot_job(locations: Locations, params: SnapshotParams) -> SparkJob:
+    """The snapshot's job: in the worker when the lake is local (:func:`needs_no_submit`)."""
+    return spark_job(snapshot_args(locations, params), local=needs_no_submit(locations))
+
+
+def restore_job(locations: Locations, params: RestoreParams) -> SparkJob:
+    """The restore's job: in the worker when the lake is local (:func:`needs_no_submit`)."""
+    return spark_job(restore_args(locations, params), local=needs_no_submit(locations))
 
 
 def microbatch_job(locations: Locations, params: MicrobatchParams) -> SparkJob:

@@ -16,9 +16,10 @@ import pandas as pd
 import pytest
 from pyspark.sql import SparkSession
 
+from sessionlake import orchestration as orch
 from sessionlake.config import settings_from
 from sessionlake.erasure import user_hash
-from sessionlake.snapshots import create_snapshot
+from sessionlake.snapshots import create_snapshot, list_snapshots
 from tests.dags.conftest import BIN, DAGS
 from tests.helpers import held_by_another_process
 
@@ -144,18 +145,51 @@ MAINTENANCE = [
 def test_maintenance_dag_runs_its_cli_command(
     dag_id: str, command: str, conf: dict[str, Any] | None, lake: dict[str, Any],
     monkeypatch: pytest.MonkeyPatch, spark: SparkSession,
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """Each maintenance DAG runs its command on the lake; a snapshot or a restore of this
+    local lake runs in the worker (no spark-submit), every other command is submitted."""
     if not _cli_has(command):
         pytest.skip(f"`sessionlake {command} --help` fails: the sub-command is not there yet")
     monkeypatch.setenv("SESSIONLAKE_LAKE", str(lake["lake"]))
     monkeypatch.setenv("SESSIONLAKE_SOURCE", str(lake["root"] / "landing"))
+    settings = settings_from({"lake": str(lake["lake"])}, env={})
     if conf is None:  # restore: to a snapshot taken by hand (in this process: no JVM start)
-        snapshot = create_snapshot(spark, settings_from({"lake": str(lake["lake"])}, env={}))
+        snapshot = create_snapshot(spark, settings)
         conf = {"snapshot_id": snapshot.snapshot_id}
+    snapshots_before = {s.snapshot_id for s in list_snapshots(settings.lake)}
     run = run_dag(dag_id, conf)
     assert str(run.state) == "success", _task_states(run)
+    said = caplog.text + capsys.readouterr().out
+    in_worker = f"sessionlake {command} --lake {lake['lake']}"
+    assert (in_worker in said and "not spark-submitted" in said) == (
+        command in ("snapshot", "restore")), said[-2000:]
     if command == "retention":
         assert "u2" not in set(read_delta(lake["lake"] / "sessions")["user_id"])
+    if command == "snapshot":
+        [taken] = [s for s in list_snapshots(settings.lake)
+                   if s.snapshot_id not in snapshots_before]
+        assert taken.name == "dag-test"
+        assert f"snapshot {taken.snapshot_id}" in said  # the job's output, in the task log
+    if command == "restore":
+        assert f"restored {conf['snapshot_id']}" in said
+
+
+def test_a_command_run_in_the_worker_that_fails_fails_its_task_with_its_error(
+    tmp_path: Path,
+) -> None:
+    """The child's own one-line error is the task's; nothing is spark-submitted."""
+    from sessionlake.airflow_tasks import SessionlakeJobOperator
+
+    (tmp_path / "lake").mkdir()
+    job = orch.restore_job(orch.Locations(str(tmp_path / "lake"), None, str(tmp_path / "cp")),
+                           orch.RestoreParams("20260105T101500Z-abc123"))
+    operator = SessionlakeJobOperator(task_id="restore", application="/nonexistent.py",
+                                      application_args=job["args"], env_vars=job["env"],
+                                      local=job["local"])
+    failed = r"sessionlake restore exited with status 2: .*20260105T101500Z-abc123"
+    with pytest.raises(RuntimeError, match=failed):
+        operator.execute({})  # the local run reads no context
 
 
 def test_microbatch_runs_are_skipped_while_a_continuous_run_holds_the_checkpoint(

@@ -205,6 +205,29 @@ def test_spark_job_carries_the_delta_jars_and_the_interpreter() -> None:
     assert Path(job["env"]["PYSPARK_PYTHON"]).exists()
 
 
+@pytest.mark.parametrize(
+    ("lake", "checkpoint", "local"),
+    [
+        ("/l", "/l/_checkpoints/stream", True),
+        ("file:///l", "file:///l/_checkpoints/stream", True),
+        ("s3a://bucket/l", "s3a://bucket/l/_checkpoints/stream", False),
+        ("/l", "hdfs://nn/checkpoints/stream", False),  # the checkpoint is copied too
+        ("s3a://bucket/l", "/l/_checkpoints/stream", False),
+    ],
+)
+def test_a_snapshot_or_restore_of_a_local_lake_runs_in_the_worker(
+    lake: str, checkpoint: str, local: bool,
+) -> None:
+    where = orch.Locations(lake=lake, source=None, checkpoint=checkpoint)
+    snapshot = orch.snapshot_job(where, orch.SnapshotParams("n"))
+    restore = orch.restore_job(where, orch.RestoreParams("20260105T101500Z-abc123"))
+    assert (snapshot["local"], restore["local"]) == (local, local)
+    assert snapshot["args"][:3] == ["snapshot", "--lake", lake]
+    assert restore["args"][:3] == ["restore", "--lake", lake]
+    # Every other job is spark-submitted.
+    assert not orch.spark_job(orch.compaction_args(where, orch.CompactionParams(1)))["local"]
+
+
 def test_the_submitted_driver_imports_the_project_of_the_dags(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
