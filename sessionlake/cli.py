@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
     from sessionlake.checkpoint import UnreadInput
 
 EXIT_USAGE = 2
+#: The output's reader went away: the status a shell reports for a tool killed by SIGPIPE.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 #: ``sessionlake sql``: the statement was valid but failed while it ran.
 EXIT_QUERY_FAILED = 1
 
@@ -691,6 +695,20 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sessionlake`` command."""
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # here, while a closed pipe can still be told apart
+    except BrokenPipeError:
+        # The output's reader went away (`sessionlake sql ... | head`): stop as other tools
+        # do when their pipe closes, without a traceback, and write nothing more to it.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """Parse the command line and run its command, turning known errors into one line."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -167,6 +168,23 @@ def test_version_names_the_packages_it_runs_on(capsys: pytest.CaptureFixture[str
     assert exit_.value.code == 0
     assert re.fullmatch(r"sessionlake \S+ \(pyspark 4\.2\.\d+, delta-spark 4\.4\.\d+\)\n",
                         capsys.readouterr().out)
+
+
+def test_output_whose_reader_went_away_ends_quietly(tmp_path: Path) -> None:
+    """`sessionlake ... | head`: when the pipe closes, no traceback and no "Exception
+    ignored" message; the status a shell gives a tool stopped by SIGPIPE. (argparse's own
+    `--help` already ignores a closed pipe.)"""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line is written
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "sessionlake.cli", "generate", "--out", str(tmp_path),
+             "--users", "5", "--events", "20", "--files", "1"],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=120)
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (128 + signal.SIGPIPE, "")
+    assert len(list(tmp_path.glob("*.jsonl"))) == 1  # the command itself did its work
 
 
 def _cli(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None
