@@ -1000,8 +1000,22 @@ def run_stream(
 
         in_flight = _BatchInFlight()
         reports: dict[int, BatchReport] = {}
+        stop = threading.Event()  # a graceful stop requested (SIGTERM, SIGINT)
+        quiet_on_stop = contextlib.ExitStack()
+        not_begun: list[int] = []  # the batch a stop kept from beginning, if any
 
         def handle(frame: DataFrame, batch_id: int) -> None:
+            if stop.is_set():
+                # Batches that follow each other without a pause (available-now, or longer
+                # than the interval) leave the run no moment between two to stop the query
+                # in, and the next one's handler starts before Spark reports the last one's
+                # progress. So the next batch ends here, before it reads or writes anything:
+                # it was planned, not committed, and runs on restart, as after a crash.
+                monitor.stop_requested = True
+                not_begun.append(batch_id)
+                quiet_on_stop.enter_context(
+                    quiet_task_failures(spark, also=(QUERY_FAILURE_LOGGER,)))
+                raise StopBeforeBatch(f"batch {batch_id} not begun: the run was asked to stop")
             in_flight.batch_id = batch_id
             try:
                 faults.set_batch(batch_id)
@@ -1039,7 +1053,6 @@ def run_stream(
         query: StreamingQuery | None = None
         try:
             query = writer.start()
-            stop = threading.Event()
             forced = False
             give_up_waiting: float | None = None
             planning = PlanningWatch(settings, diagnose=kafka_topic_gone(spark, settings, topic)
@@ -1055,7 +1068,7 @@ def run_stream(
             # the error the run raises.
             quiet = quiet_task_failures(spark, also=(QUERY_FAILURE_LOGGER,)) \
                 if rereads_kafka_timeouts(settings) else contextlib.nullcontext()
-            with _stop_on_signals(stop), quiet:
+            with _stop_on_signals(stop), quiet, quiet_on_stop:
                 while True:
                     if not query.isActive:
                         error = ended or query.exception()
@@ -1100,7 +1113,10 @@ def run_stream(
                         query.awaitTermination(1)
                     except StreamingQueryException as failed:
                         ended = failed
-            if error is not None and monitor.stop_requested:
+            if not_begun:
+                log.warning("stopped before batch %s began (it was planned: it runs on "
+                            "restart)", not_begun[0])
+            elif error is not None and monitor.stop_requested:
                 # A trigger can begin between the check for a quiet moment and the stop (or
                 # the wait gave up): the stop interrupts it before its commit, so it runs
                 # again on restart, as after a crash. Not an error of the run.
@@ -1116,6 +1132,11 @@ def run_stream(
             spark.streams.removeListener(monitor)
             _PY4J_LOG.removeFilter(quiet_after_stop)
     return summary
+
+
+class StopBeforeBatch(Exception):
+    """Raised in a batch's handler, before it does anything, when the run was asked to
+    stop: it ends the query there (see :func:`run_stream`)."""
 
 
 class _BatchInFlight:

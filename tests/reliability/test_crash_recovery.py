@@ -128,3 +128,31 @@ def test_kill_at_a_random_moment_then_restart(
     print(f"killed after {delay:.1f}s")  # shown should the restart fail
     run_here(spark, landing, lake)  # the last restart
     assert outcome(spark, lake) == expected, f"killed after {delay:.1f}s"
+
+
+def test_sigterm_stops_an_available_now_run_after_its_batch_in_flight(
+    spark: SparkSession, landing: Path, expected: dict, tmp_path: Path
+) -> None:
+    """`kill -TERM` (Airflow stopping a task; SIGINT takes the same way) during a run with
+    more to read: the batch in flight commits, the next does not begin, the run exits 0
+    without Spark's stack traces, and a restart ends as an uninterrupted run. Batches follow
+    each other without a pause here, so the stop cannot wait for one."""
+    lake = tmp_path / "lake"
+    process = subprocess.Popen(_command(landing, lake), cwd=REPO, env=_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    said = []
+    for line in process.stderr:  # the first batch's line comes as the second batch runs
+        said.append(line)
+        if '"batch_id": 0' in line:
+            process.send_signal(signal.SIGTERM)
+            break
+    out, rest = process.communicate(timeout=300)
+    log = "".join(said) + rest
+    assert process.returncode == 0, log[-3000:]
+    assert "stopped before batch 2 began" in log, log[-3000:]
+    assert "\tat org.apache." not in log and "Traceback" not in log, log[-3000:]
+    assert out.startswith("processed 2 micro-batch(es)"), out
+    assert len(rows(read_table(spark, str(lake), "batch_metrics").select("batch_id"))) == 2
+    run_here(spark, landing, lake)  # the restart runs batch 2
+    assert outcome(spark, lake) == expected
