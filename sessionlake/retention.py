@@ -121,6 +121,10 @@ class VacuumPlan:
     requested_hours: float
     hours: float
     reason: str | None = None
+    #: While what the floor was raised for lasts (a snapshot kept, a batch not replayed),
+    #: since that floor grows with each hour: the files the VACUUM keeps for it stay until
+    #: then, not ``hours`` from now. ``None``: a floor of fixed hours.
+    lasts: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,12 @@ def check_request(request: RetentionRequest) -> None:
     if request.vacuum_retain_hours is not None and request.vacuum_retain_hours < 0:
         raise RetentionError(
             f"vacuum-retain-hours must be >= 0, got {request.vacuum_retain_hours}")
+    if not (request.erased_hashes or request.vacuum_retain_hours is not None
+            or request.sessions_max_age_days is not None
+            or request.events_max_age_days is not None):
+        raise RetentionError(
+            "nothing to do: give --erase-user ID, --sessions-max-age-days N, "
+            "--events-max-age-days N or --vacuum-retain-hours N")
 
 
 def _hours_since(moment: datetime, now: datetime) -> float:
@@ -241,21 +251,39 @@ def plan_vacuum(
     if request.vacuum_retain_hours is None:
         return None
     asked = float(request.vacuum_retain_hours)
-    needs: list[tuple[float, str]] = []
+    needs: list[tuple[float, str, str | None]] = []
     snapshot_time = kept_since(settings.lake, spark)
     if snapshot_time is not None:
         needs.append((_hours_since(snapshot_time, now),
-                      f"the oldest kept snapshot, taken {snapshot_time.isoformat()}"))
+                      f"the oldest kept snapshot, taken {snapshot_time.isoformat()}",
+                      "while that snapshot is kept (--force-vacuum removes them, and the "
+                      "snapshot can then not be restored)"))
     pending, running = streams_need or streams_need_since(spark, settings)
     if pending is not None:
         needs.append((_hours_since(pending[0], now),
-                      f"an unfinished batch that started {pending[0].isoformat()}"))
+                      f"an unfinished batch that started {pending[0].isoformat()}",
+                      "until that batch is replayed (run the stream); a retention run with "
+                      "VACUUM after that removes them"))
     if running:
-        needs.append((RUNNING_STREAM_HOURS, "the running stream"))
-    floor, why = max(needs, default=(0.0, None))
+        needs.append((RUNNING_STREAM_HOURS, "the running stream", None))
+    floor, why, lasts = max(needs, default=(0.0, None, None))
     if request.force_vacuum or floor <= asked:
         return VacuumPlan(asked, asked)
-    return VacuumPlan(asked, floor, f"VACUUM kept {floor:g}h instead of {asked:g}h for {why}")
+    return VacuumPlan(asked, floor, f"VACUUM kept {floor:g}h instead of {asked:g}h for {why}",
+                      lasts)
+
+
+def still_readable(started: datetime, plan: VacuumPlan | None) -> str:
+    """How long rows a retention run deleted stay readable by time travel, given its
+    VACUUM: for an erasure request, the part that must not be left out."""
+    if plan is None:
+        return ("deleted rows stay readable by time travel until a retention run with "
+                "VACUUM (--vacuum-retain-hours) removes them")
+    if plan.lasts is not None:
+        return f"deleted rows stay readable by time travel {plan.lasts}"
+    until = (started + timedelta(hours=plan.hours)).isoformat(timespec="minutes")
+    return (f"deleted rows stay readable by time travel until {until}: a later retention "
+            "run with VACUUM removes them")
 
 
 @contextmanager
@@ -408,10 +436,7 @@ def enforce_retention(
     purged = plan is not None and plan.hours == 0
     note = plan.reason if plan is not None else None
     if not purged and any(deleted.values()):
-        until = "" if plan is None else \
-            f" until {(started + timedelta(hours=plan.hours)).isoformat(timespec='minutes')}"
-        note = "; ".join(n for n in (note, f"deleted rows stay readable by time travel{until}: "
-                                     "a later retention run with VACUUM removes them") if n)
+        note = "; ".join(n for n in (note, still_readable(started, plan)) if n)
 
     report = RetentionReport(run_id, deleted, plan, files, purged, note)
     _append_audit(spark, lake, report, request, started, sessions_cutoff, events_cutoff,

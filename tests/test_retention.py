@@ -146,7 +146,12 @@ def test_vacuum_keeps_what_a_snapshot_needs_and_a_restore_keeps_the_erasure(
     report = enforce_retention(spark, settings, RetentionRequest(
         erase_users=("u2",), vacuum_retain_hours=0), now=later)
     assert report.vacuum is not None and report.vacuum.hours == 5
-    assert "snapshot" in (report.note or "") and not report.time_travel_purged
+    assert not report.time_travel_purged
+    # Not "until" five hours from now: each later VACUUM keeps the snapshot's files too.
+    assert report.note is not None and report.note.endswith(
+        "deleted rows stay readable by time travel while that snapshot is kept "
+        "(--force-vacuum removes them, and the snapshot can then not be restored)")
+    assert "until" not in report.note
 
     restore_snapshot(spark, settings, snapshot.snapshot_id)
     # The snapshot's files were kept, and the erasure made after it is applied again.
@@ -245,15 +250,18 @@ def test_a_dry_run_counts_what_the_run_deletes_and_changes_nothing(
         (RetentionRequest(erase_user_sha256=("u2",)), "erase-user-sha256 'u2' is not a SHA-256"),
         (RetentionRequest(sessions_max_age_days=0), "sessions-max-age-days"),
         (RetentionRequest(vacuum_retain_hours=-1), "vacuum-retain-hours"),
+        (RetentionRequest(), "nothing to do: give --erase-user ID"),  # no audit row either
+        (RetentionRequest(force_vacuum=True), "nothing to do"),
     ],
 )
 def test_bad_requests_change_nothing(
     spark: SparkSession, settings: Settings, request_: RetentionRequest, message: str
 ) -> None:
-    counts = {t: read_table(spark, settings.lake, t).count() for t in STREAM_TABLES}
+    tables = (*STREAM_TABLES, "retention_audit")
+    counts = {t: read_table(spark, settings.lake, t).count() for t in tables}
     with pytest.raises(RetentionError, match=message):
         enforce_retention(spark, settings, request_)
-    assert {t: read_table(spark, settings.lake, t).count() for t in STREAM_TABLES} == counts
+    assert {t: read_table(spark, settings.lake, t).count() for t in tables} == counts
 
 
 def test_a_missing_lake_is_refused(spark: SparkSession, tmp_path: Path) -> None:
