@@ -249,6 +249,9 @@ def check_archive_request(settings: Settings, target: str) -> tuple[Path, Path, 
         raise ArchiveTargetError(f"the target {target} is inside the lake {settings.lake}, "
                                  "whose folders are its tables' and checkpoints'; pick a "
                                  "folder outside it")
+    if not checkpoint.is_dir():
+        raise ArchiveError(f"no stream's checkpoint at {settings.checkpoint}: no file of the "
+                           "landing folder was read (check --lake and --checkpoint)")
     return landing, checkpoint, destination
 
 

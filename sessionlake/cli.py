@@ -511,9 +511,12 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     from sessionlake.health import unrestorable_versions
     from sessionlake.snapshots import SnapshotError, create_snapshot, list_snapshots
     from sessionlake.storage import local_path
+    from sessionlake.tables import no_lake_at
 
     settings = _settings(args)
     if args.list:
+        if (missing := no_lake_at(None, settings.lake)) is not None:
+            raise UsageError(missing)
         listed: dict[str, dict[str, int]] = {}  # each table's files, listed once for all
         for snapshot in list_snapshots(settings.lake):
             missing = unrestorable_versions(settings.lake, snapshot.table_versions, listed)

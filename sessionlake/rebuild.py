@@ -69,6 +69,7 @@ from sessionlake.tables import (
     EVENTS,
     OPEN_SESSIONS,
     SESSIONS,
+    no_lake_at,
     read_table,
     table_ddl,
     table_path,
@@ -254,6 +255,8 @@ def rebuild_open_sessions(
     :raises RebuildError: before anything is written: a source table damaged, a stream
         running, a batch or a restore unfinished, or a gap other than the stream's.
     """
+    if (missing := no_lake_at(spark, settings.lake)) is not None:
+        raise RebuildError(missing)
     _check_sources(spark, settings.lake)
     checkpoint = settings.checkpoint.rstrip("/")
     # A checkpoint that does not exist has no stream to guard against (and is not created);

@@ -146,6 +146,15 @@ def table_exists(spark: SparkSession | None, lake: str, table: str) -> bool:
     return bool(_commit_versions(spark, lake, table))
 
 
+def no_lake_at(spark: SparkSession | None, lake: str) -> str | None:
+    """Why ``lake`` is no lake at all, when none of the stream's tables is there (a
+    misspelt ``--lake`` must say so, not pass for an empty or a damaged lake); else
+    ``None``."""
+    if any(table_exists(spark, lake, table) for table in STREAM_TABLES):
+        return None
+    return f"no lake at {lake}: `sessionlake run` creates it (check --lake)"
+
+
 def ensure_tables(spark: SparkSession, lake: str, user_buckets: int = 16) -> int:
     """Create every table of the lake that does not exist yet (idempotent).
 

@@ -187,6 +187,24 @@ def test_output_whose_reader_went_away_ends_quietly(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("*.jsonl"))) == 1  # the command itself did its work
 
 
+@pytest.mark.parametrize(("command", "said"), [
+    (["snapshot", "--list"], "no lake at {lake}: `sessionlake run` creates it (check --lake)"),
+    (["rebuild-state"], "no lake at {lake}: `sessionlake run` creates it (check --lake)"),
+    (["archive", "--source", "{tmp}", "--to", "{tmp}/../archived", "--dry-run"],
+     "no stream's checkpoint at {lake}/_checkpoints/stream: no file of the landing folder "
+     "was read (check --lake and --checkpoint)"),
+], ids=["snapshot-list", "rebuild-state", "archive"])
+def test_a_misspelt_lake_is_named_not_taken_for_an_empty_or_damaged_one(
+    command: list[str], said: str, tmp_path: Path, spark: SparkSession,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lake = tmp_path / "no-such-lake"
+    argv = [a.format(tmp=tmp_path) for a in command]
+    assert main([*argv, "--lake", str(lake)]) == 2
+    assert capsys.readouterr().err == f"sessionlake: error: {said.format(lake=lake)}\n"
+    assert not lake.exists()
+
+
 def _cli(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None
          ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
