@@ -331,7 +331,7 @@ def validate_retention_params(params: Mapping[str, Any]) -> RetentionParams:
     for digest in hashes:
         if not isinstance(digest, str) or not USER_HASH.match(digest.lower()):
             raise _bad("erase_user_sha256", digest, "is not a SHA-256 (64 hex digits)")
-    return RetentionParams(
+    checked = RetentionParams(
         erase_user_sha256=tuple(dict.fromkeys(
             [*(user_hash(u) for u in users), *(d.lower() for d in hashes)])),
         sessions_max_age_days=_optional_whole(params, "sessions_max_age_days", 1),
@@ -339,6 +339,11 @@ def validate_retention_params(params: Mapping[str, Any]) -> RetentionParams:
         vacuum_retain_hours=_optional_whole(params, "vacuum_retain_hours", 0),
         dry_run=_flag(params, "dry_run"),
     )
+    if not checked.erase_user_sha256 and checked.sessions_max_age_days is None \
+            and checked.events_max_age_days is None and checked.vacuum_retain_hours is None:
+        raise _bad("vacuum_retain_hours", None, "with no erasure and no age limit either, the "
+                   "run would do nothing: give one of them")
+    return checked
 
 
 def validate_archive_params(

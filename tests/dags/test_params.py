@@ -46,8 +46,8 @@ WHERE = orch.Locations(lake="/l", source="/in", checkpoint="/l/_checkpoints/stre
          {"erase_user_ids": ["u1", "u 2", "u1"], "sessions_max_age_days": 1,
           "events_max_age_days": None, "vacuum_retain_hours": 0},
          orch.RetentionParams((user_hash("u1"), user_hash("u 2")), 1, None, 0)),
-        (orch.validate_retention_params, {"dry_run": True},
-         orch.RetentionParams((), None, None, None, dry_run=True)),
+        (orch.validate_retention_params, {"dry_run": True, "vacuum_retain_hours": 168},
+         orch.RetentionParams((), None, None, 168, dry_run=True)),
         (orch.validate_retention_params,  # by hash, in either case; once with the id's own
          {"erase_user_sha256": [user_hash("u3").upper(), user_hash("u1")],
           "erase_user_ids": ["u1"]},
@@ -104,6 +104,9 @@ def test_restart_without_a_master_runs_where_the_connection_points(master: str |
         (orch.validate_restore_params, {"snapshot_id": "x'; DROP TABLE sessions"},
          "snapshot_id"),
         (orch.validate_retention_params, {"erase_user_ids": "u1"}, "must be a list"),
+        (orch.validate_retention_params,  # the form with every field emptied
+         {"erase_user_ids": [], "sessions_max_age_days": None, "events_max_age_days": None,
+          "vacuum_retain_hours": None, "dry_run": True}, "the run would do nothing"),
         (orch.validate_retention_params, {"erase_user_ids": ["u1", " "]}, "' ' is not"),
         (orch.validate_retention_params, {"erase_user_ids": [7]}, "7 is not a non-empty"),
         (orch.validate_retention_params, {"erase_user_sha256": "ab"}, "must be a list"),
