@@ -424,6 +424,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from sessionlake.query import (
         LakeNotFound,
         QueryError,
+        check_named_query,
         format_frame,
         named_queries,
         parse_as_of,
@@ -445,6 +446,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
     try:
         params = parse_param_assignments(args.params)
         as_of = parse_as_of(args.as_of) if args.as_of else None
+        if args.query is not None:
+            check_named_query(args.query, params)
     except QueryError as error:
         raise UsageError(str(error)) from None
     settings = _settings(args)

@@ -410,6 +410,20 @@ def register_params(spark: SparkSession, query: NamedQuery, values: Mapping[str,
     frame.createOrReplaceTempView(PARAMS_VIEW)
 
 
+def check_named_query(name: str, params: Mapping[str, str]) -> dict[str, Any]:
+    """The typed params of the named query ``name``: a wrong name or param is told without
+    Spark, before a session starts (5 s of a JVM for a typo).
+
+    :raises QueryError: for an unknown name or bad params.
+    """
+    queries = named_queries()
+    if name not in queries:
+        raise QueryError(
+            f"no query named {name!r}: `sessionlake sql --list` shows the {len(queries)} there are"
+        )
+    return bind_params(queries[name], params)
+
+
 def run_named_query(
     spark: SparkSession,
     lake: str,
@@ -422,11 +436,7 @@ def run_named_query(
     :raises QueryError: for an unknown name or bad params (before reading any table).
     """
     queries = named_queries()
-    if name not in queries:
-        raise QueryError(
-            f"no query named {name!r}: `sessionlake sql --list` shows the {len(queries)} there are"
-        )
-    values = bind_params(queries[name], params or {})
+    values = check_named_query(name, params or {})
     register_tables(spark, lake, as_of, names_used(queries[name].text, queries))
     register_params(spark, queries[name], values)
     return spark.sql(queries[name].text)

@@ -17,7 +17,10 @@ Batch A holds 2026-01-05 and u4's event (which closes the first day); batch B th
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -414,6 +417,21 @@ def test_cli_errors_are_one_line_and_exit_2(
     assert main([*argv, "--lake", known_lake["lake"]]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
+
+
+@pytest.mark.parametrize("argv", [["--query", "nope"],
+                                  ["--query", "funnel", "--param", "step3=x"]])
+def test_a_wrong_query_name_or_param_is_told_before_spark_starts(
+    argv: list[str], tmp_path: Path
+) -> None:
+    """No JVM at all (none can start here): the error comes from the catalog alone."""
+    done = subprocess.run(
+        [sys.executable, "-m", "sessionlake.cli", "sql", "--lake", str(tmp_path), *argv],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "JAVA_HOME": str(tmp_path / "no-java"), "PATH": "/nonexistent"})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("sessionlake: error: ") and "Java" not in done.stderr
+    assert len(done.stderr.splitlines()) == 1
 
 
 def test_cli_lists_and_runs_named_queries(
