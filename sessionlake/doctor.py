@@ -23,7 +23,7 @@ import json
 import os
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,7 +38,7 @@ from sessionlake.checkpoint import (
 )
 from sessionlake.config import Settings
 from sessionlake.deltalog import TableLog, commit_file, inspect_table
-from sessionlake.health import running_stream
+from sessionlake.health import running_stream, unrestorable_versions
 from sessionlake.snapshots import Snapshot, list_snapshots, snapshots_root
 from sessionlake.stream import (
     MOVED_SOURCE_WHY,
@@ -456,16 +456,24 @@ def restore_target(
 
 
 def advise(
-    findings: Sequence[Finding], settings: Settings, snapshots: Sequence[Snapshot]
+    findings: Sequence[Finding], settings: Settings, snapshots: Sequence[Snapshot],
+    unusable: Set[str] = frozenset(),
 ) -> list[Finding]:
-    """Fill in each problem's recovery: the command, or why there is none and what is lost."""
-    target = restore_target(findings, snapshots)
+    """Fill in each problem's recovery: the command, or why there is none and what is lost.
+
+    :param unusable: the ids of snapshots that cannot be restored, never advised.
+    """
+    target = restore_target(findings, [s for s in snapshots if s.snapshot_id not in unusable])
     advised = []
     for finding in findings:
         if finding.ok:
             advised.append(finding)
             continue
-        if finding.subject == SNAPSHOTS:
+        if finding.subject == SNAPSHOTS and finding.lost:
+            recovery = (f"recover: `{_command(settings, 'snapshot')}` for a new restore "
+                        "point, and move this folder out of the lake (a VACUUM removed files "
+                        "it needs)")
+        elif finding.subject == SNAPSHOTS:
             recovery = ("move the snapshot folder whose snapshot.json does not parse out of "
                         f"{finding.detail}; the other snapshots stay usable")
         elif finding.detail.endswith(SOURCE_LOG):
@@ -546,4 +554,27 @@ def check_lake(spark: SparkSession | None, settings: Settings) -> HealthReport:
         findings.append(Finding(SNAPSHOTS, f"a snapshot manifest does not read ({error})",
                                 snapshots_root(lake)))
         snapshots = []
-    return HealthReport(tuple(advise(findings, settings, snapshots)))
+    unusable = unrestorable_snapshots(spark, lake, snapshots)
+    if all(f.ok for f in findings):  # else the damage found says why, once
+        findings += unusable
+    return HealthReport(tuple(advise(findings, settings, snapshots,
+                                     unusable={f.lost for f in unusable})))
+
+
+def unrestorable_snapshots(spark: SparkSession | None, lake: str,
+                           snapshots: Sequence[Snapshot]) -> list[Finding]:
+    """A finding for each snapshot whose tables can no longer return to their versions (a
+    forced VACUUM removed files they need): a restore point that ``restore`` would refuse
+    must not pass for one, nor be advised as the way to recover. Checked for a lake on
+    this machine, as ``snapshot --list`` and the health page do."""
+    if storage.local_path(lake) is None:
+        return []
+    listed: dict[str, dict[str, int]] = {}  # each table's files, listed once for all
+    found = []
+    for snapshot in snapshots:
+        why = unrestorable_versions(lake, snapshot.table_versions, listed)
+        if why is not None:
+            found.append(Finding(SNAPSHOTS, f"cannot be restored ({why})",
+                                 f"{snapshots_root(lake)}/{snapshot.snapshot_id}",
+                                 lost=snapshot.snapshot_id, damage=False))
+    return found

@@ -16,6 +16,7 @@ from sessionlake.archive import archive_read_files
 from sessionlake.checkpoint import CONTINUOUS_LOG, RESTORING_MARKER
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
+from sessionlake.doctor import check_lake
 from sessionlake.health import collect_health
 from sessionlake.health_page import render_health_page
 from sessionlake.retention import RetentionRequest, enforce_retention
@@ -234,6 +235,14 @@ def test_a_restore_whose_files_were_vacuumed_is_refused_before_anything_changes(
     assert marks[snapshot.snapshot_id] == listed[snapshot.snapshot_id].split(
         "[cannot be restored: ", 1)[1].rstrip("]")
     assert f"no: {marks[snapshot.snapshot_id]}" in html.unescape(render_health_page(health))
+    # And the doctor: not damage, but no restore point either.
+    report = check_lake(None, config)
+    [unusable] = [f for f in report.findings if not f.ok]
+    assert (unusable.subject, unusable.lost, unusable.damage) == (
+        "snapshots", snapshot.snapshot_id, False)
+    assert unusable.problem == f"cannot be restored ({marks[snapshot.snapshot_id]})"
+    assert report.lines()[-1] == (f"not damaged, but 1 problem(s); recover with: "
+                                  f"sessionlake snapshot --lake {config.lake}")
     land(Path(config.source or ""), 2)
     assert len(run(spark, config)) == 1  # the stream goes on
 
