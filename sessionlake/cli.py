@@ -518,8 +518,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     if args.list:
-        if (missing := no_lake_at(None, settings.lake)) is not None:
-            raise UsageError(missing)
+        if (no_lake := no_lake_at(None, settings.lake)) is not None:
+            raise UsageError(no_lake)
         listed: dict[str, dict[str, int]] = {}  # each table's files, listed once for all
         for snapshot in list_snapshots(settings.lake):
             missing = unrestorable_versions(settings.lake, snapshot.table_versions, listed)

@@ -554,15 +554,14 @@ def check_lake(spark: SparkSession | None, settings: Settings) -> HealthReport:
         findings.append(Finding(SNAPSHOTS, f"a snapshot manifest does not read ({error})",
                                 snapshots_root(lake)))
         snapshots = []
-    unusable = unrestorable_snapshots(spark, lake, snapshots)
+    unusable = unrestorable_snapshots(lake, snapshots)
     if all(f.ok for f in findings):  # else the damage found says why, once
         findings += unusable
     return HealthReport(tuple(advise(findings, settings, snapshots,
                                      unusable={f.lost for f in unusable})))
 
 
-def unrestorable_snapshots(spark: SparkSession | None, lake: str,
-                           snapshots: Sequence[Snapshot]) -> list[Finding]:
+def unrestorable_snapshots(lake: str, snapshots: Sequence[Snapshot]) -> list[Finding]:
     """A finding for each snapshot whose tables can no longer return to their versions (a
     forced VACUUM removed files they need): a restore point that ``restore`` would refuse
     must not pass for one, nor be advised as the way to recover. Checked for a lake on
