@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import os
 import re
+import sys
 import tempfile
 import threading
 import time
@@ -321,13 +322,41 @@ def build_spark(
         settings = {**local_fs_conf(master, settings), **settings}
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with jvm_stdout_to_stderr():
+        spark = builder.getOrCreate()
     ship_package(spark)
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
     listing = (conf or {}).get(LISTING_PARALLELISM, str(shuffle_partitions))
     spark.conf.set(LISTING_PARALLELISM, listing)
     spark.sparkContext.setLogLevel(os.environ.get("SESSIONLAKE_SPARK_LOG_LEVEL", "ERROR"))
     return spark
+
+
+@contextlib.contextmanager
+def jvm_stdout_to_stderr() -> Iterator[None]:
+    """Give a JVM started within the block this process's standard error as its standard
+    output, and keep this process's own standard output.
+
+    What a command prints on standard output is its result, which scripts read
+    (``sessionlake sql --output csv``, ``retention``'s summary). The JVM prints there only
+    chatter: Delta's VACUUM wrote "Deleted 0 files and directories in a total of 3
+    directories." once per table, seven lines before ``retention``'s summary. Its logs
+    already go to standard error (``conf/log4j2.properties``). A child process inherits
+    its parent's descriptors at its start, so the swap lasts only while the JVM starts.
+    """
+    sys.stdout.flush()
+    try:
+        out, err = sys.__stdout__.fileno(), sys.__stderr__.fileno()  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError):  # no real descriptors to swap
+        yield
+        return
+    kept = os.dup(out)
+    try:
+        os.dup2(err, out)
+        yield
+    finally:
+        os.dup2(kept, out)
+        os.close(kept)
 
 
 #: The loggers that print a failed task's Java stack trace on the driver (in local mode,

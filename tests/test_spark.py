@@ -34,6 +34,7 @@ from sessionlake.spark import (
     fit_codegen_to_parse,
     is_local_master,
     java_options,
+    jvm_stdout_to_stderr,
     local_fs_conf,
     local_fs_jar,
     package_files,
@@ -41,6 +42,7 @@ from sessionlake.spark import (
     quick_start_for,
     ship_package,
 )
+from tests.conftest import REPO
 from tests.helpers import first
 
 
@@ -357,3 +359,30 @@ def test_a_rename_through_the_file_context_never_overwrites(
         hadoop.context.rename(path("b.tmp"), path("00.json"), options)
     assert (tmp_path / "00.json").read_text() == "a"
     assert (tmp_path / "b.tmp").read_text() == "b"
+
+
+def test_a_child_started_in_the_swap_writes_its_output_to_standard_error(
+    capfd: pytest.CaptureFixture[str]
+) -> None:
+    with jvm_stdout_to_stderr():
+        subprocess.run(["sh", "-c", "echo child"], check=True)
+    print("parent", flush=True)
+    assert capfd.readouterr() == ("parent\n", "child\n")
+
+
+#: A JVM started by build_spark in a process of its own prints a line as Delta's VACUUM does
+#: ("Deleted 0 files and directories ...", through Scala's console), and Python the result.
+_JVM_THEN_PYTHON_PRINT = """
+from sessionlake.spark import build_spark
+build_spark("local[1]", shuffle_partitions=1)._jvm.scala.Console.println("from the JVM")
+print("result")
+"""
+
+
+def test_the_jvms_output_goes_to_standard_error_and_the_commands_result_alone_to_standard_output(
+) -> None:
+    done = subprocess.run([sys.executable, "-c", _JVM_THEN_PYTHON_PRINT],
+                          capture_output=True, text=True, cwd=REPO, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == "result\n"
+    assert "from the JVM" in done.stderr
