@@ -155,6 +155,12 @@ class RetentionReport:
         return f"retention {self.run_id}: deleted {deleted}; {vacuum}; {purged}{note}"
 
 
+#: The note of a request whose erasure found no row: a mistyped id would otherwise read as
+#: an erasure done ("deleted nothing").
+NO_ROW_TO_ERASE = ("no row of the user(s) to erase was found: erased before, or not a user "
+                   "id of this lake")
+
+
 def check_request(request: RetentionRequest) -> None:
     """Reject a malformed request before anything is read or written.
 
@@ -434,9 +440,12 @@ def enforce_retention(
     plan = plan_vacuum(spark, settings, request, started)
     files = vacuum_tables(spark, lake, plan.hours) if plan is not None else 0
     purged = plan is not None and plan.hours == 0
-    note = plan.reason if plan is not None else None
+    notes = [plan.reason] if plan is not None and plan.reason else []
+    if to_erase is not None and not any(erased.values()):
+        notes.append(NO_ROW_TO_ERASE)
     if not purged and any(deleted.values()):
-        note = "; ".join(n for n in (note, still_readable(started, plan)) if n)
+        notes.append(still_readable(started, plan))
+    note = "; ".join(notes) or None
 
     report = RetentionReport(run_id, deleted, plan, files, purged, note)
     _append_audit(spark, lake, report, request, started, sessions_cutoff, events_cutoff,
@@ -469,6 +478,8 @@ def preview_retention(
     if request.users_to_erase() is not None and pending is not None:
         notes.append(f"the erasure would be refused now: a batch of the stream on "
                      f"{pending[1]} was cut off and is to be replayed first")
+    if request.users_to_erase() is not None and not any(deleted.values()):
+        notes.append(NO_ROW_TO_ERASE)  # told only when no rule reaches a row at all
     notes.append("rows counted in " + ", ".join(
         f"{t}@{versions[t]}" for t in STREAM_TABLES if t in deleted))
     report = RetentionReport(run_id, deleted, plan, files, plan is not None and plan.hours == 0,

@@ -22,6 +22,7 @@ from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
 from sessionlake.erasure import user_hash, users_named
 from sessionlake.retention import (
+    NO_ROW_TO_ERASE,
     RUNNING_STREAM_HOURS,
     RetentionError,
     RetentionRequest,
@@ -119,8 +120,12 @@ def test_an_injection_shaped_id_matches_only_itself(spark: SparkSession, user_id
 
 def test_injection_shaped_ids_erase_nothing(spark: SparkSession, settings: Settings) -> None:
     counts = {t: read_table(spark, settings.lake, t).count() for t in STREAM_TABLES}
-    report = enforce_retention(spark, settings, RetentionRequest(erase_users=tuple(INJECTION_IDS)))
+    request = RetentionRequest(erase_users=tuple(INJECTION_IDS))
+    preview = enforce_retention(spark, settings, replace(request, dry_run=True))
+    report = enforce_retention(spark, settings, request)
     assert not any(report.rows_deleted.values())
+    assert report.note == NO_ROW_TO_ERASE  # not read as an erasure done
+    assert preview.note is not None and preview.note.startswith(NO_ROW_TO_ERASE)
     assert {t: read_table(spark, settings.lake, t).count() for t in STREAM_TABLES} == counts
 
 
