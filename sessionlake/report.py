@@ -126,7 +126,6 @@ def summary_lines(report: LakeReport) -> list[tuple[str, str]]:
     totals = health.totals
     busiest = max(stats.per_hour, key=lambda hour: hour[1]) if stats.per_hour else None
     due = [t.name for t in health.tables if t.needs_compaction]
-    newest = health.snapshots[-1] if health.snapshots else None
     retention = health.retention[-1] if health.retention else None
     return [
         ("last batch", f"#{last.batch_id} finished {fmt_time(last.finished_at)} in "
@@ -147,14 +146,25 @@ def summary_lines(report: LakeReport) -> list[tuple[str, str]]:
                          if busiest else "—"),
         ("tables", f"{len(health.tables)} tables, {sum(t.files for t in health.tables)} "
                    f"files; compaction due: {', '.join(due) or 'none'}"),
-        ("snapshots", f"{len(health.snapshots)}" + (
-            f" (newest {newest.snapshot_id}{' ' + newest.name if newest.name else ''})"
-            if newest else "")),
+        ("snapshots", _snapshots_text(health)),
         ("retention", f"last run {fmt_time(retention.started_at)}, "
                       f"{sum(retention.rows_deleted.values())} rows deleted"
                       if retention else "no run yet"),
         *(("problem", problem) for problem in health.problems),
     ]
+
+
+def _snapshots_text(health: Health) -> str:
+    """How many restore points, the newest, and those a restore would refuse: a snapshot
+    a forced VACUUM broke must not pass for a restore point."""
+    if not health.snapshots:
+        return "0"
+    newest = health.snapshots[-1]
+    broken = [s for s in health.snapshots if s.unrestorable is not None]
+    return (f"{len(health.snapshots)} (newest {newest.snapshot_id}"
+            f"{' ' + newest.name if newest.name else ''})"
+            + (f"; cannot be restored: {', '.join(s.snapshot_id for s in broken)} "
+               f"(`sessionlake doctor` says why)" if broken else ""))
 
 
 def _input_text(health: Health) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import re
 import shutil
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -26,7 +27,19 @@ def test_summary_of_the_observed_lake(observed_lake: ObservedLake) -> None:
     assert (f"input         0 files, 0 B waiting; 3 read files still in "
             f"{observed_lake.settings.source}\n") in text
     assert "busiest hour  2026-01-05 10:00 UTC: 2 sessions" in text
-    assert f"(newest {observed_lake.snapshot_id} nightly)" in text
+    assert f"snapshots     1 (newest {observed_lake.snapshot_id} nightly)\n" in text
+
+
+def test_the_summary_names_the_snapshots_that_cannot_be_restored(
+    observed_lake: ObservedLake
+) -> None:
+    report = build_report(observed_lake.settings)
+    kept = report.health.snapshots[0]
+    broken = replace(kept, snapshot_id="s-broken", name=None, unrestorable="sessions v2: ...")
+    health = replace(report.health, snapshots=[broken, kept])
+    text = format_summary(replace(report, health=health))
+    assert (f"snapshots     2 (newest {kept.snapshot_id} nightly); cannot be restored: "
+            "s-broken (`sessionlake doctor` says why)\n") in text
 
 
 def test_report_command_writes_the_charts(
