@@ -503,7 +503,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     print(
         f"wrote {len(result.files)} files to {args.out}: {result.events} events "
-        f"({result.late} late), {result.duplicates} duplicates, {result.malformed} malformed, "
+        f"({result.late} held back to the last file: late when each file is a batch, "
+        f"--max-files-per-trigger 1), {result.duplicates} duplicates, "
+        f"{result.malformed} malformed, "
         f"{result.first_event_time.isoformat()} .. {result.last_event_time.isoformat()}"
     )
     return 0
