@@ -134,6 +134,11 @@ def reapply_erasures(spark: SparkOnDemand, lake: str, since: datetime) -> dict[s
     hashes = erasures_since(None if storage.local_path(lake) else spark(), lake, since)
     if not hashes:
         return {}
+    # Told before: the erasure starts Spark and reads every user table (half a minute on
+    # a small lake), a wait a restore from its logs alone does not have.
+    log.warning("re-applying %d erasure(s) made since %s, when the snapshot was taken",
+                len(hashes), since.isoformat(timespec="seconds"))
     deleted = erase(spark(), lake, users_hashed(hashes))
-    log.warning("re-applied %d erasures made since %s: %s", len(hashes), since, deleted)
+    log.warning("re-applied %d erasure(s): rows deleted %s", len(hashes),
+                ", ".join(f"{t} {n}" for t, n in deleted.items() if n) or "none")
     return deleted

@@ -144,7 +144,7 @@ def test_age_limits_delete_old_sessions_and_events_only(
 
 
 def test_vacuum_keeps_what_a_snapshot_needs_and_a_restore_keeps_the_erasure(
-    spark: SparkSession, settings: Settings
+    spark: SparkSession, settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     snapshot = create_snapshot(spark, settings)
     later = snapshot.created + timedelta(hours=5)
@@ -158,7 +158,14 @@ def test_vacuum_keeps_what_a_snapshot_needs_and_a_restore_keeps_the_erasure(
         "(--force-vacuum removes them, and the snapshot can then not be restored)")
     assert "until" not in report.note
 
-    restore_snapshot(spark, settings, snapshot.snapshot_id)
+    with caplog.at_level(logging.WARNING, logger="sessionlake.erasure"):
+        restore_snapshot(spark, settings, snapshot.snapshot_id)
+    # Told before the wait, then what it deleted.
+    assert [r.getMessage() for r in caplog.records if r.name == "sessionlake.erasure"] == [
+        f"re-applying 1 erasure(s) made since "
+        f"{snapshot.created.isoformat(timespec='seconds')}, when the snapshot was taken",
+        "re-applied 1 erasure(s): rows deleted " + ", ".join(
+            f"{t} {n}" for t, n in report.rows_deleted.items() if n)]
     # The snapshot's files were kept, and the erasure made after it is applied again.
     assert read_table(spark, settings.lake, "events").where("user_id = 'u1'").count() == 2
     assert user_rows(spark, settings.lake, "u2") == dict.fromkeys(USER_TABLES, 0)
