@@ -427,6 +427,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
         check_named_query,
         format_frame,
         named_queries,
+        names_hint,
         parse_as_of,
         parse_param_assignments,
         run_named_query,
@@ -466,6 +467,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     except (AnalysisException, ParseException) as error:
         first = str(error).strip().splitlines()[0]
+        if error.getCondition() == "TABLE_OR_VIEW_NOT_FOUND":
+            missing = (error.getMessageParameters() or {}).get("relationName", "")
+            first = f"{first} ({names_hint(missing)})"
         raise UsageError(f"the query failed: {first}") from None
     except PySparkException as error:  # at run time: a division by zero, a bad cast...
         if _unreadable_file(error) is not None:

@@ -15,6 +15,7 @@ without params: a catalog view cannot read the temporary ``query_params``.
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import json
 import re
@@ -384,6 +385,19 @@ def names_used(statement: str, queries: Mapping[str, NamedQuery]) -> set[str] | 
         todo.extend(n for n in read - used if n in queries)
         used |= read
     return used
+
+
+def names_hint(missing: str, queries: Mapping[str, NamedQuery] | None = None) -> str:
+    """What to read instead of a table or view ``missing`` that no name of the lake has:
+    the closest name if one is close (a table or a named query), and the tables, since a
+    misspelt name otherwise costs another try, with Spark's start, each time."""
+    queries = named_queries() if queries is None else queries
+    known = [*PUBLIC_TABLES, *queries]
+    name = missing.strip("`").split(".")[-1].strip("`").lower()
+    close = difflib.get_close_matches(name, known, n=1)
+    return ((f"did you mean {close[0]}? " if close else "")
+            + f"the lake's tables: {', '.join(PUBLIC_TABLES)}; `sessionlake sql --list` "
+            "lists the named queries")
 
 
 def run_sql(

@@ -99,6 +99,20 @@ def test_an_analysis_error_is_one_line_without_a_stack_trace(
     assert err.strip().splitlines()[-1].startswith("sessionlake: error: the query failed: ")
 
 
+@pytest.mark.parametrize(("statement", "hint"), [
+    ("SELECT * FROM sesions", "did you mean sessions? the lake's tables: events, "),
+    ("SELECT * FROM bounce_rates", "did you mean bounce_rate? the lake's tables: events, "),
+    ("SELECT * FROM nosuch", "(the lake's tables: events, "),
+])
+def test_a_name_not_in_the_lake_gets_the_closest_and_the_tables(
+    observed_lake: ObservedLake, capsys: pytest.CaptureFixture[str], statement: str, hint: str
+) -> None:
+    assert main(["sql", "--lake", observed_lake.settings.lake, statement]) == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.startswith("sessionlake: error: the query failed: [TABLE_OR_VIEW_NOT_FOUND]")
+    assert hint in said and said.endswith("`sessionlake sql --list` lists the named queries)")
+
+
 @pytest.mark.parametrize("statement", [
     "SELECT 1 / (event_count - event_count) FROM sessions",
     "SELECT CAST(user_id AS INT) FROM sessions",
