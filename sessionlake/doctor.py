@@ -463,7 +463,8 @@ def advise(
 
     :param unusable: the ids of snapshots that cannot be restored, never advised.
     """
-    target = restore_target(findings, [s for s in snapshots if s.snapshot_id not in unusable])
+    usable = [s for s in snapshots if s.snapshot_id not in unusable]
+    target = restore_target(findings, usable)
     advised = []
     for finding in findings:
         if finding.ok:
@@ -503,8 +504,11 @@ def advise(
             recovery = ("no snapshot can restore it (there is none, or every one was taken "
                         f"before a table was re-created): {finding.lost}; take snapshots from "
                         "now on (`sessionlake snapshot`, DAG sessionlake_snapshot)")
+        elif not usable:
+            recovery = ("no snapshot can restore it (a forced VACUUM removed files every one "
+                        f"needs): {finding.lost}; take a new one now (`sessionlake snapshot`)")
         else:
-            newest = snapshots[-1]
+            newest = usable[-1]
             held = newest.table_versions.get(finding.subject)
             holds = "" if held is None else f", which holds {finding.subject} v{held}"
             recovery = (f"no snapshot predates this damage (newest: {newest.snapshot_id}{holds})"

@@ -26,9 +26,9 @@ from sessionlake.checkpoint import RESTORING_MARKER
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
 from sessionlake.deltalog import clear_delta_cache, inspect_table, read_log
-from sessionlake.doctor import check_lake
+from sessionlake.doctor import Finding, advise, check_lake
 from sessionlake.rebuild import RebuildError, rebuild_open_sessions
-from sessionlake.snapshots import SnapshotError, create_snapshot, restore_snapshot
+from sessionlake.snapshots import Snapshot, SnapshotError, create_snapshot, restore_snapshot
 from sessionlake.stream import checkpoint_lock, lake_lock, register_stream, run_stream
 from sessionlake.tables import OPEN_SESSIONS, RETENTION_AUDIT, read_table, table_path
 from tests.helpers import NOW, event, held_by_another_process, hm
@@ -431,3 +431,26 @@ def test_checkpoints_and_deletion_vectors_are_read_like_delta_reads_them(
         _truncate(vector)
     [damage] = inspect_table(None, path).damage
     assert "deletion vector" in damage.problem and not damage.in_log
+
+
+def _snapshot(snapshot_id: str, sessions_version: int) -> Snapshot:
+    return Snapshot(snapshot_id, "2026-01-05T10:00:00Z", None, "stream", 1, 0,
+                    {"sessions": sessions_version})
+
+
+@pytest.mark.parametrize(("unusable", "recovery"), [
+    (set(), "recover: `sessionlake restore --lake /l --snapshot s2` then `sessionlake run "),
+    ({"s2"}, "recover: `sessionlake restore --lake /l --snapshot s1` then `sessionlake run "),
+    ({"s1", "s2"}, "no snapshot can restore it (a forced VACUUM removed files every one "
+                   "needs): sessions since v5; take a new one now (`sessionlake snapshot`)"),
+])
+def test_a_snapshot_that_cannot_be_restored_is_never_advised(
+    unusable: set[str], recovery: str
+) -> None:
+    damage = Finding("sessions", "a data file is missing", "part-0.parquet", version=5,
+                     lost="sessions since v5")
+    snapshots = [_snapshot("s1", 2), _snapshot("s2", 3)]
+    settings = settings_from({"lake": "/l"}, env={})
+    [advised] = advise([damage], settings, snapshots, unusable=unusable)
+    assert advised.recovery is not None and advised.recovery.startswith(recovery), \
+        advised.recovery
