@@ -583,7 +583,6 @@ def test_a_batch_applied_twice_changes_nothing(
     identity = StreamIdentity("twice", 0)
     assert not run_batches(spark, cfg, [batch], identity=identity)[0].resumed
     versions = {t: table_version(spark, lake, t) for t in PUBLIC_TABLES}
-    counts = {t: read_table(spark, lake, t).count() for t in PUBLIC_TABLES}
 
     # The same batch again, as after a crash right after its last write: the ledger entry
     # is there but not marked done, so every write looks for its tagged commit, finds it
@@ -595,5 +594,4 @@ def test_a_batch_applied_twice_changes_nothing(
     path.write_text(json.dumps(entry))
     assert run_batches(spark, cfg, [batch], identity=identity)[0].resumed
 
-    assert {t: table_version(spark, lake, t) for t in PUBLIC_TABLES} == versions
-    assert {t: read_table(spark, lake, t).count() for t in PUBLIC_TABLES} == counts
+    assert {t: table_version(spark, lake, t) for t in PUBLIC_TABLES} == versions  # no commit
