@@ -78,7 +78,8 @@ def test_generate_writes_some_of_every_trouble_unless_told_not_to(
     assert main([*argv, *flags]) == 0
     printed = capsys.readouterr().out
     figures = [int(n) for n in re.findall(
-        r"\((\d+) late\), (\d+) duplicates, (\d+) malformed", printed)[0]]
+        r"\((\d+) held back to the last file: late when each file is a batch, "
+        r"--max-files-per-trigger 1\), (\d+) duplicates, (\d+) malformed", printed)[0]]
     assert all(n > 0 for n in figures) if troubled else figures == [0, 0, 0], printed
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from sessionlake.cli import main
 from sessionlake.generate import generate_clickstream
 
 
@@ -111,16 +110,3 @@ def test_sessions_look_like_sessions(tmp_path: Path) -> None:
     )
     assert 2 <= 3000 / sessions <= 20
 
-
-def test_the_command_says_which_events_are_late_and_when(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Held-back events are late only to a run that reads the files one per batch: a run of
-    the whole folder at once sees them in time."""
-    assert main(["generate", "--out", str(tmp_path), "--users", "20", "--events", "400",
-                 "--files", "3", "--late-fraction", "0.1", "--seed", "3"]) == 0
-    late = generate_clickstream(tmp_path / "again", users=20, events=400, files=3,
-                                late_fraction=0.1, seed=3).late
-    assert late > 0
-    assert (f"400 events ({late} held back to the last file: late when each file is a batch, "
-            "--max-files-per-trigger 1)") in capsys.readouterr().out
