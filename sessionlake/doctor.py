@@ -504,11 +504,13 @@ def advise(
             recovery = ("no snapshot can restore it (there is none, or every one was taken "
                         f"before a table was re-created): {finding.lost}; take snapshots from "
                         "now on (`sessionlake snapshot`, DAG sessionlake_snapshot)")
-        elif not usable:
-            recovery = ("no snapshot can restore it (a forced VACUUM removed files every one "
-                        f"needs): {finding.lost}; take a new one now (`sessionlake snapshot`)")
+        elif (broken := restore_target([finding], snapshots)) is not None:
+            recovery = (f"no snapshot can restore it: those that predate it (newest: "
+                        f"{broken.snapshot_id}) cannot be restored, files they need are gone "
+                        f"(`sessionlake snapshot --list` says which): {finding.lost}; take "
+                        "a new one now (`sessionlake snapshot`)")
         else:
-            newest = usable[-1]
+            newest = snapshots[-1]
             held = newest.table_versions.get(finding.subject)
             holds = "" if held is None else f", which holds {finding.subject} v{held}"
             recovery = (f"no snapshot predates this damage (newest: {newest.snapshot_id}{holds})"

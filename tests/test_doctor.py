@@ -441,8 +441,9 @@ def _snapshot(snapshot_id: str, sessions_version: int) -> Snapshot:
 @pytest.mark.parametrize(("unusable", "recovery"), [
     (set(), "recover: `sessionlake restore --lake /l --snapshot s2` then `sessionlake run "),
     ({"s2"}, "recover: `sessionlake restore --lake /l --snapshot s1` then `sessionlake run "),
-    ({"s1", "s2"}, "no snapshot can restore it (a forced VACUUM removed files every one "
-                   "needs): sessions since v5; take a new one now (`sessionlake snapshot`)"),
+    ({"s1", "s2"}, "no snapshot can restore it: those that predate it (newest: s2) cannot "
+                   "be restored, files they need are gone (`sessionlake snapshot --list` says "
+                   "which): sessions since v5; take a new one now (`sessionlake snapshot`)"),
 ])
 def test_a_snapshot_that_cannot_be_restored_is_never_advised(
     unusable: set[str], recovery: str
