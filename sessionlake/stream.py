@@ -32,7 +32,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from sessionlake import faults, storage
-from sessionlake.batch import BatchReport, Clock, process_lines, stream_identity, utc_now
+from sessionlake.batch import (
+    PHASES,
+    BatchReport,
+    Clock,
+    process_lines,
+    stream_identity,
+    utc_now,
+)
 from sessionlake.checkpoint import (
     IDENTITY_FILE,
     KAFKA_LOG_MARK,
@@ -1016,7 +1023,7 @@ def run_stream(
                 quiet_on_stop.enter_context(
                     quiet_task_failures(spark, also=(QUERY_FAILURE_LOGGER,)))
                 raise StopBeforeBatch(f"batch {batch_id} not begun: the run was asked to stop")
-            in_flight.batch_id = batch_id
+            in_flight.start(batch_id)
             try:
                 faults.set_batch(batch_id)
                 report = process_lines(spark, to_lines(frame), batch_id, settings, identity,
@@ -1030,7 +1037,7 @@ def run_stream(
                 if on_batch is not None:
                     on_batch(report)
             finally:
-                in_flight.batch_id = in_flight.phase = None
+                in_flight.end()
 
         writer = (
             stream.writeStream.foreachBatch(handle)
@@ -1087,7 +1094,8 @@ def run_stream(
                         break
                     now, status = time.monotonic(), query.status  # one py4j call a second
                     planning.look(status, in_flight.is_set(), now)
-                    running.look(in_flight.batch_id, now, in_flight.phase)
+                    batch, phase = in_flight.seen()
+                    running.look(batch, now, phase)
                     if planning.gone is not None:
                         monitor.stop_requested = True
                         query.stop()
@@ -1141,19 +1149,36 @@ class StopBeforeBatch(Exception):
 
 class _BatchInFlight:
     """Which batch the stream's ``foreachBatch`` handler is running, if any, and where it
-    is: set on Spark's thread, read by the run's loop."""
+    is: set on Spark's thread, read by the run's loop.
+
+    The two are one value, replaced whole: read as two, the loop once saw a batch in flight
+    with no phase (between the batch's start and its first phase), and told it so.
+    """
 
     def __init__(self) -> None:
-        self.batch_id: int | None = None
-        self.phase: str | None = None
+        self._now: tuple[int, str] | None = None
+
+    def start(self, batch_id: int) -> None:
+        """The handler began batch ``batch_id``: its first phase."""
+        self._now = (batch_id, PHASES[0])
 
     def begin(self, phase: str) -> None:
         """The batch in flight got to ``phase`` (:func:`sessionlake.batch.process_lines`)."""
-        self.phase = phase
+        if (now := self._now) is not None:
+            self._now = (now[0], phase)
+
+    def end(self) -> None:
+        """The handler is done with its batch."""
+        self._now = None
+
+    def seen(self) -> tuple[int | None, str | None]:
+        """The batch in flight and its phase, read together; ``(None, None)``: none."""
+        now = self._now
+        return (None, None) if now is None else now
 
     def is_set(self) -> bool:
         """Whether a batch of the stream's own is in flight."""
-        return self.batch_id is not None
+        return self._now is not None
 
 
 def _started_again(writer: DataStreamWriter, monitor: BatchMonitor) -> StreamingQuery:
