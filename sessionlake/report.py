@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime, timedelta
 from html import escape
 from pathlib import Path
 from statistics import median
@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from sessionlake import deltareader
 from sessionlake.charts import bar_chart
-from sessionlake.config import Settings
+from sessionlake.config import Settings, format_duration
 from sessionlake.health import Health, collect_health
 from sessionlake.health_page import STYLE, fmt_seconds, fmt_time, input_waiting_text
 
@@ -51,6 +51,9 @@ class SessionStats:
     per_hour: list[tuple[datetime, int]]
     #: (length class, sessions), in the order of :data:`DURATION_CLASSES`.
     durations: list[tuple[str, int]]
+    #: (gap in seconds, sessions, first start day, last start day) of each gap the sessions
+    #: were cut with, the most used first: more than one after a backfill with another.
+    gaps: list[tuple[int, int, date, date]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ def build_report(settings: Settings) -> LakeReport:
 def session_stats(state: deltareader.TableState) -> SessionStats:
     """Counts, per-hour starts and length classes of the ``sessions`` table."""
     rows = deltareader.read_rows(
-        state, ["session_start", "duration_s", "event_count", "is_bounce"]
+        state, ["session_start", "duration_s", "event_count", "is_bounce", "gap_s"]
     ).to_pylist()
     if not rows:
         return SessionStats(0, None, None, None, [], [])
@@ -93,7 +96,19 @@ def session_stats(state: deltareader.TableState) -> SessionStats:
         bounce_rate=sum(1 for r in rows if r["is_bounce"]) / len(rows),
         per_hour=sessions_per_hour([r["session_start"] for r in rows]),
         durations=duration_classes(durations),
+        gaps=gaps_used([(int(r["gap_s"]), r["session_start"]) for r in rows]),
     )
+
+
+def gaps_used(sessions: Sequence[tuple[int, datetime]]) -> list[tuple[int, int, date, date]]:
+    """For each gap the sessions (gap in seconds, start) were cut with: how many, and the
+    days they started on, the most used gap first. A stream cuts with one gap; a backfill
+    may re-cut a date range with another, and the lake then mixes the two."""
+    days: dict[int, list[date]] = {}
+    for gap_s, start in sessions:
+        days.setdefault(gap_s, []).append(start.date())
+    return sorted(((gap_s, len(d), min(d), max(d)) for gap_s, d in days.items()),
+                  key=lambda gap: (-gap[1], gap[0]))
 
 
 def sessions_per_hour(starts: Sequence[datetime]) -> list[tuple[datetime, int]]:
@@ -138,6 +153,7 @@ def summary_lines(report: LakeReport) -> list[tuple[str, str]]:
                      f"{_percent(stats.bounce_rate)} bounces, "
                      + ("—" if stats.mean_events is None else f"{stats.mean_events:.1f}")
                      + " events per session"),
+        ("gaps", _gaps_text(stats.gaps)),
         ("records", f"{totals.get('input_records', 0)} in, {totals.get('accepted', 0)} "
                     f"accepted, {totals.get('late', 0)} late, {totals.get('quarantined', 0)} "
                     f"quarantined, {totals.get('duplicates', 0)} duplicates "
@@ -152,6 +168,18 @@ def summary_lines(report: LakeReport) -> list[tuple[str, str]]:
                       if retention else "no run yet"),
         *(("problem", problem) for problem in health.problems),
     ]
+
+
+def _gaps_text(gaps: Sequence[tuple[int, int, date, date]]) -> str:
+    """The gap the closed sessions were cut with; each gap with its sessions and days when
+    more than one was (a backfill's ``--gap``), since their figures are then not alike."""
+    if len(gaps) <= 1:
+        return format_duration(timedelta(seconds=gaps[0][0])) if gaps else "—"
+    return ("more than one (`sessionlake backfill --gap` re-cut a range): " + "; ".join(
+        f"{format_duration(timedelta(seconds=gap_s))} {count} session"
+        f"{'' if count == 1 else 's'} started {first.isoformat()}"
+        + ("" if last == first else f"..{last.isoformat()}")
+        for gap_s, count, first, last in gaps))
 
 
 def _snapshots_text(health: Health) -> str:

@@ -6,14 +6,20 @@ import io
 import re
 import shutil
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from sessionlake import cli
 from sessionlake.progress import progress
-from sessionlake.report import build_report, duration_classes, format_summary, sessions_per_hour
+from sessionlake.report import (
+    build_report,
+    duration_classes,
+    format_summary,
+    gaps_used,
+    sessions_per_hour,
+)
 from tests.conftest import ObservedLake
 
 
@@ -28,6 +34,7 @@ def test_summary_of_the_observed_lake(observed_lake: ObservedLake) -> None:
             f"{observed_lake.settings.source}\n") in text
     assert "busiest hour  2026-01-05 10:00 UTC: 2 sessions" in text
     assert f"snapshots     1 (newest {observed_lake.snapshot_id} nightly)\n" in text
+    assert "gaps          30m\n" in text  # one gap: the stream's
 
 
 def test_the_summary_names_the_snapshots_that_cannot_be_restored(
@@ -118,3 +125,18 @@ def test_a_damaged_sessions_file_is_a_problem_line_not_a_traceback(
     assert problem.split()[0] == "problem" and problem.endswith(
         "`sessionlake doctor` names the damage and its recovery")
     assert "3 closed, 1 open" in out  # the rest of the report is there
+
+
+def test_sessions_cut_with_more_than_one_gap_are_told_apart(observed_lake: ObservedLake) -> None:
+    """After a backfill with another --gap, the lake mixes sessions of two gaps: the report
+    says which, how many and from which days, the most used first."""
+    day = datetime(2026, 1, 5, 10, tzinfo=UTC)
+    gaps = gaps_used([(1800, day), (10, day), (1800, day + timedelta(days=2)), (10, day)])
+    assert gaps == [(10, 2, day.date(), day.date()),
+                    (1800, 2, day.date(), (day + timedelta(days=2)).date())]
+    report = build_report(observed_lake.settings)
+    mixed = replace(report, sessions=replace(report.sessions, gaps=[
+        (1800, 3, day.date(), (day + timedelta(days=2)).date()), (10, 1, day.date(), day.date())]))
+    assert ("gaps          more than one (`sessionlake backfill --gap` re-cut a range): 30m 3 "
+            "sessions started 2026-01-05..2026-01-07; 10s 1 session started 2026-01-05\n"
+            ) in format_summary(mixed)
