@@ -428,6 +428,7 @@ def enforce_retention(
     versions_before = {t: table_version(spark, lake, t) for t in STREAM_TABLES}
 
     deleted: dict[str, int] = {}
+    erased: dict[str, int] = {}
     if (to_erase := request.users_to_erase()) is not None:
         with batches_held(spark, settings):
             erased = erase(spark, lake, to_erase)

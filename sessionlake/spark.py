@@ -318,11 +318,12 @@ def build_spark(
     }
     # Only where this call starts the JVM: under spark-submit its class path and master
     # were set before this ran.
-    if SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+    starts_jvm = SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+    if starts_jvm:
         settings = {**local_fs_conf(master, settings), **settings}
     for key, value in settings.items():
         builder = builder.config(key, value)
-    with jvm_stdout_to_stderr():
+    with jvm_stdout_to_stderr() if starts_jvm else contextlib.nullcontext():
         spark = builder.getOrCreate()
     ship_package(spark)
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
