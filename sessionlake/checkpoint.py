@@ -46,6 +46,9 @@ CONTINUOUS_RUN = "sessionlake-continuous.json"
 LAKE_LOCK_DIR = "_checkpoints"
 LAKE_LOCK_FILE = "lake.lock"
 LAKE_HOLDER_FILE = "lake-holder.json"
+#: In the lake's ``_checkpoints`` folder: the gap its stream cuts sessions with, noted at
+#: the first run (:func:`sessionlake.stream.check_gap_unchanged`).
+GAP_NOTE = "gap.json"
 #: The checkpoints that ever ran a stream on the lake, a file each in this folder of
 #: ``<lake>/_checkpoints/`` (see ``sessionlake.stream.register_stream``).
 STREAMS_DIR = "streams"

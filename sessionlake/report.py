@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -26,6 +27,7 @@ import pyarrow as pa
 
 from sessionlake import deltareader
 from sessionlake.charts import bar_chart
+from sessionlake.checkpoint import GAP_NOTE, LAKE_LOCK_DIR
 from sessionlake.config import Settings, format_duration
 from sessionlake.health import Health, collect_health
 from sessionlake.health_page import STYLE, fmt_seconds, fmt_time, input_waiting_text
@@ -54,6 +56,8 @@ class SessionStats:
     #: (gap in seconds, sessions, first start day, last start day) of each gap the sessions
     #: were cut with, the most used first: more than one after a backfill with another.
     gaps: list[tuple[int, int, date, date]] = field(default_factory=list)
+    #: The gap the lake's stream cuts with (its note at the first run), if noted.
+    stream_gap_s: int | None = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,8 @@ def build_report(settings: Settings) -> LakeReport:
     stats = SessionStats(0, None, None, None, [], [])
     if deltareader.is_delta_table(sessions_table):
         try:
-            stats = session_stats(deltareader.read_state(sessions_table))
+            stats = replace(session_stats(deltareader.read_state(sessions_table)),
+                            stream_gap_s=noted_gap_s(settings.lake))
         except (OSError, pa.ArrowException) as error:
             problem = (f"sessions could not be read ({str(error).splitlines()[0]}): "
                        "`sessionlake doctor` names the damage and its recovery")
@@ -98,6 +103,15 @@ def session_stats(state: deltareader.TableState) -> SessionStats:
         durations=duration_classes(durations),
         gaps=gaps_used([(int(r["gap_s"]), r["session_start"]) for r in rows]),
     )
+
+
+def noted_gap_s(lake: str) -> int | None:
+    """The gap the lake's stream cuts its sessions with, as its first run noted it."""
+    note = deltareader.local_table_path(lake) / LAKE_LOCK_DIR / GAP_NOTE
+    try:
+        return int(json.loads(note.read_text())["gap_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # no stream run yet, or a note that does not parse: said nowhere else
 
 
 def gaps_used(sessions: Sequence[tuple[int, datetime]]) -> list[tuple[int, int, date, date]]:
@@ -153,7 +167,7 @@ def summary_lines(report: LakeReport) -> list[tuple[str, str]]:
                      f"{_percent(stats.bounce_rate)} bounces, "
                      + ("—" if stats.mean_events is None else f"{stats.mean_events:.1f}")
                      + " events per session"),
-        ("gaps", _gaps_text(stats.gaps)),
+        ("gaps", _gaps_text(stats.gaps, stats.stream_gap_s)),
         ("records", f"{totals.get('input_records', 0)} in, {totals.get('accepted', 0)} "
                     f"accepted, {totals.get('late', 0)} late, {totals.get('quarantined', 0)} "
                     f"quarantined, {totals.get('duplicates', 0)} duplicates "
@@ -170,16 +184,23 @@ def summary_lines(report: LakeReport) -> list[tuple[str, str]]:
     ]
 
 
-def _gaps_text(gaps: Sequence[tuple[int, int, date, date]]) -> str:
-    """The gap the closed sessions were cut with; each gap with its sessions and days when
-    more than one was (a backfill's ``--gap``), since their figures are then not alike."""
-    if len(gaps) <= 1:
-        return format_duration(timedelta(seconds=gaps[0][0])) if gaps else "—"
-    return ("more than one (`sessionlake backfill --gap` re-cut a range): " + "; ".join(
-        f"{format_duration(timedelta(seconds=gap_s))} {count} session"
-        f"{'' if count == 1 else 's'} started {first.isoformat()}"
-        + ("" if last == first else f"..{last.isoformat()}")
-        for gap_s, count, first, last in gaps))
+def _gaps_text(gaps: Sequence[tuple[int, int, date, date]], stream_gap_s: int | None) -> str:
+    """The gap the closed sessions were cut with. When a backfill's ``--gap`` re-cut a range
+    with another than the stream's, each gap with its sessions and days, and the stream's:
+    their figures are then not alike."""
+    def gap(seconds: int) -> str:
+        return format_duration(timedelta(seconds=seconds))
+
+    if not gaps:
+        return "—" if stream_gap_s is None else f"{gap(stream_gap_s)} (the stream's)"
+    if len(gaps) == 1 and stream_gap_s in (None, gaps[0][0]):
+        return gap(gaps[0][0])
+    return "; ".join(
+        f"{gap(gap_s)} {count} session{'' if count == 1 else 's'} started "
+        f"{first.isoformat()}" + ("" if last == first else f"..{last.isoformat()}")
+        for gap_s, count, first, last in gaps) + (
+        "" if stream_gap_s is None else f"; the stream cuts with {gap(stream_gap_s)}") + (
+        " (`sessionlake backfill --gap` re-cut a range)")
 
 
 def _snapshots_text(health: Health) -> str:

@@ -41,6 +41,7 @@ from sessionlake.batch import (
     utc_now,
 )
 from sessionlake.checkpoint import (
+    GAP_NOTE,
     IDENTITY_FILE,
     KAFKA_LOG_MARK,
     KAFKA_SOURCE_LOG_START,
@@ -150,11 +151,6 @@ def check_no_batch_cut_off_elsewhere(spark: SparkSession, settings: Settings) ->
                 "checkpoint once first (`sessionlake run --checkpoint "
                 f"{checkpoint}` with its --source), so that the lake holds whole batches"
             )
-
-
-#: In the lake's ``_checkpoints`` folder: the gap its stream cuts sessions with, noted at
-#: the first run (:func:`check_gap_unchanged`).
-GAP_NOTE = "gap.json"
 
 
 def check_gap_unchanged(spark: SparkSession, settings: Settings) -> None:

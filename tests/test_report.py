@@ -135,8 +135,14 @@ def test_sessions_cut_with_more_than_one_gap_are_told_apart(observed_lake: Obser
     assert gaps == [(10, 2, day.date(), day.date()),
                     (1800, 2, day.date(), (day + timedelta(days=2)).date())]
     report = build_report(observed_lake.settings)
+    assert report.sessions.stream_gap_s == 1800  # the stream's note
     mixed = replace(report, sessions=replace(report.sessions, gaps=[
         (1800, 3, day.date(), (day + timedelta(days=2)).date()), (10, 1, day.date(), day.date())]))
-    assert ("gaps          more than one (`sessionlake backfill --gap` re-cut a range): 30m 3 "
-            "sessions started 2026-01-05..2026-01-07; 10s 1 session started 2026-01-05\n"
-            ) in format_summary(mixed)
+    assert ("gaps          30m 3 sessions started 2026-01-05..2026-01-07; 10s 1 session "
+            "started 2026-01-05; the stream cuts with 30m (`sessionlake backfill --gap` re-cut "
+            "a range)\n") in format_summary(mixed)
+    # A backfill of every day there is: one gap left, not the stream's.
+    recut = replace(report, sessions=replace(report.sessions, gaps=[
+        (10, 4, day.date(), day.date())]))
+    assert ("gaps          10s 4 sessions started 2026-01-05; the stream cuts with 30m "
+            "(`sessionlake backfill --gap` re-cut a range)\n") in format_summary(recut)
