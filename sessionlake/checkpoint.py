@@ -158,6 +158,16 @@ def lake_lock_folder(lake: str) -> str:
     return f"{lake.rstrip('/')}/{LAKE_LOCK_DIR}"
 
 
+def noted_gap_s(spark: SparkSession | None, lake: str) -> float | None:
+    """The gap, in seconds, the lake's stream cuts its sessions with, as its first run
+    noted it (:data:`GAP_NOTE`); ``None`` before that run.
+
+    :raises ValueError, KeyError, TypeError: on a note that does not parse.
+    """
+    text = read_text(spark, f"{lake_lock_folder(lake)}/{GAP_NOTE}")
+    return None if text is None else float(json.loads(text)["gap_s"])
+
+
 @contextmanager
 def batch_locks(lake: str, checkpoint: str, timeout: float | None = None) -> Iterator[None]:
     """Hold the checkpoint's batch lock, then the lake's (``<lake>/_checkpoints/``), as

@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -27,7 +26,7 @@ import pyarrow as pa
 
 from sessionlake import deltareader
 from sessionlake.charts import bar_chart
-from sessionlake.checkpoint import GAP_NOTE, LAKE_LOCK_DIR
+from sessionlake.checkpoint import noted_gap_s
 from sessionlake.config import Settings, format_duration
 from sessionlake.health import Health, collect_health
 from sessionlake.health_page import STYLE, fmt_seconds, fmt_time, input_waiting_text
@@ -78,7 +77,7 @@ def build_report(settings: Settings) -> LakeReport:
     if deltareader.is_delta_table(sessions_table):
         try:
             stats = replace(session_stats(deltareader.read_state(sessions_table)),
-                            stream_gap_s=noted_gap_s(settings.lake))
+                            stream_gap_s=stream_gap_s(settings.lake))
         except (OSError, pa.ArrowException) as error:
             problem = (f"sessions could not be read ({str(error).splitlines()[0]}): "
                        "`sessionlake doctor` names the damage and its recovery")
@@ -105,13 +104,13 @@ def session_stats(state: deltareader.TableState) -> SessionStats:
     )
 
 
-def noted_gap_s(lake: str) -> int | None:
-    """The gap the lake's stream cuts its sessions with, as its first run noted it."""
-    note = deltareader.local_table_path(lake) / LAKE_LOCK_DIR / GAP_NOTE
+def stream_gap_s(lake: str) -> int | None:
+    """The gap the lake's stream cuts its sessions with (:func:`noted_gap_s`), if noted."""
     try:
-        return int(json.loads(note.read_text())["gap_s"])
+        noted = noted_gap_s(None, lake)
     except (OSError, ValueError, KeyError, TypeError):
-        return None  # no stream run yet, or a note that does not parse: said nowhere else
+        return None  # a note that does not parse: the next run says so
+    return None if noted is None else int(noted)
 
 
 def gaps_used(sessions: Sequence[tuple[int, datetime]]) -> list[tuple[int, int, date, date]]:

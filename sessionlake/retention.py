@@ -476,10 +476,11 @@ def preview_retention(
     files = files_to_vacuum(spark, settings.lake, plan.hours) if plan is not None else 0
     notes = [plan.reason] if plan is not None and plan.reason else []
     pending = streams_need[0]
-    if request.users_to_erase() is not None and pending is not None:
+    erasing = request.users_to_erase() is not None
+    if erasing and pending is not None:
         notes.append(f"the erasure would be refused now: a batch of the stream on "
                      f"{pending[1]} was cut off and is to be replayed first")
-    if request.users_to_erase() is not None and not any(deleted.values()):
+    if erasing and not any(deleted.values()):
         notes.append(NO_ROW_TO_ERASE)  # told only when no rule reaches a row at all
     notes.append("rows counted in " + ", ".join(
         f"{t}@{versions[t]}" for t in STREAM_TABLES if t in deleted))

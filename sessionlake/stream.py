@@ -69,6 +69,7 @@ from sessionlake.checkpoint import (
     landing_subfolders_read,
     lock_held,
     note_input_format,
+    noted_gap_s,
     noted_input_format,
     partition_folder,
 )
@@ -163,13 +164,12 @@ def check_gap_unchanged(spark: SparkSession, settings: Settings) -> None:
     command line's) is refused before any batch. Sessions with another gap are a backfill
     of a date range (``sessionlake backfill --gap``) or a new lake.
     """
-    uri = f"{lake_lock_folder(settings.lake)}/{GAP_NOTE}"
-    text = storage.read_text(spark, uri)
+    noted = noted_gap_s(spark, settings.lake)
     gap_s = settings.gap.total_seconds()
-    if text is None:
-        storage.write_text(spark, uri, json.dumps({"gap_s": gap_s}))
+    if noted is None:
+        storage.write_text(spark, f"{lake_lock_folder(settings.lake)}/{GAP_NOTE}",
+                           json.dumps({"gap_s": gap_s}))
         return
-    noted = float(json.loads(text)["gap_s"])
     if noted != gap_s:
         lake_gap = format_duration(timedelta(seconds=noted))
         raise ConfigError(
