@@ -126,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-offsets-per-trigger", type=int,
                      dest="kafka_max_offsets_per_trigger",
                      help="with --source kafka: at most this many records per micro-batch")
+    run.add_argument("--kafka-reread-wait", dest="kafka_reread_wait",
+                     help="with --source kafka and --trigger continuous: the wait before a "
+                          "batch that failed on brokers that stopped answering is read again; "
+                          "twice as long after each failure in a row, up to 12 times "
+                          "(default 5s)")
     run.add_argument("--accept-kafka-data-loss", action="store_true",
                      dest="kafka_accept_data_loss",
                      help="with --source kafka: skip, with a warning, records deleted from the "
@@ -334,7 +339,8 @@ def _settings(args: argparse.Namespace) -> Settings:
             "shuffle_partitions", "max_files_per_trigger", "read_subfolders", "master",
             "alert_batch_duration", "alert_late_fraction", "alert_quarantine_fraction",
             "kafka_bootstrap", "kafka_topic", "kafka_starting_offsets",
-            "kafka_max_offsets_per_trigger", "kafka_accept_data_loss", "kafka_properties")
+            "kafka_max_offsets_per_trigger", "kafka_reread_wait", "kafka_accept_data_loss",
+            "kafka_properties")
     return settings_from({k: getattr(args, k, None) for k in keys})
 
 

@@ -51,6 +51,7 @@ ENV = {
     "kafka_topic": "SESSIONLAKE_KAFKA_TOPIC",
     "kafka_starting_offsets": "SESSIONLAKE_KAFKA_STARTING_OFFSETS",
     "kafka_max_offsets_per_trigger": "SESSIONLAKE_KAFKA_MAX_OFFSETS_PER_TRIGGER",
+    "kafka_reread_wait": "SESSIONLAKE_KAFKA_REREAD_WAIT",
     "kafka_properties": "SESSIONLAKE_KAFKA_PROPERTIES",
 }
 
@@ -252,6 +253,11 @@ class Settings:
     #: Skip, with a warning, records deleted from the topic before the stream read them,
     #: instead of refusing to run (``--accept-kafka-data-loss``, for one run: no variable).
     kafka_accept_data_loss: bool = False
+    #: With ``source="kafka"`` and a continuous trigger: the wait before the run starts its
+    #: query again after a batch failed because the brokers stopped answering as it read
+    #: its records; each failure that follows another without a batch committed between
+    #: waits twice the last, up to twelve times this (``sessionlake.monitor.reread_waits``).
+    kafka_reread_wait: timedelta = timedelta(seconds=5)
     #: With ``source="kafka"``: a Java properties file of Kafka client settings, such as a
     #: secured cluster's (:func:`read_kafka_properties`). Only its path is kept here.
     kafka_properties: str | None = None
@@ -339,7 +345,7 @@ def settings_from(
         if key in current:
             check(key, partial(_one_of, choices=choices, name=name))
     for key in ("gap", "grace", "max_session_duration", "max_future_skew",
-                "processing_interval", "alert_batch_duration"):
+                "processing_interval", "alert_batch_duration", "kafka_reread_wait"):
         if key in current:
             check(key, partial(parse_duration, name=key.replace("_", "-")))
     if "kafka_bootstrap" in current:
@@ -372,4 +378,6 @@ def settings_from(
         )
     if settings.processing_interval <= timedelta(0):
         raise ConfigError("processing-interval must be longer than 0")
+    if settings.kafka_reread_wait <= timedelta(0):
+        raise ConfigError("kafka-reread-wait must be longer than 0")
     return settings

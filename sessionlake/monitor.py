@@ -37,9 +37,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from pyspark.sql.streaming import StreamingQueryListener
@@ -416,10 +416,18 @@ def rereads_after(settings: Settings, error_text: str) -> str | None:
     return kafka_timeout(error_text) if rereads_kafka_timeouts(settings) else None
 
 
-#: How long a continuous Kafka run waits before it starts its query again after a batch
-#: failed reading its records, in seconds: the first wait, then each one longer while
-#: failures follow each other without a batch committed in between, up to the last.
-KAFKA_REREAD_WAITS_S: tuple[float, ...] = (5.0, 10.0, 20.0, 40.0, 60.0)
+#: The waits of a continuous Kafka run before it starts its query again after failures
+#: that follow each other, as multiples of the first (``--kafka-reread-wait``): with the
+#: default of 5 s, 5, 10, 20, 40, then 60 s.
+KAFKA_REREAD_WAIT_FACTORS: tuple[int, ...] = (1, 2, 4, 8, 12)
+
+
+def reread_waits(settings: Settings) -> tuple[float, ...]:
+    """How long a continuous Kafka run waits before it starts its query again after a
+    batch failed reading its records, in seconds: the first wait, then each one longer
+    while failures follow each other without a batch committed in between, up to the last."""
+    first = settings.kafka_reread_wait.total_seconds()
+    return tuple(first * factor for factor in KAFKA_REREAD_WAIT_FACTORS)
 
 
 class KafkaRereads:
@@ -435,10 +443,9 @@ class KafkaRereads:
     continuous on Kafka, still stops the run.
     """
 
-    def __init__(self, settings: Settings,
-                 waits_s: Sequence[float] = KAFKA_REREAD_WAITS_S) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.waits_s = tuple(waits_s)
+        self.waits_s = reread_waits(settings)
         self.failures = 0
         self._batches_at_failure = -1
 
@@ -454,7 +461,8 @@ class KafkaRereads:
         wait_s = self.waits_s[min(self.failures, len(self.waits_s) - 1)]
         self.failures += 1
         log.error("ALERT a batch failed reading its records: the Kafka brokers at %s stopped "
-                  "answering (%s). The stream starts again from its checkpoint in %.0fs and "
+                  "answering (%s). The stream starts again from its checkpoint in %s and "
                   "replays that batch (failure %d in a row); SIGTERM stops it",
-                  self.settings.kafka_bootstrap, reason, wait_s, self.failures)
+                  self.settings.kafka_bootstrap, reason,
+                  format_duration(timedelta(seconds=wait_s)), self.failures)
         return wait_s

@@ -49,6 +49,9 @@ def test_flags_win_over_environment_over_defaults(tmp_path: Path) -> None:
      "max-offsets-per-trigger must be .* \\(from SESSIONLAKE_KAFKA_MAX_OFFSETS_PER_TRIGGER\\)$"),
     ("SESSIONLAKE_KAFKA_STARTING_OFFSETS", "middle",
      "\\(from SESSIONLAKE_KAFKA_STARTING_OFFSETS\\)$"),
+    ("SESSIONLAKE_KAFKA_REREAD_WAIT", "soon",
+     "kafka-reread-wait must be a duration .*, got 'soon' "
+     "\\(from SESSIONLAKE_KAFKA_REREAD_WAIT\\)$"),
 ])
 def test_a_bad_value_from_the_environment_names_its_variable(
     variable: str, value: str, message: str
@@ -89,6 +92,7 @@ def test_relative_paths_become_absolute_and_uris_stay(
          "starting-offsets must be one of earliest, latest"),
         ({"lake": "L", "kafka_max_offsets_per_trigger": "0"},
          "max-offsets-per-trigger must be a whole number"),
+        ({"lake": "L", "kafka_reread_wait": "0s"}, "kafka-reread-wait must be longer than 0"),
     ],
 )
 def test_bad_settings_are_refused_with_their_name(values: dict, message: str) -> None:
@@ -103,13 +107,15 @@ def test_kafka_settings_from_the_environment(
     env = {"SESSIONLAKE_LAKE": "L", "SESSIONLAKE_SOURCE": "kafka",
            "SESSIONLAKE_KAFKA_BOOTSTRAP": "k1:9092, [::1]:9093",
            "SESSIONLAKE_KAFKA_TOPIC": "clicks", "SESSIONLAKE_KAFKA_STARTING_OFFSETS": "latest",
-           "SESSIONLAKE_KAFKA_MAX_OFFSETS_PER_TRIGGER": "500"}
+           "SESSIONLAKE_KAFKA_MAX_OFFSETS_PER_TRIGGER": "500",
+           "SESSIONLAKE_KAFKA_REREAD_WAIT": "30s"}
     settings = settings_from({}, env=env)
     # `kafka` names the source, not a folder; `./kafka` is still a folder.
     assert settings.source == "kafka" and settings.reads_kafka
     assert (settings.kafka_bootstrap, settings.kafka_topic, settings.kafka_starting_offsets,
             settings.kafka_max_offsets_per_trigger) == ("k1:9092,[::1]:9093", "clicks",
                                                          "latest", 500)
+    assert settings.kafka_reread_wait == timedelta(seconds=30)
     folder = settings_from({"source": "./kafka"}, env=env)
     assert folder.source == str(tmp_path / "kafka") and not folder.reads_kafka
     assert settings_from({"lake": "L"}, env={}).kafka_starting_offsets == "earliest"

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -411,7 +411,8 @@ def test_a_secured_cluster_is_read_with_the_settings_of_kafka_properties(
 
 @contextmanager
 def continuous_run(broker: KafkaBroker, topic: str, lake: Path, properties: Path, log: Path,
-                   env: Mapping[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+                   env: Mapping[str, str] | None = None, flags: Sequence[str] = (),
+                   ) -> Iterator[subprocess.Popen[bytes]]:
     """``sessionlake run --trigger continuous`` on ``topic`` in its own process, its output
     in ``log``; afterwards the broker answers again (SIGCONT) and the run is not left behind."""
     environment = {k: v for k, v in os.environ.items() if k != "SESSIONLAKE_FAULT"}
@@ -421,7 +422,7 @@ def continuous_run(broker: KafkaBroker, topic: str, lake: Path, properties: Path
             [sys.executable, "-m", "sessionlake.cli", "run", "--source", "kafka",
              "--kafka-bootstrap", broker.bootstrap, "--topic", topic, "--lake", str(lake),
              "--grace", GRACE, "--trigger", "continuous", "--processing-interval", "1s",
-             "--kafka-properties", str(properties)],
+             "--kafka-properties", str(properties), *flags],
             cwd=REPO, env=environment, stdout=output, stderr=subprocess.STDOUT)
     try:
         yield run
@@ -435,7 +436,7 @@ def continuous_run(broker: KafkaBroker, topic: str, lake: Path, properties: Path
 @contextmanager
 def frozen_under_first_fetch(broker: KafkaBroker, topic: str, lake: Path, properties: Path,
                              log: Path, paused: Path, env: Mapping[str, str] | None = None,
-                             ) -> Iterator[subprocess.Popen[bytes]]:
+                             flags: Sequence[str] = ()) -> Iterator[subprocess.Popen[bytes]]:
     """A :func:`continuous_run` whose broker is frozen (SIGSTOP) after batch 0's offsets
     were planned and before it reads its records (the run paused at its ``ingest`` fault
     point, then let go). Spark's consumer gives up the fetch after
@@ -445,7 +446,7 @@ def frozen_under_first_fetch(broker: KafkaBroker, topic: str, lake: Path, proper
         "SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", "")
         + " -Dspark.network.timeout=15s -Dspark.network.timeoutInterval=10s"
         " -Dspark.executor.heartbeatInterval=3s", **(env or {}),
-    }) as run:
+    }, flags) as run:
         deadline = time.monotonic() + 300
         while not paused.exists():
             assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
@@ -510,7 +511,8 @@ def test_a_continuous_run_replays_a_batch_whose_brokers_stopped_answering_as_it_
     log = tmp_path / "run.log"
     alert = "ALERT a batch failed reading its records: the Kafka brokers at"
     with frozen_under_first_fetch(broker, topic, lake, quick, log, paused,
-                                  {"SESSIONLAKE_ALERT_BATCH_DURATION": "8s"}) as run:
+                                  {"SESSIONLAKE_ALERT_BATCH_DURATION": "8s"},
+                                  ["--kafka-reread-wait", "2s"]) as run:
         deadline = time.monotonic() + 300
         while alert not in log.read_text():
             assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
@@ -524,7 +526,7 @@ def test_a_continuous_run_replays_a_batch_whose_brokers_stopped_answering_as_it_
     said = log.read_text()
     assert run.returncode == 0, said[-3000:]
     assert first == 0
-    assert "starts again from its checkpoint in 5s and replays that batch" in said
+    assert "starts again from its checkpoint in 2s and replays that batch" in said
     assert "ALERT stream stopped on an error" not in said
     # One line for the failed batch, not Spark's stack traces of it.
     assert "terminated with error" not in said and "\tat org.apache." not in said, said
@@ -554,9 +556,11 @@ def test_sigterm_while_a_continuous_run_waits_to_reread_stops_it_and_a_restart_r
     quick.write_text("request.timeout.ms=1500\ndefault.api.timeout.ms=2000\n")
     lake, paused = tmp_path / "lake", tmp_path / "paused"
     log = tmp_path / "run.log"
-    with frozen_under_first_fetch(broker, topic, lake, quick, log, paused) as run:
+    # A wait far longer than the test: the signal must end it, not its end.
+    with frozen_under_first_fetch(broker, topic, lake, quick, log, paused,
+                                  {"SESSIONLAKE_KAFKA_REREAD_WAIT": "10m"}) as run:
         deadline = time.monotonic() + 300
-        while "starts again from its checkpoint in 5s" not in log.read_text():
+        while "starts again from its checkpoint in 10m" not in log.read_text():
             assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
         run.send_signal(signal.SIGTERM)

@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sessionlake.batch import BatchReport
-from sessionlake.config import ConfigError, settings_from
+from sessionlake.config import ConfigError, format_duration, settings_from
 from sessionlake.monitor import (
     BatchRecord,
     KafkaRereads,
@@ -334,23 +334,30 @@ FETCH_TIMEOUT = ("org.apache.spark.SparkException: Job aborted due to stage fail
                  "120000 milliseconds")
 
 
-def _kafka_run(trigger: str) -> Any:
+def _kafka_run(trigger: str, **values: Any) -> Any:
     return settings_from({"lake": "/l", "source": "kafka", "kafka_bootstrap": "127.0.0.1:9092",
-                          "kafka_topic": "t", "trigger": trigger}, env={})
+                          "kafka_topic": "t", "trigger": trigger, **values}, env={})
 
 
+@pytest.mark.parametrize(("first", "waits"), [
+    (None, [5, 10, 20, 40, 60, 60]),  # the default
+    ("1.5s", [1.5, 3, 6, 12, 18, 18]),
+    ("2m", [120, 240, 480, 960, 1440, 1440]),
+])
 def test_a_continuous_kafka_run_waits_longer_between_failures_that_follow_each_other(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, first: str | None, waits: list[float],
 ) -> None:
-    rereads = KafkaRereads(_kafka_run("continuous"), waits_s=(5, 10, 20))
+    rereads = KafkaRereads(_kafka_run("continuous", **(
+        {} if first is None else {"kafka_reread_wait": first})))
     with caplog.at_level(logging.ERROR, logger="sessionlake.monitor"):
-        waits = [rereads.wait_before_next(RuntimeError(FETCH_TIMEOUT), batches_done=3)
-                 for _ in range(4)]
-    assert waits == [5, 10, 20, 20]
+        assert [rereads.wait_before_next(RuntimeError(FETCH_TIMEOUT), batches_done=3)
+                for _ in waits] == waits
     assert "Cannot fetch record for offset 40 in 120000 milliseconds" in caplog.text
-    assert "(failure 4 in a row)" in caplog.text
+    first_wait = format_duration(timedelta(seconds=waits[0]))
+    assert f"from its checkpoint in {first_wait} and replays" in caplog.text
+    assert f"(failure {len(waits)} in a row)" in caplog.text
     # A batch committed since the last failure: the waits start again from the first.
-    assert rereads.wait_before_next(RuntimeError(FETCH_TIMEOUT), batches_done=4) == 5
+    assert rereads.wait_before_next(RuntimeError(FETCH_TIMEOUT), batches_done=4) == waits[0]
 
 
 @pytest.mark.parametrize(("trigger", "error"), [
