@@ -422,12 +422,11 @@ def rereads_after(settings: Settings, error_text: str) -> str | None:
 KAFKA_REREAD_WAIT_FACTORS: tuple[int, ...] = (1, 2, 4, 8, 12)
 
 
-def reread_waits(settings: Settings) -> tuple[float, ...]:
+def reread_waits(settings: Settings) -> tuple[timedelta, ...]:
     """How long a continuous Kafka run waits before it starts its query again after a
-    batch failed reading its records, in seconds: the first wait, then each one longer
-    while failures follow each other without a batch committed in between, up to the last."""
-    first = settings.kafka_reread_wait.total_seconds()
-    return tuple(first * factor for factor in KAFKA_REREAD_WAIT_FACTORS)
+    batch failed reading its records: the first wait, then each one longer while failures
+    follow each other without a batch committed in between, up to the last."""
+    return tuple(settings.kafka_reread_wait * factor for factor in KAFKA_REREAD_WAIT_FACTORS)
 
 
 class KafkaRereads:
@@ -445,7 +444,7 @@ class KafkaRereads:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.waits_s = reread_waits(settings)
+        self.waits = reread_waits(settings)
         self.failures = 0
         self._batches_at_failure = -1
 
@@ -458,11 +457,10 @@ class KafkaRereads:
         if batches_done > self._batches_at_failure:
             self.failures = 0
         self._batches_at_failure = batches_done
-        wait_s = self.waits_s[min(self.failures, len(self.waits_s) - 1)]
+        wait = self.waits[min(self.failures, len(self.waits) - 1)]
         self.failures += 1
         log.error("ALERT a batch failed reading its records: the Kafka brokers at %s stopped "
                   "answering (%s). The stream starts again from its checkpoint in %s and "
                   "replays that batch (failure %d in a row); SIGTERM stops it",
-                  self.settings.kafka_bootstrap, reason,
-                  format_duration(timedelta(seconds=wait_s)), self.failures)
-        return wait_s
+                  self.settings.kafka_bootstrap, reason, format_duration(wait), self.failures)
+        return wait.total_seconds()
