@@ -378,9 +378,10 @@ def age_limits(
 def rows_to_delete(
     spark: SparkSession, lake: str, request: RetentionRequest, today: date,
     versions: Mapping[str, int] | None = None,
-) -> dict[str, int]:
+) -> tuple[dict[str, int], dict[str, int]]:
     """How many rows of each table the request's erasures and age limits would delete, in
-    each table as it is now or at ``versions``.
+    each table as it is now or at ``versions``; and of those, how many the erasures reach
+    (so that an erasure that finds no row is told even when the age limits find some).
 
     A row that both rules reach counts once, as the run deletes it once.
     """
@@ -390,8 +391,18 @@ def rows_to_delete(
         for table in USER_TABLES:
             reached[table] = reached[table] | named if table in reached else named
     at = versions or {}
-    return each_table(lambda table: read_table(spark, lake, table, at.get(table))
-                      .where(reached[table]).count(), reached)
+
+    def count(table: str) -> tuple[int, int]:
+        erased = F.count(F.when(named, 1)) if named is not None and table in USER_TABLES \
+            else F.lit(0)
+        row = read_table(spark, lake, table, at.get(table)).where(reached[table]).agg(
+            F.count(F.lit(1)), erased).head()
+        assert row is not None  # an aggregate without grouping has one row
+        return int(row[0]), int(row[1])
+
+    counted = each_table(count, reached)
+    return ({t: n for t, (n, _) in counted.items()},
+            {t: n for t, (_, n) in counted.items() if t in USER_TABLES})
 
 
 def _require_lake(spark: SparkSession, lake: str) -> None:
@@ -470,7 +481,7 @@ def preview_retention(
     """
     # Every table counted as of one moment (a running stream commits meanwhile), and said.
     versions = {t: table_version(spark, settings.lake, t) for t in STREAM_TABLES}
-    deleted = rows_to_delete(spark, settings.lake, request, started.date(), versions)
+    deleted, erased = rows_to_delete(spark, settings.lake, request, started.date(), versions)
     streams_need = streams_need_since(spark, settings)
     plan = plan_vacuum(spark, settings, request, started, streams_need)
     files = files_to_vacuum(spark, settings.lake, plan.hours) if plan is not None else 0
@@ -480,8 +491,8 @@ def preview_retention(
     if erasing and pending is not None:
         notes.append(f"the erasure would be refused now: a batch of the stream on "
                      f"{pending[1]} was cut off and is to be replayed first")
-    if erasing and not any(deleted.values()):
-        notes.append(NO_ROW_TO_ERASE)  # told only when no rule reaches a row at all
+    if erasing and not any(erased.values()):
+        notes.append(NO_ROW_TO_ERASE)
     notes.append("rows counted in " + ", ".join(
         f"{t}@{versions[t]}" for t in STREAM_TABLES if t in deleted))
     report = RetentionReport(run_id, deleted, plan, files, plan is not None and plan.hours == 0,

@@ -122,10 +122,17 @@ def test_injection_shaped_ids_erase_nothing(spark: SparkSession, settings: Setti
     counts = {t: read_table(spark, settings.lake, t).count() for t in STREAM_TABLES}
     request = RetentionRequest(erase_users=tuple(INJECTION_IDS))
     preview = enforce_retention(spark, settings, replace(request, dry_run=True))
+    # Beside an age limit that reaches rows (x's old day), the dry run still tells that the
+    # erasure reaches none.
+    aged = enforce_retention(spark, settings, replace(request, dry_run=True,
+                                                      events_max_age_days=3),
+                             now=datetime(2026, 1, 6, tzinfo=UTC))
     report = enforce_retention(spark, settings, request)
     assert not any(report.rows_deleted.values())
     assert report.note == NO_ROW_TO_ERASE  # not read as an erasure done
     assert preview.note is not None and preview.note.startswith(NO_ROW_TO_ERASE)
+    assert aged.rows_deleted["events"] == 1
+    assert aged.note is not None and aged.note.startswith(NO_ROW_TO_ERASE), aged.note
     assert {t: read_table(spark, settings.lake, t).count() for t in STREAM_TABLES} == counts
 
 
