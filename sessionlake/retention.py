@@ -393,10 +393,10 @@ def rows_to_delete(
     at = versions or {}
 
     def count(table: str) -> tuple[int, int]:
-        erased = F.count(F.when(named, 1)) if named is not None and table in USER_TABLES \
-            else F.lit(0)
+        """The rows of ``table`` either rule reaches, and of those the erasures'."""
+        by_erasure = named if named is not None and table in USER_TABLES else F.lit(False)
         row = read_table(spark, lake, table, at.get(table)).where(reached[table]).agg(
-            F.count(F.lit(1)), erased).head()
+            F.count(F.lit(1)), F.count(F.when(by_erasure, 1))).head()
         assert row is not None  # an aggregate without grouping has one row
         return int(row[0]), int(row[1])
 
