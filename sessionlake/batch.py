@@ -51,7 +51,7 @@ from sessionlake.sessionize import (
 )
 from sessionlake.sources import adapter_for
 from sessionlake.spark import fit_codegen_to_batch, fit_codegen_to_parse
-from sessionlake.state import MergeResult, apply_changelog_merge
+from sessionlake.state import MergeResult, apply_changelog_merge, none_closes_by
 from sessionlake.tables import (
     BATCH_METRICS,
     EVENTS,
@@ -644,8 +644,9 @@ def _process_locked(
         )
         classified = work.keep(classifying)
         classified_counts = classify_seen.get
-        untouched = open_before.limit(0) if state is None else open_before.join(
-            users, "user_id", "left_anti")
+        untouched = open_before.limit(0) if state is None or watermark_after is None or \
+            none_closes_by(lake, state_version, watermark_after - gap) else open_before.join(
+                users, "user_id", "left_anti")
         expiring_now, expiring_seen = _observed(
             expiring_open_sessions(untouched, watermark_after, gap),
             expired=F.count(F.lit(1)), buckets=F.collect_set("user_bucket"),

@@ -87,6 +87,8 @@ class DataFile:
     #: Each column's greatest value in the file, from its statistics (strings as written:
     #: a long one truncated and rounded up); empty without statistics.
     max_values: dict[str, Any] = field(default_factory=dict)
+    #: Each column's least value in the file, from its statistics; empty without them.
+    min_values: dict[str, Any] = field(default_factory=dict)
 
     @property
     def deleted_rows(self) -> int:
@@ -153,20 +155,28 @@ def is_delta_table(location: str | Path) -> bool:
     return log_dir.is_dir() and any(log_dir.glob("*.json"))
 
 
-def read_state(location: str | Path, *, remember: bool = False) -> TableState:
-    """Replay the log of the table at ``location``: its newest version and live files.
+def read_state(
+    location: str | Path, *, remember: bool = False, version: int | None = None
+) -> TableState:
+    """Replay the log of the table at ``location``: its newest version (or ``version``)
+    and live files.
 
     :param remember: keep the state in this process, so that the table's next read with
         ``remember`` replays only the commits made since (:class:`_LastReads`); for a
-        process that reads the same tables again and again (the health page).
-    :raises DeltaReadError: when there is no Delta table there, or it uses a reader
-        feature this module does not know.
+        process that reads the same tables again and again (the health page, a stream's
+        batches).
+    :raises DeltaReadError: when there is no Delta table there, or no commit ``version``
+        in its log, or it uses a reader feature this module does not know.
     """
     root = local_table_path(location)
     log_dir = root / "_delta_log"
     commits = _commit_versions(log_dir)
     if not commits:
         raise DeltaReadError(f"{root} is not a Delta table (no commits in _delta_log)")
+    if version is not None:
+        if version not in commits:
+            raise DeltaReadError(f"{root} has no commit {version} in its log")
+        commits = [c for c in commits if c <= version]
     newest = max(commits)
     replay, version = _LAST_READS.replay_from(root, log_dir, commits) if remember \
         else (None, -1)
@@ -382,6 +392,7 @@ def _data_file(add: dict[str, Any]) -> DataFile:
         modification_time=int(add.get("modificationTime") or 0),
         deletion_vector=_deletion_vector(add.get("deletionVector")),
         max_values=_as_dict(stats.get("maxValues")),
+        min_values=_as_dict(stats.get("minValues")),
     )
 
 

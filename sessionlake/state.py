@@ -15,11 +15,13 @@ touched files are rewritten whole, which costs less than finding each row's posi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from sessionlake import deltareader
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltalog import BatchKey
 from sessionlake.tables import (
@@ -273,3 +275,29 @@ def merge_result(metrics: dict[str, int], version: int | None = None) -> MergeRe
         files_removed=metrics.get("numTargetFilesRemoved", 0),
         duration_ms=metrics.get("executionTimeMs", 0),
     )
+
+
+def none_closes_by(lake: str, version: int, threshold: datetime) -> bool:
+    """Whether no open session of ``open_sessions`` at ``version`` ends at or before
+    ``threshold`` (the new watermark less the gap), by the least ``session_end`` of each
+    live file in Delta's statistics: then the batch need not look for open sessions that
+    close (:func:`~sessionlake.changelog.expiring_open_sessions`).
+
+    That look is a query of the state of its own, half a second of a small batch even
+    when Delta's statistics let it skip every file; a restart, growing state or a burst of
+    events finds nothing to close. The statistics round times down to the millisecond, so
+    a file's minimum never lies above its true one. ``False`` (look) for a file without
+    them, and for a lake not on this machine's disks or a log the reader cannot replay.
+    """
+    try:
+        state = deltareader.read_state(table_path(lake, OPEN_SESSIONS), remember=True,
+                                       version=version)
+    except (deltareader.DeltaReadError, OSError):
+        return False
+    for data_file in state.files:
+        if data_file.num_records == 0:
+            continue
+        least = data_file.min_values.get("session_end")
+        if not isinstance(least, str) or datetime.fromisoformat(least) <= threshold:
+            return False
+    return True

@@ -3,15 +3,22 @@ source's session ids, and when it rewrites the files it touches."""
 
 from __future__ import annotations
 
-import pytest
+from datetime import UTC, timedelta
 
+import pytest
+from pyspark.sql import SparkSession
+
+from sessionlake.config import settings_from
 from sessionlake.state import (
     COPY_ON_WRITE_STATE_ROWS_PER_SOURCE_ROW,
     LITERAL_KEYS_MAX,
     STATE_ROWS_PER_LITERAL,
     copies_on_write,
     names_session_ids,
+    none_closes_by,
 )
+from sessionlake.tables import OPEN_SESSIONS, table_version
+from tests.helpers import event, hm, run_batches
 
 
 @pytest.mark.parametrize(
@@ -53,3 +60,24 @@ def test_copies_on_write_when_the_source_changes_much_of_the_touched_state(
     source_rows: int | None, state_rows: int | None, rewritten: bool
 ) -> None:
     assert copies_on_write(source_rows, state_rows) is rewritten
+
+
+def test_none_closes_by_the_least_session_end_of_the_versions_files(
+    spark: SparkSession, lake: str
+) -> None:
+    """No open session ends at or before the threshold, by the files' statistics, at the
+    version asked for; anything it cannot tell is "look"."""
+    cfg = settings_from({"lake": lake, "gap": "72h", "max_session_duration": "7d"}, env={})
+    run_batches(spark, cfg, [[event("u1", "10:00"), event("u1", "10:20")],
+                             [event("u2", "09:30:00.25")]])
+    first, second = 1, table_version(spark, lake, OPEN_SESSIONS)
+    assert second > first
+    u1_end, u2_end = hm("10:20").replace(tzinfo=UTC), hm("09:30").replace(tzinfo=UTC)
+    tick = timedelta(milliseconds=1)
+    assert none_closes_by(lake, first, u1_end - tick)  # only u1's session then
+    assert not none_closes_by(lake, first, u1_end)     # it closes at its end
+    assert not none_closes_by(lake, second, u1_end - tick)  # u2's 09:30:00.25 is older
+    assert none_closes_by(lake, second, u2_end)  # 09:30:00.25 is after 09:30
+    assert not none_closes_by(lake, second, u2_end + timedelta(milliseconds=250))
+    assert not none_closes_by(lake, second + 1, u2_end)  # no such version
+    assert not none_closes_by("s3a://bucket/lake", second, u2_end)  # not on this machine
