@@ -69,15 +69,19 @@ def test_none_closes_by_the_least_session_end_of_the_versions_files(
     version asked for; anything it cannot tell is "look"."""
     cfg = settings_from({"lake": lake, "gap": "72h", "max_session_duration": "7d"}, env={})
     run_batches(spark, cfg, [[event("u1", "10:00"), event("u1", "10:20")],
-                             [event("u2", "09:30:00.25")]])
+                             [event("u2", "09:30:00.250600")]])
     first, second = 1, table_version(spark, lake, OPEN_SESSIONS)
     assert second > first
     u1_end, u2_end = hm("10:20").replace(tzinfo=UTC), hm("09:30").replace(tzinfo=UTC)
     tick = timedelta(milliseconds=1)
     assert none_closes_by(lake, first, u1_end - tick)  # only u1's session then
     assert not none_closes_by(lake, first, u1_end)     # it closes at its end
-    assert not none_closes_by(lake, second, u1_end - tick)  # u2's 09:30:00.25 is older
-    assert none_closes_by(lake, second, u2_end)  # 09:30:00.25 is after 09:30
+    assert not none_closes_by(lake, second, u1_end - tick)  # u2's 09:30:00.2506 is older
+    assert none_closes_by(lake, second, u2_end)  # 09:30:00.2506 is after 09:30
     assert not none_closes_by(lake, second, u2_end + timedelta(milliseconds=250))
+    # Delta writes 09:30:00.250 (times in statistics are cut to the millisecond, down): a
+    # threshold between that and the end looks, and one after the end (it closes) too.
+    assert not none_closes_by(lake, second, u2_end + timedelta(microseconds=250_300))
+    assert not none_closes_by(lake, second, u2_end + timedelta(microseconds=250_800))
     assert not none_closes_by(lake, second + 1, u2_end)  # no such version
     assert not none_closes_by("s3a://bucket/lake", second, u2_end)  # not on this machine
