@@ -644,9 +644,11 @@ def _process_locked(
         )
         classified = work.keep(classifying)
         classified_counts = classify_seen.get
-        untouched = open_before.limit(0) if state is None or watermark_after is None or \
-            none_closes_by(lake, state_version, watermark_after - gap) else open_before.join(
-                users, "user_id", "left_anti")
+        # The other users' open sessions, when the state's statistics leave any to close.
+        none_closes = state is None or watermark_after is None or none_closes_by(
+            lake, state_version, watermark_after - gap)
+        untouched = open_before.limit(0) if none_closes else open_before.join(
+            users, "user_id", "left_anti")
         expiring_now, expiring_seen = _observed(
             expiring_open_sessions(untouched, watermark_after, gap),
             expired=F.count(F.lit(1)), buckets=F.collect_set("user_bucket"),
