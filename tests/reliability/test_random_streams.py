@@ -1,14 +1,18 @@
-"""Random streams against a model of SPEC's session semantics, written from SPEC alone.
+"""Random streams against a model of SPEC's session semantics, written from SPEC and the
+README's *Semantics in brief* alone.
 
 Each case draws a few users' events on a minute grid (so that events exactly ``gap``
 apart, equal times and out-of-order arrivals all occur), exact copies of some of them, and
 cuts the arrival order into micro-batches. The engine runs them batch by batch; the model
 below applies SPEC's rules ("Session semantics") to the same batches in plain Python. Both
 must agree on every closed and open session, on which events were late, and on the number
-of duplicates, and every record must be counted once.
+of duplicates, and every record must be counted once. Some cases also set a maximum
+session duration short enough to cut the streams' longer runs (SPEC's guard against bots),
+so that runs are cut, cut anew when an event starts them earlier, and closed piece by piece.
 
-The model keeps the events of open sessions and re-cuts them at each batch; the engine
-keeps aggregates, so agreement checks its merging of runs and bridging of sessions too.
+The model keeps every accepted event and re-cuts at each batch; the engine keeps
+aggregates, so agreement checks its merging of runs, bridging of sessions and moving of
+cuts too.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import os
 import random
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -59,23 +64,38 @@ def summary(run: list[Event]) -> Session:
     return (run[0].user, run[0].time, run[-1].time, len(run))
 
 
+def pieces(run: list[Event], max_duration: timedelta | None) -> list[list[Event]]:
+    """A run cut every ``max_duration`` from its first event (whole without a maximum)."""
+    if max_duration is None:
+        return [run]
+    chunks: dict[int, list[Event]] = defaultdict(list)
+    for event in run:
+        chunks[(event.time - run[0].time) // max_duration].append(event)
+    return [chunks[k] for k in sorted(chunks)]
+
+
 @dataclass
 class Model:
-    """SPEC's rules, batch by batch."""
+    """SPEC's rules, batch by batch, with the README's maximum duration: a run longer than
+    it is cut every ``max_duration`` from the run's first event, and each piece is a
+    session (judged late or not as the whole run, closed on its own)."""
 
+    max_duration: timedelta | None = None
     watermark: datetime | None = None  # W: the largest accepted time minus grace
     newest: datetime | None = None
-    open_events: dict[str, list[Event]] = field(default_factory=lambda: defaultdict(list))
+    accepted: dict[str, list[Event]] = field(default_factory=lambda: defaultdict(list))
+    in_closed: set[Event] = field(default_factory=set)  # the events of closed sessions
     closed: list[Session] = field(default_factory=list)
-    late: set[str] = field(default_factory=set)
-    accepted_ids: set[tuple[str, str]] = field(default_factory=set)
+    late: set[Event] = field(default_factory=set)
+    # A copy is the same id for the same user on the same UTC day (README).
+    accepted_keys: set[tuple[str, str, date]] = field(default_factory=set)
     duplicates: int = 0
 
     def batch(self, records: list[Event]) -> None:
-        unique: dict[tuple[str, str], Event] = {}
+        unique: dict[tuple[str, str, date], Event] = {}
         for record in records:
-            key = (record.user, record.event_id)
-            if key in self.accepted_ids or key in unique:
+            key = (record.user, record.event_id, record.time.date())
+            if key in self.accepted_keys or key in unique:
                 self.duplicates += 1
             else:
                 unique[key] = record
@@ -88,53 +108,67 @@ class Model:
             self.watermark = self.newest - GRACE
             self._close()
 
+    def _open_events(self, user: str) -> list[Event]:
+        return [e for e in self.accepted[user] if e not in self.in_closed]
+
+    def _sessions(self, user: str) -> list[list[Event]]:
+        """The user's sessions, closed and open: the runs of every accepted event, cut.
+        (Closed pieces stay as they were: no event joins within the gap of one, so neither
+        the run's first event nor its cuts can move.)"""
+        return [piece for run in cut(self.accepted[user])
+                for piece in pieces(run, self.max_duration)]
+
     def _judge(self, user: str, events: list[Event]) -> None:
         closed = [s for s in self.closed if s[0] == user]
         rest = []
         for event in events:  # (1) it would join a closed session
             if any(start - GAP < event.time < end + GAP for _, start, end, _ in closed):
-                self.late.add(event.event_id)
+                self.late.add(event)
             else:
                 rest.append(event)
-        batch_ids = {e.event_id for e in rest}
-        old_ids = {e.event_id for e in self.open_events[user]}
-        for run in cut(self.open_events[user] + rest):
-            ids = {e.event_id for e in run}
-            only_new = not ids & old_ids
-            if only_new and self.watermark is not None and run[-1].time + GAP <= self.watermark:
-                self.late |= ids  # (2) a session of this batch alone, already closed
+        old = set(self._open_events(user))
+        for run in cut(self._open_events(user) + rest):  # the whole run, before its cuts
+            if old.isdisjoint(run) and self.watermark is not None \
+                    and run[-1].time + GAP <= self.watermark:
+                self.late.update(run)  # (2) a session of this batch alone, already closed
                 continue
             for event in run:
-                if event.event_id in batch_ids:
-                    self.open_events[user].append(event)
-                    self.accepted_ids.add((user, event.event_id))
+                if event not in old:
+                    self.accepted[user].append(event)
+                    self.accepted_keys.add((user, event.event_id, event.time.date()))
                     self.newest = max(self.newest or event.time, event.time)
 
     def _close(self) -> None:
         assert self.watermark is not None
-        for user, events in self.open_events.items():
-            keep = []
-            for run in cut(events):
-                if run[-1].time + GAP <= self.watermark:
-                    self.closed.append(summary(run))
-                else:
-                    keep += run
-            self.open_events[user] = keep
+        for user in self.accepted:
+            for piece in self._sessions(user):
+                if not self.in_closed.isdisjoint(piece):
+                    assert self.in_closed.issuperset(piece), f"a closed session of {user} changed"
+                elif piece[-1].time + GAP <= self.watermark:
+                    self.closed.append(summary(piece))
+                    self.in_closed.update(piece)
 
     def open_sessions(self) -> list[Session]:
-        return sorted(summary(run) for events in self.open_events.values()
-                      for run in cut(events))
+        return sorted(summary(piece) for user in self.accepted
+                      for piece in self._sessions(user)
+                      if piece[0] not in self.in_closed)
 
 
-def random_stream(seed: int) -> list[list[Event]]:
-    """A few users' events over six hours, arriving somewhat out of order, with copies,
-    cut into three to five micro-batches."""
+def random_stream(seed: int, start: datetime = DAY) -> list[list[Event]]:
+    """A few users' events over six hours from ``start``, arriving somewhat out of order,
+    with copies, cut into three to five micro-batches. Over midnight, some ids come again
+    on the other side of it: other events, since a copy is the same id on the same day."""
     rng = random.Random(seed)
     events = [
-        Event(DAY + timedelta(minutes=rng.randrange(0, 360, rng.choice([1, 5, 15]))),
+        Event(start + timedelta(minutes=rng.randrange(0, 360, rng.choice([1, 5, 15]))),
               f"e{seed}-{i:03d}", f"u{rng.randrange(3)}")
         for i in range(rng.randrange(20, 60))
     ]
+    midnight = datetime.combine(start.date() + timedelta(days=1), time(), UTC)
+    if midnight < start + timedelta(hours=6):
+        for reused in rng.sample(events, rng.randrange(1, 4)):  # mirrored across midnight
+            events.append(Event(midnight + (midnight - reused.time) - timedelta(minutes=1),
+                                reused.event_id, reused.user))
     # Arrival: by time, shaken by up to two hours, so that some events are late.
     arrival = sorted(events, key=lambda e: e.time + timedelta(minutes=rng.uniform(0, 120)))
     arrival += [rng.choice(events) for _ in range(rng.randrange(0, 6))]  # copies, late
@@ -158,28 +192,54 @@ def _naive(session: Session) -> Session:
 #: Seeds 0 and 13 between them tell the model from each of its variants with one rule
 #: dropped or one boundary moved (rules 1 and 2 of "Late events", the gap, a session's
 #: closing, the grace, duplicates across batches): of 300 seeds, 8 move rule 2's boundary.
-#: ``SESSIONLAKE_TEST_SEEDS=0-199`` runs those instead, for a longer soak.
 SEEDS = (0, 1, 2, 3, 13)
 
+#: Seeds run with a maximum duration that cuts their runs (:func:`max_duration_for`), over
+#: midnight. Between them they tell the model from each of its variants: no cut at all;
+#: cuts counted from the first open event (once a run's first pieces close) rather than
+#: from the run's first event (seed 58); an event exactly a maximum duration after the
+#: run's start kept in the earlier piece; copies found by id whatever their day; and rule 2
+#: judging each piece rather than the whole run (1110; of 3,000 seeds, 10 tell that one).
+CUT_SEEDS = (58, 1110)
 
-def seeds() -> list[int]:
+
+def max_duration_for(seed: int) -> timedelta:
+    """A maximum duration that cuts a six-hour stream's longer runs: 40, 60 or 90 minutes."""
+    return timedelta(minutes=(40, 60, 90)[seed % 3])
+
+
+def case(seed: int, max_duration: timedelta | None) -> Any:
+    """A seed and its maximum duration (``None``: the default 24 h, which never binds in a
+    six-hour stream), named ``<seed>-24h`` or ``<seed>-<minutes>m``."""
+    label = "24h" if max_duration is None else f"{max_duration // timedelta(minutes=1)}m"
+    return pytest.param(seed, max_duration, id=f"{seed}-{label}")
+
+
+def cases() -> list[Any]:
+    """:data:`SEEDS` and :data:`CUT_SEEDS`; ``SESSIONLAKE_TEST_SEEDS=0-199`` runs those seeds
+    instead, each without and with a maximum duration, for a longer soak (``-k "not 24h"``
+    keeps the cut ones)."""
     given = os.environ.get("SESSIONLAKE_TEST_SEEDS")
     if not given:
-        return list(SEEDS)
+        return [case(s, None) for s in SEEDS] + [case(s, max_duration_for(s)) for s in CUT_SEEDS]
     first, _, last = given.partition("-")
-    return list(range(int(first), int(last or first) + 1))
+    chosen = range(int(first), int(last or first) + 1)
+    return [case(s, d) for s in chosen for d in (None, max_duration_for(s))]
 
 
-@pytest.mark.parametrize("seed", seeds())
+@pytest.mark.parametrize(("seed", "max_duration"), cases())
 def test_a_random_stream_ends_as_spec_s_rules_say(
-    spark: SparkSession, lake: str, seed: int
+    spark: SparkSession, lake: str, seed: int, max_duration: timedelta | None
 ) -> None:
-    batches = random_stream(seed)
-    model = Model()
+    # Cut streams run over midnight: a session cut anew is read back from two days' events.
+    batches = random_stream(seed, DAY if max_duration is None else DAY + timedelta(hours=21))
+    model = Model(max_duration)
     for records in batches:
         model.batch(records)
 
-    settings = settings_from({"lake": lake, "gap": "30m", "grace": "5m"}, env={})
+    limits = {} if max_duration is None else {
+        "max_session_duration": f"{max_duration // timedelta(minutes=1)}m"}
+    settings = settings_from({"lake": lake, "gap": "30m", "grace": "5m", **limits}, env={})
     run_batches(spark, settings, [[as_line(e) for e in records] for records in batches])
 
     key = ("user_id", "session_start", "session_end", "event_count")
@@ -187,8 +247,8 @@ def test_a_random_stream_ends_as_spec_s_rules_say(
     assert rows(read_table(spark, lake, "open_sessions"), *key) == [
         _naive(s) for s in model.open_sessions()
     ]
-    assert {r[0] for r in rows(read_table(spark, lake, "late_events"), "event_id")} \
-        == model.late
+    assert set(rows(read_table(spark, lake, "late_events"), "event_id", "event_time")) \
+        == {(e.event_id, e.time.replace(tzinfo=None)) for e in model.late}
     [(duplicates, late, accepted, records)] = rows(
         read_table(spark, lake, "batch_metrics").groupBy().sum(
             "duplicates", "late", "accepted", "input_records"))
