@@ -219,14 +219,16 @@ def case(seed: int, max_duration: timedelta | None) -> Any:
 
 
 def cases() -> list[Any]:
-    """:data:`SEEDS` and :data:`CUT_SEEDS`; ``SESSIONLAKE_TEST_SEEDS=0-199`` runs those seeds
-    instead, each without and with a maximum duration, for a longer soak (``-k "not 24h"``
-    keeps the cut ones)."""
+    """:data:`SEEDS` and :data:`CUT_SEEDS`; ``SESSIONLAKE_TEST_SEEDS=0-199`` (or ``39,114``)
+    runs those seeds instead, each without and with a maximum duration, for a longer soak
+    (``-k "not 24h"`` keeps the cut ones)."""
     given = os.environ.get("SESSIONLAKE_TEST_SEEDS")
     if not given:
         return [case(s, None) for s in SEEDS] + [case(s, max_duration_for(s)) for s in CUT_SEEDS]
-    first, _, last = given.partition("-")
-    chosen = range(int(first), int(last or first) + 1)
+    chosen = []
+    for part in given.split(","):  # 0-199, or 39,114,168, or both
+        first, _, last = part.partition("-")
+        chosen += range(int(first), int(last or first) + 1)
     return [case(s, d) for s in chosen for d in (None, max_duration_for(s))]
 
 
