@@ -225,7 +225,7 @@ def cases() -> list[Any]:
     given = os.environ.get("SESSIONLAKE_TEST_SEEDS")
     if not given:
         return [case(s, None) for s in SEEDS] + [case(s, max_duration_for(s)) for s in CUT_SEEDS]
-    chosen = []
+    chosen: list[int] = []
     for part in given.split(","):  # 0-199, or 39,114,168, or both
         first, _, last = part.partition("-")
         chosen += range(int(first), int(last or first) + 1)
