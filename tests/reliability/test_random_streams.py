@@ -126,8 +126,9 @@ class Model:
                 self.late.add(event)
             else:
                 rest.append(event)
-        old = set(self._open_events(user))
-        for run in cut(self._open_events(user) + rest):  # the whole run, before its cuts
+        opened = self._open_events(user)
+        old = set(opened)
+        for run in cut(opened + rest):  # the whole run, before its cuts
             if old.isdisjoint(run) and self.watermark is not None \
                     and run[-1].time + GAP <= self.watermark:
                 self.late.update(run)  # (2) a session of this batch alone, already closed
@@ -211,10 +212,15 @@ def max_duration_for(seed: int) -> timedelta:
     return timedelta(minutes=(40, 60, 90)[seed % 3])
 
 
+def as_setting(max_duration: timedelta) -> str:
+    """The maximum duration as ``--max-session-duration`` spells it (``40m``)."""
+    return f"{max_duration // timedelta(minutes=1)}m"
+
+
 def case(seed: int, max_duration: timedelta | None) -> Any:
     """A seed and its maximum duration (``None``: the default 24 h, which never binds in a
     six-hour stream), named ``<seed>-24h`` or ``<seed>-<minutes>m``."""
-    label = "24h" if max_duration is None else f"{max_duration // timedelta(minutes=1)}m"
+    label = "24h" if max_duration is None else as_setting(max_duration)
     return pytest.param(seed, max_duration, id=f"{seed}-{label}")
 
 
@@ -242,8 +248,7 @@ def test_a_random_stream_ends_as_spec_s_rules_say(
     for records in batches:
         model.batch(records)
 
-    limits = {} if max_duration is None else {
-        "max_session_duration": f"{max_duration // timedelta(minutes=1)}m"}
+    limits = {} if max_duration is None else {"max_session_duration": as_setting(max_duration)}
     settings = settings_from({"lake": lake, "gap": "30m", "grace": "5m", **limits}, env={})
     run_batches(spark, settings, [[as_line(e) for e in records] for records in batches])
 
