@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from sessionlake import __version__
-from sessionlake.config import ConfigError, Settings, settings_from
+from sessionlake.config import ConfigError, Settings, no_lake_message, settings_from
 from sessionlake.progress import Step, progress
 
 if TYPE_CHECKING:
@@ -686,7 +686,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     except DeltaReadError as error:
         raise UsageError(str(error)) from None
     if not report.health.lake_exists:
-        raise UsageError(f"no lake at {settings.lake}: `sessionlake run` creates it")
+        raise UsageError(no_lake_message(settings.lake))
     sys.stdout.write(format_summary(report))
     if args.html is not None:
         write_report_html(report, args.html)

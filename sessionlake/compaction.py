@@ -45,6 +45,7 @@ from pyspark.sql import Row, SparkSession
 from pyspark.sql.types import StructType
 
 from sessionlake import storage
+from sessionlake.config import no_lake_message
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltareader import OPTIMIZE_MIN_FILE_SIZE
 from sessionlake.health_page import fmt_bytes
@@ -312,9 +313,7 @@ def _checked_tables(tables: Sequence[str] | None) -> list[str]:
 
 def _check_lake(spark: SparkSession, lake: str, tables: Sequence[str]) -> None:
     if not storage.exists(spark, lake):
-        raise CompactionError(
-            f"no lake at {lake}: `sessionlake run` creates it (check --lake)"
-        )
+        raise CompactionError(no_lake_message(lake))
     missing = [t for t in tables if not table_exists(spark, lake, t)]
     if missing:
         raise CompactionError(

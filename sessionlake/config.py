@@ -108,6 +108,12 @@ def absolute_location(location: str) -> str:
     return os.path.abspath(os.path.expanduser(location))
 
 
+def no_lake_message(lake: str) -> str:
+    """What every command says when ``lake`` holds no lake: most often a misspelt
+    ``--lake``, so it names the place it looked and how a lake comes to be."""
+    return f"no lake at {lake}: `sessionlake run` creates it (check --lake)"
+
+
 def _one_of(value: Any, choices: tuple[str, ...], name: str) -> str:
     """``value`` when it is one of ``choices``; else a ConfigError naming them."""
     if value not in choices:

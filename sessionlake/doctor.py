@@ -36,7 +36,7 @@ from sessionlake.checkpoint import (
     RESTORING_MARKER,
     noted_input_format,
 )
-from sessionlake.config import Settings
+from sessionlake.config import Settings, no_lake_message
 from sessionlake.deltalog import TableLog, commit_file, inspect_table
 from sessionlake.health import running_stream, unrestorable_versions
 from sessionlake.snapshots import Snapshot, list_snapshots, snapshots_root
@@ -534,8 +534,7 @@ def check_lake(spark: SparkSession | None, settings: Settings) -> HealthReport:
     if noted is not None:
         settings = settings.with_overrides(input_format=noted)
     if not any(storage.exists(spark, table_path(lake, t)) for t in STREAM_TABLES):
-        raise DoctorError(f"no sessionlake lake at {lake} (no table folder there): check "
-                          "--lake, or create it with `sessionlake run`")
+        raise DoctorError(no_lake_message(lake))
     findings: list[Finding] = []
     logs: dict[str, TableLog] = {}
     for table in STREAM_TABLES:

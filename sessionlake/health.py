@@ -38,7 +38,7 @@ from sessionlake.checkpoint import (
     lock_held,
     unread_input,
 )
-from sessionlake.config import Settings
+from sessionlake.config import Settings, no_lake_message
 from sessionlake.storage import is_glob, local_path
 
 log = logging.getLogger("sessionlake.health")
@@ -255,7 +255,7 @@ def collect_health(settings: Settings, now: datetime | None = None) -> Health:
     lake = deltareader.local_table_path(settings.lake)
     problems: list[str] = []
     if not lake.is_dir():
-        problems.append(f"no lake at {settings.lake}: `sessionlake run` creates it")
+        problems.append(no_lake_message(settings.lake))
     states = _table_states(lake, problems) if lake.is_dir() else {}
     batches = _batches(states.get("batch_metrics"), problems)
     totals = {key: sum(getattr(b, key) for b in batches) for key in _COUNTED}

@@ -28,6 +28,7 @@ from pyspark.sql.types import StructType
 
 from sessionlake import storage
 from sessionlake.checkpoint import LAKE_LOCK_DIR
+from sessionlake.config import no_lake_message
 from sessionlake.deltalog import (
     BatchKey,
     batch_keys,
@@ -152,7 +153,7 @@ def no_lake_at(spark: SparkSession | None, lake: str) -> str | None:
     ``None``."""
     if any(table_exists(spark, lake, table) for table in STREAM_TABLES):
         return None
-    return f"no lake at {lake}: `sessionlake run` creates it (check --lake)"
+    return no_lake_message(lake)
 
 
 def ensure_tables(spark: SparkSession, lake: str, user_buckets: int = 16) -> int:

@@ -202,13 +202,19 @@ def test_output_whose_reader_went_away_ends_quietly(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("*.jsonl"))) == 1  # the command itself did its work
 
 
+NO_LAKE = "no lake at {lake}: `sessionlake run` creates it (check --lake)"
+
+
 @pytest.mark.parametrize(("command", "said"), [
-    (["snapshot", "--list"], "no lake at {lake}: `sessionlake run` creates it (check --lake)"),
-    (["rebuild-state"], "no lake at {lake}: `sessionlake run` creates it (check --lake)"),
+    (["snapshot", "--list"], NO_LAKE),
+    (["rebuild-state"], NO_LAKE),
+    (["compact"], NO_LAKE),
+    (["doctor"], NO_LAKE),
+    (["report"], NO_LAKE),
     (["archive", "--source", "{tmp}", "--to", "{tmp}/../archived", "--dry-run"],
      "no stream's checkpoint at {lake}/_checkpoints/stream: no file of the landing folder "
      "was read (check --lake and --checkpoint)"),
-], ids=["snapshot-list", "rebuild-state", "archive"])
+], ids=["snapshot-list", "rebuild-state", "compact", "doctor", "report", "archive"])
 def test_a_misspelt_lake_is_named_not_taken_for_an_empty_or_damaged_one(
     command: list[str], said: str, tmp_path: Path, spark: SparkSession,
     capsys: pytest.CaptureFixture[str],
