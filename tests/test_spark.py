@@ -12,12 +12,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
 from sessionlake.checkpoint import UnreadInput
 from sessionlake.config import ConfigError
 from sessionlake.spark import (
+    _STARTED_WITH,
     CODEGEN_KEYS,
     CODEGEN_MIN_RECORDS,
     DRIVER_JIT_ENV,
@@ -37,6 +37,7 @@ from sessionlake.spark import (
     jvm_stdout_to_stderr,
     local_fs_conf,
     local_fs_jar,
+    operator_gave,
     package_files,
     package_zip,
     quick_start_for,
@@ -143,7 +144,7 @@ def test_only_big_batches_compile_code(records: int, compiled: bool) -> None:
 def test_code_generation_the_operator_set_is_kept(spark: SparkSession) -> None:
     """The suite's spark-defaults.conf sets both keys: a big batch must not undo them."""
     before = {key: spark.conf.get(key) for key in CODEGEN_KEYS}
-    assert spark.sparkContext.getConf().contains(CODEGEN_KEYS[0])
+    assert operator_gave(spark, CODEGEN_KEYS[0]) and operator_gave(spark, CODEGEN_KEYS[1])
     fit_codegen_to_batch(spark, 10_000_000)
     assert {key: spark.conf.get(key) for key in CODEGEN_KEYS} == before
 
@@ -154,7 +155,7 @@ def codegen_unset(
 ) -> Iterator[SparkSession]:
     """The suite's session as if no operator had set code generation; restored after."""
     before = {key: spark.conf.get(key) for key in CODEGEN_KEYS}
-    monkeypatch.setattr(spark.sparkContext, "getConf", lambda: SparkConf(loadDefaults=False))
+    monkeypatch.setitem(_STARTED_WITH, spark.sparkContext.applicationId, frozenset())
     yield spark
     for key, value in before.items():
         if value is None:
