@@ -45,11 +45,10 @@ from pyspark.sql import Row, SparkSession
 from pyspark.sql.types import StructType
 
 from sessionlake import storage
-from sessionlake.config import no_lake_message
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltareader import OPTIMIZE_MIN_FILE_SIZE
 from sessionlake.health_page import fmt_bytes
-from sessionlake.tables import PUBLIC_TABLES, table_exists, table_path
+from sessionlake.tables import PUBLIC_TABLES, no_lake_at, table_exists, table_path
 
 log = logging.getLogger(__name__)
 
@@ -312,8 +311,8 @@ def _checked_tables(tables: Sequence[str] | None) -> list[str]:
 
 
 def _check_lake(spark: SparkSession, lake: str, tables: Sequence[str]) -> None:
-    if not storage.exists(spark, lake):
-        raise CompactionError(no_lake_message(lake))
+    if (no_lake := no_lake_at(spark, lake)) is not None:
+        raise CompactionError(no_lake)
     missing = [t for t in tables if not table_exists(spark, lake, t)]
     if missing:
         raise CompactionError(

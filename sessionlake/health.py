@@ -253,17 +253,16 @@ def collect_health(settings: Settings, now: datetime | None = None) -> Health:
     """
     now = now or datetime.now(UTC)
     lake = deltareader.local_table_path(settings.lake)
-    problems: list[str] = []
-    if not lake.is_dir():
-        problems.append(no_lake_message(settings.lake))
-    states = _table_states(lake, problems) if lake.is_dir() else {}
+    exists = _is_lake(lake)
+    problems = [] if exists else [no_lake_message(settings.lake)]
+    states = _table_states(lake, problems) if exists else {}
     batches = _batches(states.get("batch_metrics"), problems)
     totals = {key: sum(getattr(b, key) for b in batches) for key in _COUNTED}
     running = running_stream(settings)
     return Health(
         lake=settings.lake,
         generated_at=now,
-        lake_exists=lake.is_dir(),
+        lake_exists=exists,
         stream_running=running is not None,
         stream_pid=running[0] if running else None,
         stream_checkpoint=running[1] if running else None,
@@ -295,6 +294,12 @@ def _input_waiting(settings: Settings, running_checkpoint: str | None,
         problems.append(f"no landing folder at {source}: the stream has nothing to read")
         return None
     return unread_input(source, running_checkpoint or settings.checkpoint)
+
+
+def _is_lake(lake: Path) -> bool:
+    """Whether ``lake`` holds any of the lake's tables: an empty or unrelated folder (a
+    misspelt ``--lake``) is no lake, not one whose every table is missing."""
+    return lake.is_dir() and any(deltareader.is_delta_table(lake / name) for name in TABLES)
 
 
 def _table_states(lake: Path, problems: list[str]) -> dict[str, deltareader.TableState]:

@@ -215,15 +215,20 @@ NO_LAKE = "no lake at {lake}: `sessionlake run` creates it (check --lake)"
      "no stream's checkpoint at {lake}/_checkpoints/stream: no file of the landing folder "
      "was read (check --lake and --checkpoint)"),
 ], ids=["snapshot-list", "rebuild-state", "compact", "doctor", "report", "archive"])
+@pytest.mark.parametrize("folder", ["missing", "empty"])
 def test_a_misspelt_lake_is_named_not_taken_for_an_empty_or_damaged_one(
-    command: list[str], said: str, tmp_path: Path, spark: SparkSession,
+    command: list[str], said: str, folder: str, tmp_path: Path, spark: SparkSession,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """A ``--lake`` that names no folder, or a folder with none of the lake's tables in
+    it, gets the same one line and exit 2, and is left as it was."""
     lake = tmp_path / "no-such-lake"
+    if folder == "empty":
+        lake.mkdir()
     argv = [a.format(tmp=tmp_path) for a in command]
     assert main([*argv, "--lake", str(lake)]) == 2
     assert capsys.readouterr().err == f"sessionlake: error: {said.format(lake=lake)}\n"
-    assert not lake.exists()
+    assert (list(lake.iterdir()) == []) if folder == "empty" else not lake.exists()
 
 
 def _cli(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None

@@ -190,10 +190,21 @@ def test_a_missing_lake_is_refused(spark: SparkSession, tmp_path: Path) -> None:
     assert not Path(nowhere).exists()
 
 
-def test_a_folder_without_the_tables_is_refused(spark: SparkSession, tmp_path: Path) -> None:
-    (tmp_path / "events").mkdir()
-    with pytest.raises(CompactionError, match="not a sessionlake lake: no Delta table events"):
+def test_a_folder_without_the_tables_is_no_lake(spark: SparkSession, tmp_path: Path) -> None:
+    (tmp_path / "events").mkdir()  # a folder by a table's name, no Delta table in it
+    with pytest.raises(CompactionError, match=r"no lake at .*: `sessionlake run` creates"):
         compact_lake(spark, str(tmp_path), min_files=1, tables=["events"])
+
+
+def test_a_lake_without_the_table_asked_for_is_refused_naming_it(
+    spark: SparkSession, copied_lake: str
+) -> None:
+    shutil.rmtree(Path(copied_lake) / "late_events")
+    before = table_version(spark, copied_lake, "events")
+    with pytest.raises(CompactionError,
+                       match="not a sessionlake lake: no Delta table late_events in it"):
+        compact_lake(spark, copied_lake, min_files=1, tables=["events", "late_events"])
+    assert table_version(spark, copied_lake, "events") == before  # refused before any OPTIMIZE
 
 
 def test_the_command_line_prints_a_line_per_table(
