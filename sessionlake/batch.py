@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
@@ -50,7 +51,12 @@ from sessionlake.sessionize import (
     user_bucket,
 )
 from sessionlake.sources import adapter_for
-from sessionlake.spark import fit_codegen_to_batch, fit_codegen_to_parse
+from sessionlake.spark import (
+    fit_codegen_to_batch,
+    fit_codegen_to_parse,
+    in_named_jobs,
+    naming_jobs,
+)
 from sessionlake.state import MergeResult, apply_changelog_merge, none_closes_by
 from sessionlake.tables import (
     BATCH_METRICS,
@@ -472,7 +478,7 @@ RESOLVED_AHEAD: tuple[str, ...] = (OPEN_SESSIONS, EVENTS)
 
 
 def resolve_ahead(
-    pool: ThreadPoolExecutor, spark: SparkSession, lake: str, inputs: BatchInputs
+    pool: ThreadPoolExecutor, spark: SparkSession, lake: str, inputs: BatchInputs, label: str
 ) -> list[Future[None]]:
     """Start resolving, in ``pool``, the snapshots of the tables the sessionization reads.
 
@@ -491,7 +497,8 @@ def resolve_ahead(
     batch's duplicate check did not need to read it (see :mod:`sessionlake.eventids`).
     """
     versions = inputs.table_versions
-    return [pool.submit(resolve_snapshot, spark, lake, table, versions[table])
+    return [pool.submit(in_named_jobs, spark, f"{label}: resolve {table}",
+                        partial(resolve_snapshot, spark, lake, table, versions[table]))
             for table in RESOLVED_AHEAD if versions[table] > 0
             and (table != EVENTS or inputs.earlier_events_read_before)]
 
@@ -513,13 +520,27 @@ def process_lines(
 
     :param on_phase: told where the batch is as it gets there: ``locks`` (waiting for
         them), ``inputs``, then each of :data:`PHASES` (the run names it in its alert for a
-        batch that runs too long).
+        batch that runs too long). The Spark jobs of each are named after it
+        (:func:`batch_label`).
     """
-    tell = on_phase or (lambda _: None)
-    tell("locks")
-    with batch_locks(settings.lake, settings.checkpoint):
-        tell("inputs")
-        return _process_locked(spark, lines, batch_id, settings, identity, clock, tell)
+    told = on_phase or (lambda _: None)
+    with naming_jobs(spark) as name_jobs:
+
+        def tell(phase: str) -> None:
+            name_jobs(f"{batch_label(batch_id)}: {phase}")
+            told(phase)
+
+        tell("locks")
+        with batch_locks(settings.lake, settings.checkpoint):
+            tell("inputs")
+            return _process_locked(spark, lines, batch_id, settings, identity, clock, tell)
+
+
+def batch_label(batch_id: int) -> str:
+    """How a batch's Spark jobs are named, before what each does
+    (:func:`~sessionlake.spark.naming_jobs`): the Spark UI lists ``sessionlake batch 3:
+    sessionize``, ``sessionlake batch 3: append events``, ..."""
+    return f"sessionlake batch {batch_id}"
 
 
 #: A batch's phases, in order: each is timed (``BatchReport.phases_ms``).
@@ -577,7 +598,7 @@ def _process_locked(
     watermark = watermark_of(inputs.max_event_time_before, settings.grace)
     work = _BatchWork(on_phase)
     ahead = ThreadPoolExecutor(max_workers=len(RESOLVED_AHEAD))
-    resolving = resolve_ahead(ahead, spark, lake, inputs)
+    resolving = resolve_ahead(ahead, spark, lake, inputs, batch_label(batch_id))
     try:
         faults.point("ingest")
         fit_codegen_to_parse(lines.sparkSession)
@@ -678,7 +699,8 @@ def _process_locked(
             return merged, count_open_sessions(spark, lake, open_count_before, state_version,
                                                merged)
 
-        merged, open_after = _write_tables(lake, key, inputs, appends, update_state, work)
+        merged, open_after = _write_tables(spark, lake, key, inputs, appends, update_state,
+                                           work)
         row = _metrics_row(
             identity, batch_id, inputs, stats, counts, merged, open_after.sessions,
             max_event_time, watermark, watermark_after,
@@ -790,6 +812,7 @@ def _appends(
 
 
 def _write_tables(
+    spark: SparkSession,
     lake: str,
     key: BatchKey,
     inputs: BatchInputs,
@@ -801,12 +824,16 @@ def _write_tables(
 
     The tables are independent, so their commits run side by side; ``batch_metrics``,
     whose row marks the batch as done and carries the watermark forward, is written by
-    the caller only after all of them succeeded.
+    the caller only after all of them succeeded. Each thread names its Spark jobs after
+    the table it writes (:func:`batch_label`).
     """
+    label = batch_label(key[1])
     with ThreadPoolExecutor(max_workers=len(appends) + 1) as pool:
-        state_update = pool.submit(update_state)
-        writes = [pool.submit(_append_once, frame, lake, table, key,
-                              inputs.written_after(table))
+        state_update = pool.submit(in_named_jobs, spark, f"{label}: merge {OPEN_SESSIONS}",
+                                   update_state)
+        writes = [pool.submit(in_named_jobs, spark, f"{label}: append {table}",
+                              partial(_append_once, frame, lake, table, key,
+                                      inputs.written_after(table)))
                   for table, frame in appends]
         for write in writes:
             write.result()

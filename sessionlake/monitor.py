@@ -389,8 +389,8 @@ class RunningBatchWatch:
 
 def spark_activity(tracker: Any, most: int = 3) -> str:
     """What Spark's ``tracker`` (``SparkContext.statusTracker()``) says is running: its
-    active stages, each with its name (the call in the batch's code that started it) and
-    tasks, up to ``most`` of them."""
+    active stages, each with its name (the batch and what it was doing, see
+    :func:`sessionlake.batch.batch_label`) and tasks, up to ``most`` of them."""
     stages = [info for info in map(tracker.getStageInfo, sorted(tracker.getActiveStageIds()))
               if info is not None]
     if not stages:

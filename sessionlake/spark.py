@@ -23,12 +23,15 @@ import time
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from sessionlake.checkpoint import UnreadInput
 from sessionlake.config import ConfigError
+
+T = TypeVar("T")
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = PACKAGE_DIR.parent
@@ -475,6 +478,46 @@ def operator_gave(spark: SparkSession, key: str) -> bool:
         given = frozenset(name for name, _ in context.getConf().getAll())
         _STARTED_WITH[context.applicationId] = given
     return key in given
+
+
+#: The thread's properties that name the Spark jobs it starts: the call site names a job
+#: and its stages (the long-batch alert shows those), the description is what the Spark
+#: UI lists.
+_CALL_SITE, _DESCRIPTION = "callSite.short", "spark.job.description"
+
+
+@contextlib.contextmanager
+def naming_jobs(spark: SparkSession) -> Iterator[Callable[[str], None]]:
+    """A function that names the Spark jobs this thread starts from then on, and their
+    stages, until the block ends; then the thread's names are what they were before it.
+
+    Every action PySpark starts reaches Spark through py4j, so Spark named each job of a
+    batch after the same Java frame (``localCheckpoint at NativeMethodAccessorImpl.java:0``,
+    ``save at ...``): the Spark UI's jobs, and the stages the long-batch alert names, could
+    not tell a parse from an append. A description the thread had (a streaming query's,
+    ``id = ..., runId = ..., batch = 3``) is kept after the name.
+    """
+    context = spark.sparkContext._jsc
+    before = {key: context.getLocalProperty(key) for key in (_CALL_SITE, _DESCRIPTION)}
+
+    def name(text: str) -> None:
+        context.setLocalProperty(_CALL_SITE, text)
+        described = before[_DESCRIPTION]
+        context.setLocalProperty(_DESCRIPTION, f"{text} ({described})" if described else text)
+
+    try:
+        yield name
+    finally:
+        for key, value in before.items():
+            context.setLocalProperty(key, value)  # null: unset
+
+
+def in_named_jobs(spark: SparkSession, name: str, work: Callable[[], T]) -> T:
+    """``work()``, the Spark jobs it starts from this thread named ``name``
+    (:func:`naming_jobs`): for work handed to another thread, which names its own jobs."""
+    with naming_jobs(spark) as naming:
+        naming(name)
+        return work()
 
 
 def fit_codegen_to_batch(spark: SparkSession, records: int) -> None:

@@ -24,7 +24,16 @@ from sessionlake.tables import (
     table_path,
     table_version,
 )
-from tests.helpers import NOW, all_sessions, event, first, hm, rows, run_batches
+from tests.helpers import (
+    NOW,
+    all_sessions,
+    event,
+    first,
+    hm,
+    lines_frame,
+    rows,
+    run_batches,
+)
 
 
 def settings(lake: str, **values: object) -> Settings:
@@ -572,6 +581,46 @@ def test_conservation(spark: SparkSession, lake: str) -> None:
     assert (in_sessions, late, quarantined, duplicates) == (5, 1, 3, 2)
     assert inputs == in_sessions + late + quarantined + duplicates
     assert sum(m["accepted"] for m in metrics) == read_table(spark, lake, "events").count()
+
+
+def _stage_names(spark: SparkSession, since: set[int]) -> set[str]:
+    """The names of the stages of the Spark jobs (of no job group) started after ``since``."""
+    tracker = spark.sparkContext.statusTracker()
+    jobs = (tracker.getJobInfo(job) for job in set(tracker.getJobIdsForGroup(None)) - since)
+    stages = (tracker.getStageInfo(stage) for info in jobs if info is not None
+              for stage in info.stageIds)
+    return {info.name for info in stages if info is not None}
+
+
+def test_a_batchs_spark_jobs_are_named_for_what_it_does(spark: SparkSession, lake: str) -> None:
+    """The Spark UI lists a batch's jobs, and the long-batch alert its stages, by the
+    batch and what it was doing (``sessionlake batch 1: sessionize``), not after py4j's
+    ``NativeMethodAccessorImpl.java:0``; the threads that write name theirs by table, and
+    no name outlives the batch: the thread's own description (a streaming query's) is
+    its again after."""
+    cfg = settings(lake)
+    run_batches(spark, cfg, [[event("u1", "10:00")]])
+    context = spark.sparkContext
+    tracker = context.statusTracker()
+    before = set(tracker.getJobIdsForGroup(None))
+    frame = lines_frame(spark, [event("u1", "10:05"), event("u2", "10:06"), "not json"],
+                        "b1.jsonl")
+    context.setJobDescription("the stream's batch 1")
+    try:
+        batch.process_lines(spark, frame, 1, cfg, StreamIdentity("test", 0), lambda: NOW)
+        assert context.getLocalProperty("spark.job.description") == "the stream's batch 1"
+    finally:
+        context._jsc.setJobDescription(None)
+    names = _stage_names(spark, before)
+    assert {name.removeprefix("sessionlake batch 1: ") for name in names} >= {
+        "parse", "sessionize", "classify", "append events", "append quarantine",
+        "append session_changelog", "merge open_sessions", "metrics"}, names
+    assert all(name.startswith("sessionlake batch 1: ") for name in names), names
+
+    after = set(tracker.getJobIdsForGroup(None))
+    spark.range(1).localCheckpoint(eager=True)  # as the batch's own jobs start: from py4j
+    later = _stage_names(spark, after)
+    assert later and all(name.startswith("localCheckpoint at ") for name in later), later
 
 
 @pytest.mark.parametrize("ledger", ["current", "without table_versions (older release)"])
