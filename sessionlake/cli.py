@@ -414,6 +414,19 @@ def _quick_start(settings: Settings, unread: UnreadInput | None) -> bool:
     return quick
 
 
+def _quick_query(settings: Settings, statement: str) -> bool:
+    """Whether a query's driver compiles with C1 only, by the tables it reads; logged."""
+    from sessionlake.query import bytes_to_read
+    from sessionlake.spark import QUERY_QUICK_MAX_BYTES, quick_start_for_query
+
+    size = bytes_to_read(settings.lake, statement)
+    quick = quick_start_for_query(size)
+    log.info("tables to read: %s; the driver compiles with %s (C1 only up to %d MiB)",
+             "unknown" if size is None else f"{size / 2**20:.1f} MiB",
+             "C1 only" if quick else "C1 and C2", QUERY_QUICK_MAX_BYTES // 2**20)
+    return quick
+
+
 def _batch_step(step: Step | None) -> Callable[[Any], None] | None:
     """``run_stream``'s ``on_batch`` that moves a progress bar, if there is one."""
     if step is None:
@@ -458,7 +471,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
     except QueryError as error:
         raise UsageError(str(error)) from None
     settings = _settings(args)
-    spark = _spark(settings, "sessionlake-sql")
+    statement = named_queries()[args.query].text if args.query is not None else args.statement
+    spark = _spark(settings, "sessionlake-sql", quick_start=_quick_query(settings, statement))
     # PySpark logs an analysis error with its query context as a JSON record with a Java
     # stack trace before raising it; the one line below says what is wrong.
     PySparkLogger.getLogger("SQLQueryContextLogger").disabled = True

@@ -31,6 +31,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType, TimestampType
 
+from sessionlake import deltareader
 from sessionlake.deltalog import BatchKey, tag_batch
 from sessionlake.tables import (
     BATCH_METRICS,
@@ -385,6 +386,28 @@ def names_used(statement: str, queries: Mapping[str, NamedQuery]) -> set[str] | 
         todo.extend(n for n in read - used if n in queries)
         used |= read
     return used
+
+
+def bytes_to_read(lake: str, statement: str) -> int | None:
+    """Bytes of the live files of the lake's tables that ``statement`` reads
+    (:func:`names_used`; every table when it names none), from their Delta logs without
+    Spark: what chooses the compiler of the query's driver
+    (:func:`sessionlake.spark.quick_start_for_query`).
+
+    The tables' newest versions, whatever ``--as-of`` reads; a table not there counts
+    nothing (the query will say it is missing). ``None`` when a log cannot be read here
+    (a lake not on this machine's disks, a reader feature this reader does not know).
+    """
+    used = names_used(statement, named_queries())
+    total = 0
+    try:
+        for table in PUBLIC_TABLES:
+            location = table_path(lake, table)
+            if (used is None or table in used) and deltareader.is_delta_table(location):
+                total += deltareader.read_state(location).total_bytes
+    except deltareader.DeltaReadError:
+        return None
+    return total
 
 
 def names_hint(missing: str, queries: Mapping[str, NamedQuery] | None = None) -> str:

@@ -101,9 +101,34 @@ QUICK_START_MAX_BYTES = 32 * 2**20
 #: (2026-11-26, one run each): two batches 24.1 s against 29.2; three 35.6 against 36.6;
 #: five 44.3 against 47.3; ten 79.4 against 66.0 (and 78.0 against 57.0).
 QUICK_START_MAX_BATCHES = 5
-#: ``auto`` (the default: by the input a run has to read), ``quick`` (always C1 only) or
-#: ``full`` (never): the driver's compiler for ``sessionlake run``.
+#: ``auto`` (the default: by the input a run has to read, or the tables a query reads),
+#: ``quick`` (always C1 only) or ``full`` (never): the driver's compiler for
+#: ``sessionlake run`` and ``sessionlake sql``.
 DRIVER_JIT_ENV = "SESSIONLAKE_DRIVER_JIT"
+#: Bytes of the tables a ``sessionlake sql`` statement reads up to which its driver compiles
+#: with C1 only (see QUICK_START_JIT and :func:`quick_start_for_query`). Whole process, on
+#: this 2-core machine (2026-12-04), C2 as well against C1 only: over a lake of 1M events
+#: (`events` 20 MB, `sessions` 16 MB) `count(*)` of sessions 8.9-9.3 s against 6.1-6.5,
+#: the named queries 11.6-16.6 s against 7.8-12.6; over 5M events (97 and 69 MB)
+#: `sessions_per_hour` 13.1-13.5 s against 9.9-10.0, `returning_users` 14.1-15.0 against
+#: 9.5-10.8, a distinct count per page of `events` 15.3-17.1 against 13.8-14.9, but
+#: `funnel` (both tables, 166 MB) 25.5-27.4 against 27.1-27.6. A query whose work is
+#: mostly computing is another matter: 20 million SHA-256s over a self-join of the 20 MB
+#: `events` took 62 s with C1 only against 33 (``SESSIONLAKE_DRIVER_JIT=full``).
+QUERY_QUICK_MAX_BYTES = 128 * 2**20
+
+
+def driver_jit_mode() -> str:
+    """``$SESSIONLAKE_DRIVER_JIT``: ``auto``, ``quick`` or ``full``.
+
+    :raises ConfigError: when it is set to anything else.
+    """
+    mode = os.environ.get(DRIVER_JIT_ENV, "auto").strip().lower() or "auto"
+    if mode not in ("auto", "quick", "full"):
+        raise ConfigError(
+            f"{DRIVER_JIT_ENV} must be auto, quick or full, got {os.environ[DRIVER_JIT_ENV]!r}"
+        )
+    return mode
 
 
 def quick_start_for(unread: UnreadInput | None, max_files_per_trigger: int | None = None) -> bool:
@@ -117,15 +142,28 @@ def quick_start_for(unread: UnreadInput | None, max_files_per_trigger: int | Non
 
     :raises ConfigError: when ``$SESSIONLAKE_DRIVER_JIT`` is not one of its values.
     """
-    mode = os.environ.get(DRIVER_JIT_ENV, "auto").strip().lower() or "auto"
-    if mode not in ("auto", "quick", "full"):
-        raise ConfigError(
-            f"{DRIVER_JIT_ENV} must be auto, quick or full, got {os.environ[DRIVER_JIT_ENV]!r}"
-        )
+    mode = driver_jit_mode()
     if mode != "auto":
         return mode == "quick"
     return unread is not None and unread.bytes <= QUICK_START_MAX_BYTES and \
         unread.batches(max_files_per_trigger) <= QUICK_START_MAX_BATCHES
+
+
+def quick_start_for_query(table_bytes: int | None) -> bool:
+    """Whether the driver JVM of a ``sessionlake sql`` query over tables of ``table_bytes``
+    compiles with C1 only: up to :data:`QUERY_QUICK_MAX_BYTES`.
+
+    A query is a short process, most of it the JVM warming up: the cold parts (Delta's log
+    replay, the planning, the first of each operator) run sooner with C1's code than with
+    C2 compiling beside them on two cores. ``None`` (the size is unknown: a lake not on
+    this machine's disks) means no. ``$SESSIONLAKE_DRIVER_JIT`` overrides the choice.
+
+    :raises ConfigError: when ``$SESSIONLAKE_DRIVER_JIT`` is not one of its values.
+    """
+    mode = driver_jit_mode()
+    if mode != "auto":
+        return mode == "quick"
+    return table_bytes is not None and table_bytes <= QUERY_QUICK_MAX_BYTES
 
 
 def java_options(quick_start: bool = False) -> dict[str, str]:

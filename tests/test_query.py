@@ -34,12 +34,14 @@ from pyspark.sql import SparkSession
 from sessionlake import faults
 from sessionlake.cli import main
 from sessionlake.config import settings_from
+from sessionlake.deltareader import read_state
 from sessionlake.query import (
     AsOf,
     Commit,
     LakeNotFound,
     QueryError,
     bind_params,
+    bytes_to_read,
     format_frame,
     named_queries,
     names_used,
@@ -49,7 +51,7 @@ from sessionlake.query import (
     version_at,
 )
 from sessionlake.report import duration_classes
-from sessionlake.tables import table_path
+from sessionlake.tables import PUBLIC_TABLES, table_path
 from tests.helpers import event, run_batches
 
 
@@ -478,3 +480,51 @@ def test_a_statement_on_a_table_the_lake_lacks_names_that_table(
         run_sql(spark, str(lake), "SELECT * FROM retention_audit")
     with pytest.raises(LakeNotFound):
         run_sql(spark, str(tmp_path / "none"), "SELECT * FROM sessions")
+
+
+def test_a_query_reads_the_bytes_of_the_tables_it_names(
+    known_lake: dict[str, Any], tmp_path: Path
+) -> None:
+    """What chooses the query driver's compiler: the live files of the tables used, from
+    their logs (a table's earlier files, removed by a MERGE, do not count)."""
+    lake = known_lake["lake"]
+
+    def live_bytes(table: str) -> int:
+        return read_state(table_path(lake, table)).total_bytes
+
+    assert bytes_to_read(lake, "SELECT count(*) FROM sessions") == live_bytes("sessions")
+    assert bytes_to_read(lake, "SELECT * FROM funnel") == \
+        live_bytes("sessions") + live_bytes("events")
+    every_table = sum(live_bytes(t) for t in PUBLIC_TABLES)
+    assert 0 < live_bytes("open_sessions") < every_table
+    assert bytes_to_read(lake, "SHOW TABLES") == every_table
+    # Nothing there yet counts nothing (the query says what is missing); a lake whose logs
+    # cannot be read here has no known size.
+    assert bytes_to_read(str(tmp_path / "none"), "SELECT * FROM sessions") == 0
+    assert bytes_to_read("s3a://bucket/lake", "SELECT * FROM sessions") is None
+
+
+@pytest.mark.parametrize(("jit", "quick"), [(None, True), ("full", False)])
+def test_sql_on_a_small_lake_asks_for_a_quick_starting_driver(
+    known_lake: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], jit: str | None, quick: bool,
+) -> None:
+    """The choice reaches the session's builder (the suite's Spark is already running, so
+    it changes nothing here; `tests/test_spark.py` checks the JVM options it gives)."""
+    import sessionlake.cli as cli
+
+    asked: list[bool] = []
+    build = cli._spark
+
+    def recording(settings: Any, app: str, **options: Any) -> Any:
+        asked.append(options.get("quick_start", False))
+        return build(settings, app, **options)
+
+    monkeypatch.setattr(cli, "_spark", recording)
+    if jit is None:
+        monkeypatch.delenv("SESSIONLAKE_DRIVER_JIT", raising=False)
+    else:
+        monkeypatch.setenv("SESSIONLAKE_DRIVER_JIT", jit)
+    assert main(["sql", "--lake", known_lake["lake"], "--query", "bounce_rate"]) == 0
+    assert asked == [quick]
+    assert "2026-01-05" in capsys.readouterr().out

@@ -25,6 +25,7 @@ from sessionlake.spark import (
     LOCAL_FS_ENV,
     LOG_CONFIG,
     PACKAGE_DIR,
+    QUERY_QUICK_MAX_BYTES,
     QUICK_START_JIT,
     QUICK_START_MAX_BATCHES,
     QUICK_START_MAX_BYTES,
@@ -41,6 +42,7 @@ from sessionlake.spark import (
     package_files,
     package_zip,
     quick_start_for,
+    quick_start_for_query,
     ship_package,
 )
 from tests.conftest import REPO
@@ -220,10 +222,30 @@ def test_a_run_with_little_to_read_compiles_with_c1_only(
     assert quick_start_for(unread, per_batch) is quick
 
 
+@pytest.mark.parametrize(("mode", "table_bytes", "quick"), [
+    (None, 0, True),
+    (None, QUERY_QUICK_MAX_BYTES, True),
+    (None, QUERY_QUICK_MAX_BYTES + 1, False),
+    (None, None, False),  # unknown: a lake not on this machine's disks
+    ("quick", None, True),
+    ("full", 0, False),
+])
+def test_a_query_over_small_tables_compiles_with_c1_only(
+    monkeypatch: pytest.MonkeyPatch, mode: str | None, table_bytes: int | None, quick: bool,
+) -> None:
+    if mode is None:
+        monkeypatch.delenv(DRIVER_JIT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(DRIVER_JIT_ENV, mode)
+    assert quick_start_for_query(table_bytes) is quick
+
+
 def test_a_wrong_jit_choice_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(DRIVER_JIT_ENV, "fast")
     with pytest.raises(ConfigError, match="SESSIONLAKE_DRIVER_JIT must be auto, quick or full"):
         quick_start_for(_SMALL)
+    with pytest.raises(ConfigError, match="SESSIONLAKE_DRIVER_JIT must be auto, quick or full"):
+        quick_start_for_query(0)
 
 
 def test_only_the_driver_of_a_quick_start_stops_at_c1() -> None:
