@@ -874,8 +874,16 @@ def materialize(frame: DataFrame) -> DataFrame:
 
 
 def release(frame: DataFrame) -> None:
-    """Free the blocks of a frame from :func:`materialize`: after this it cannot be read."""
-    frame._jdf.logicalPlan().rdd().unpersist(False)
+    """Free the blocks of a frame from :func:`materialize`, and wait until they are free:
+    after this it cannot be read.
+
+    Left to finish in the background, the removal of a large batch's blocks was still
+    running when its process stopped Spark: the block manager, shut down under it, printed
+    two ``RejectedExecutionException`` stack traces after a run of 5,000,000 events had
+    succeeded. Waiting took that batch 0.8 s, and a batch of 100,000 events 29-65 ms
+    against 3-21 ms (2026-12-04); the next batch then starts with this one's memory back.
+    """
+    frame._jdf.logicalPlan().rdd().unpersist(True)
 
 
 #: Delta writer options of the batch's appends, per table. ``events`` is written without

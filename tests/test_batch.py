@@ -644,3 +644,23 @@ def test_a_batch_applied_twice_changes_nothing(
     assert run_batches(spark, cfg, [batch], identity=identity)[0].resumed
 
     assert {t: table_version(spark, lake, t) for t in PUBLIC_TABLES} == versions  # no commit
+
+
+def _rdds_with_blocks(spark: SparkSession) -> dict[int, str]:
+    """The RDDs whose blocks the block managers hold now, by id, with their names."""
+    return {info.id(): str(info.name())
+            for info in spark.sparkContext._jsc.sc().getRDDStorageInfo()}
+
+
+def test_a_batch_frees_the_blocks_of_its_frames(spark: SparkSession, lake: str) -> None:
+    """The frames a batch materialized are gone from the block managers once it returns:
+    kept, every batch's would pile up in a long run's memory. (That the batch waits for
+    their removal shows only at scale, where a removal still running at Spark's shutdown
+    printed stack traces: see ``batch.release``.)"""
+    cfg = settings(lake)
+    newest = spark.range(1).rdd.id()  # RDD ids grow: the batch's are greater
+    run_batches(spark, cfg, [[event("u1", "10:00"), event("u2", "10:01")],
+                             [event("u1", "10:05"), event("u3", "10:06")]])
+    kept = {rdd: name for rdd, name in _rdds_with_blocks(spark).items()
+            if rdd > newest and not name.startswith("Delta Table State")}
+    assert kept == {}
