@@ -18,6 +18,7 @@ import csv
 import difflib
 import io
 import json
+import logging
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from sessionlake.tables import (
     table_exists,
     table_path,
 )
+
+log = logging.getLogger(__name__)
 
 OUTPUT_FORMATS: tuple[str, ...] = ("table", "csv", "json")
 PARAM_TYPES: tuple[str, ...] = ("string", "int", "date", "timestamp")
@@ -395,8 +398,10 @@ def bytes_to_read(lake: str, statement: str) -> int | None:
     (:func:`sessionlake.spark.quick_start_for_query`).
 
     The tables' newest versions, whatever ``--as-of`` reads; a table not there counts
-    nothing (the query will say it is missing). ``None`` when a log cannot be read here
-    (a lake not on this machine's disks, a reader feature this reader does not know).
+    nothing (the query will say it is missing). ``None`` when a log cannot be read here:
+    a lake not on this machine's disks, a reader feature this reader does not know, or a
+    damaged log. The size only chooses a compiler, so whatever stops this reader leaves it
+    unknown and the query runs as it would have, to report damage its own way.
     """
     used = names_used(statement, named_queries())
     total = 0
@@ -405,7 +410,8 @@ def bytes_to_read(lake: str, statement: str) -> int | None:
             location = table_path(lake, table)
             if (used is None or table in used) and deltareader.is_delta_table(location):
                 total += deltareader.read_state(location).total_bytes
-    except deltareader.DeltaReadError:
+    except Exception as error:  # whatever stops the reader: see above
+        log.debug("the tables' size is unknown: %s", error)
         return None
     return total
 

@@ -502,6 +502,13 @@ def test_a_query_reads_the_bytes_of_the_tables_it_names(
     # cannot be read here has no known size.
     assert bytes_to_read(str(tmp_path / "none"), "SELECT * FROM sessions") == 0
     assert bytes_to_read("s3a://bucket/lake", "SELECT * FROM sessions") is None
+    # Nor has a damaged log: the query then runs as before and reports the damage itself.
+    damaged = tmp_path / "damaged"
+    shutil.copytree(lake, damaged)
+    commit = sorted((Path(table_path(str(damaged), "sessions")) / "_delta_log").glob("*.json"))[-1]
+    commit.write_text(commit.read_text()[:40])
+    assert bytes_to_read(str(damaged), "SELECT count(*) FROM sessions") is None
+    assert bytes_to_read(str(damaged), "SELECT count(*) FROM events") == live_bytes("events")
 
 
 @pytest.mark.parametrize(("jit", "quick"), [(None, True), ("full", False)])
