@@ -485,7 +485,9 @@ def run_named_query(
     return spark.sql(queries[name].text)
 
 
-def _text(value: Any) -> str:
+def _text(value: Any, exact: bool = False) -> str:
+    """A collected value as a cell: a double as :func:`_double_text` shows it, or written
+    to round-trip (``exact``, for CSV, which other programs read back)."""
     if value is None:
         return ""
     if isinstance(value, datetime):
@@ -493,8 +495,20 @@ def _text(value: Any) -> str:
     if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, float):
-        return f"{value:.6g}"
+        return repr(value) if exact else _double_text(value)
     return str(value)
+
+
+def _double_text(value: float) -> str:
+    """A double to 15 significant digits, as many as any decimal of up to 15 digits keeps
+    through a double (so ``0.1 + 0.2`` reads 0.3, and 1234567.89 is not cut to 1.23457e+06),
+    with its decimal point kept (3.0, not 3) so that a column of doubles reads as one."""
+    text = f"{value:.15g}"
+    return text if any(c in text for c in ".eni") else f"{text}.0"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float | Decimal) and not isinstance(value, bool)
 
 
 def _jsonable(value: Any, kind: DataType | None = None) -> Any:
@@ -527,8 +541,9 @@ def format_rows(
     columns: Sequence[str], rows: Sequence[Sequence[Any]], output: str,
     types: Sequence[DataType] | None = None,
 ) -> str:
-    """Rows as an aligned text table, CSV with a header, or JSON lines (whose values
-    :func:`_jsonable` writes by the columns' Spark ``types``, when given)."""
+    """Rows as an aligned text table (numbers right-aligned), CSV with a header (doubles
+    written to read back the same), or JSON lines (whose values :func:`_jsonable` writes by
+    the columns' Spark ``types``, when given)."""
     if output == "json":
         kinds: Sequence[DataType | None] = types or [None] * len(columns)
         return "".join(
@@ -540,14 +555,23 @@ def format_rows(
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(columns)
-        writer.writerows([[_text(v) for v in row] for row in rows])
+        writer.writerows([[_text(v, exact=True) for v in row] for row in rows])
         return buffer.getvalue()
     cells = [[_text(v) for v in row] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    # Numbers are right-aligned, so that their digits line up by place.
+    numeric = [any(row[i] is not None for row in rows)
+               and all(row[i] is None or _is_number(row[i]) for row in rows)
+               for i in range(len(columns))]
+
+    def line(texts: Sequence[str]) -> str:
+        return "  ".join(t.rjust(w) if right else t.ljust(w)
+                         for t, w, right in zip(texts, widths, numeric, strict=True)).rstrip()
+
     lines = [
-        "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip(),
+        line(columns),
         "  ".join("-" * w for w in widths),
-        *("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells),
+        *(line(r) for r in cells),
         f"({len(rows)} row{'s' if len(rows) != 1 else ''})",
     ]
     return "\n".join(lines) + "\n"

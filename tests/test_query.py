@@ -43,6 +43,7 @@ from sessionlake.query import (
     bind_params,
     bytes_to_read,
     format_frame,
+    format_rows,
     named_queries,
     names_used,
     parse_as_of,
@@ -445,7 +446,7 @@ def test_cli_lists_and_runs_named_queries(
     assert main(["sql", "--lake", known_lake["lake"], "--query", "funnel", "--output", "csv",
                  "--param", "step2=/checkout"]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "step1_sessions,step2_sessions,conversion_pct", "4,2,50"]
+        "step1_sessions,step2_sessions,conversion_pct", "4,2,50.0"]
 
 
 def test_sql_files_of_the_queries_are_the_ones_listed() -> None:
@@ -535,3 +536,36 @@ def test_sql_on_a_small_lake_asks_for_a_quick_starting_driver(
     assert main(["sql", "--lake", known_lake["lake"], "--query", "bounce_rate"]) == 0
     assert asked == [quick]
     assert "2026-01-05" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    (3.0, "3.0"), (16.4, "16.4"), (-2.0, "-2.0"), (0.1 + 0.2, "0.3"),
+    (1234567.89, "1234567.89"), (1e20, "1e+20"), (2.5e-7, "2.5e-07"),
+    (float("nan"), "nan"), (float("inf"), "inf"),
+])
+def test_a_table_shows_a_double_with_its_digits_and_its_point(value: float, shown: str) -> None:
+    """Rounded averages must not read 3 beside 3.2, nor a sum lose its digits (1.23457e+06)."""
+    assert format_rows(["x"], [(value,)], "table").splitlines()[2].strip() == shown
+
+
+def test_a_table_right_aligns_its_numbers() -> None:
+    table = format_rows(
+        ["day", "sessions", "rate", "note"],
+        [(date(2026, 1, 5), 512, 51.8, "a"), (date(2026, 1, 6), 7, None, None),
+         (date(2026, 1, 7), 1024, Decimal("5.25"), "bc")],
+        "table",
+    )
+    assert table == (
+        "day         sessions  rate  note\n"
+        "----------  --------  ----  ----\n"
+        "2026-01-05       512  51.8  a\n"
+        "2026-01-06         7\n"
+        "2026-01-07      1024  5.25  bc\n"
+        "(3 rows)\n"
+    )
+
+
+def test_csv_writes_doubles_that_read_back_the_same() -> None:
+    values = [0.1 + 0.2, 1234567.891234567, 1 / 3, 1e-300, 3.0]
+    text = format_rows(["x"], [(v,) for v in values], "csv")
+    assert [float(cell) for cell in text.splitlines()[1:]] == values
