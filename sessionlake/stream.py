@@ -36,6 +36,7 @@ from sessionlake.batch import (
     PHASES,
     BatchReport,
     Clock,
+    StreamIdentity,
     process_lines,
     stream_identity,
     utc_now,
@@ -942,6 +943,73 @@ def kafka_topic_gone(
     return diagnose
 
 
+def check_and_register_stream(spark: SparkSession, settings: Settings,
+                              topic: KafkaTopic | None) -> None:
+    """Refuse, before the stream reads or writes anything, a run that would break what
+    earlier runs left (a restore cut off, another checkpoint's batch cut off, a changed gap
+    or input format, another source than the checkpoint's), tidy what the checkpoint read
+    (files archived meanwhile), then note the stream in the lake."""
+    check_no_restore_pending(spark, settings.checkpoint)
+    check_no_batch_cut_off_elsewhere(spark, settings)
+    check_gap_unchanged(spark, settings)
+    format_unnoted = check_format_unchanged(spark, settings)
+    if topic is not None:
+        check_checkpoint_reads_kafka(spark, settings)
+        check_kafka_topic_unchanged(spark, settings, topic)
+        check_topic_not_read_elsewhere(spark, settings, topic)
+        check_no_kafka_records_lost(spark, settings, topic)
+    else:
+        check_landing_folder(spark, settings)
+        warn_of_files_changed_since_read(settings.checkpoint)
+        forget_files_archived_meanwhile(settings)
+    if format_unnoted:
+        note_input_format(spark, settings.checkpoint, settings.input_format)
+    register_stream(spark, settings.lake, settings.checkpoint, source_key(settings),
+                    *((topic.cluster_id, topic.topic_id) if topic else ()))
+
+
+def prepare_lake(spark: SparkSession, settings: Settings) -> Settings:
+    """Make the lake's tables (a new lake) or bring their properties up to date, and return
+    ``settings`` with the user buckets the lake's ``open_sessions`` was made with: a lake
+    keeps its buckets whatever a later run asks."""
+    # The stream's own queries (tables, ledger, Delta's log replays) are small:
+    # interpreted until a batch big enough to repay compiled code comes.
+    fit_to_stream(spark)
+    buckets = ensure_tables(spark, settings.lake, settings.user_buckets)
+    upgrade_table_properties(spark, settings.lake)
+    if buckets == settings.user_buckets:
+        return settings
+    log.warning("the lake's open_sessions has %s user buckets: using that, not %s",
+                buckets, settings.user_buckets)
+    return settings.with_overrides(user_buckets=buckets)
+
+
+def input_lines(spark: SparkSession, settings: Settings,
+                source: str) -> tuple[DataFrame, Callable[[DataFrame], DataFrame]]:
+    """The stream of the run's input (landing files or Kafka records), and what turns a
+    micro-batch of it into numbered lines for the format adapter."""
+    if settings.reads_kafka:
+        return kafka_records(spark, settings), kafka_lines
+    root = storage.path_part(spark, source)
+    stream = landing_files(spark, settings, reads_subfolders(spark, settings))
+    return stream, partial(number_lines, source_root_path=root)
+
+
+def stream_writer(stream: DataFrame, handle: Callable[[DataFrame, int], None],
+                  settings: Settings, identity: StreamIdentity) -> DataStreamWriter:
+    """The query's writer: each micro-batch to ``handle``, progress in the checkpoint's
+    Spark folder, triggered as the settings ask (available-now or every interval)."""
+    writer = (
+        stream.writeStream.foreachBatch(handle)
+        .option("checkpointLocation", f"{settings.checkpoint.rstrip('/')}/{SPARK_CHECKPOINT}")
+        .queryName(f"sessionlake-{identity.stream_id}")
+    )
+    if settings.trigger == "available-now":
+        return writer.trigger(availableNow=True)
+    seconds = int(settings.processing_interval.total_seconds())
+    return writer.trigger(processingTime=f"{seconds} seconds")
+
+
 def run_stream(
     spark: SparkSession,
     settings: Settings,
@@ -966,40 +1034,10 @@ def run_stream(
     topic = check_kafka_topic(spark, settings) if settings.reads_kafka else None
     summary = RunSummary()
     with stream_locks(settings.lake, settings.checkpoint):
-        check_no_restore_pending(spark, settings.checkpoint)
-        check_no_batch_cut_off_elsewhere(spark, settings)
-        check_gap_unchanged(spark, settings)
-        format_unnoted = check_format_unchanged(spark, settings)
-        if topic is not None:
-            check_checkpoint_reads_kafka(spark, settings)
-            check_kafka_topic_unchanged(spark, settings, topic)
-            check_topic_not_read_elsewhere(spark, settings, topic)
-            check_no_kafka_records_lost(spark, settings, topic)
-        else:
-            check_landing_folder(spark, settings)
-            warn_of_files_changed_since_read(settings.checkpoint)
-            forget_files_archived_meanwhile(settings)
-        if format_unnoted:
-            note_input_format(spark, settings.checkpoint, settings.input_format)
-        register_stream(spark, settings.lake, settings.checkpoint, source_key(settings),
-                        *((topic.cluster_id, topic.topic_id) if topic else ()))
-        # The stream's own queries (tables, ledger, Delta's log replays) are small:
-        # interpreted until a batch big enough to repay compiled code comes.
-        fit_to_stream(spark)
-        buckets = ensure_tables(spark, settings.lake, settings.user_buckets)
-        upgrade_table_properties(spark, settings.lake)
-        if buckets != settings.user_buckets:
-            log.warning("the lake's open_sessions has %s user buckets: using that, not %s",
-                        buckets, settings.user_buckets)
-            settings = settings.with_overrides(user_buckets=buckets)
+        check_and_register_stream(spark, settings, topic)
+        settings = prepare_lake(spark, settings)
         identity = stream_identity(spark, settings.checkpoint)
-        to_lines: Callable[[DataFrame], DataFrame]
-        if settings.reads_kafka:
-            stream, to_lines = kafka_records(spark, settings), kafka_lines
-        else:
-            root = storage.path_part(spark, source)
-            stream = landing_files(spark, settings, reads_subfolders(spark, settings))
-            to_lines = partial(number_lines, source_root_path=root)
+        stream, to_lines = input_lines(spark, settings, source)
 
         in_flight = _BatchInFlight()
         reports: dict[int, BatchReport] = {}
@@ -1035,16 +1073,7 @@ def run_stream(
             finally:
                 in_flight.end()
 
-        writer = (
-            stream.writeStream.foreachBatch(handle)
-            .option("checkpointLocation", f"{settings.checkpoint.rstrip('/')}/{SPARK_CHECKPOINT}")
-            .queryName(f"sessionlake-{identity.stream_id}")
-        )
-        if settings.trigger == "available-now":
-            writer = writer.trigger(availableNow=True)
-        else:
-            seconds = int(settings.processing_interval.total_seconds())
-            writer = writer.trigger(processingTime=f"{seconds} seconds")
+        writer = stream_writer(stream, handle, settings, identity)
         monitor = BatchMonitor(settings, reports)
         # Where a continuous run on files looks for an archive's request to forget files
         # (answered by a new query: see _restarted_forgetting).
@@ -1117,18 +1146,7 @@ def run_stream(
                         query.awaitTermination(1)
                     except StreamingQueryException as failed:
                         ended = failed
-            if not_begun:
-                log.warning("stopped before batch %s began (it was planned: it runs on "
-                            "restart)", not_begun[0])
-            elif error is not None and monitor.stop_requested:
-                # A trigger can begin between the check for a quiet moment and the stop (or
-                # the wait gave up): the stop interrupts it before its commit, so it runs
-                # again on restart, as after a crash. Not an error of the run.
-                log.warning("stopped while a trigger %s its batch (%s): that batch was not "
-                            "committed and runs again on restart",
-                            "planned" if forced else "started", str(error).splitlines()[0])
-            elif error is not None:
-                raise error
+            _end_of_run(error, not_begun, monitor.stop_requested, forced)
             monitor.wait_for(reports)
         finally:
             if query is not None:
@@ -1136,6 +1154,24 @@ def run_stream(
             spark.streams.removeListener(monitor)
             _PY4J_LOG.removeFilter(quiet_after_stop)
     return summary
+
+
+def _end_of_run(error: BaseException | None, not_begun: list[int], stop_requested: bool,
+                forced: bool) -> None:
+    """Say which batch a stop left for the restart, or raise the ``error`` that ended the
+    query when the run did not stop it."""
+    if not_begun:
+        log.warning("stopped before batch %s began (it was planned: it runs on restart)",
+                    not_begun[0])
+    elif error is not None and stop_requested:
+        # A trigger can begin between the check for a quiet moment and the stop (or the
+        # wait gave up): the stop interrupts it before its commit, so it runs again on
+        # restart, as after a crash. Not an error of the run.
+        log.warning("stopped while a trigger %s its batch (%s): that batch was not "
+                    "committed and runs again on restart",
+                    "planned" if forced else "started", str(error).splitlines()[0])
+    elif error is not None:
+        raise error
 
 
 class StopBeforeBatch(Exception):
