@@ -14,11 +14,13 @@ without params: a catalog view cannot read the temporary ``query_params``.
 
 from __future__ import annotations
 
+import base64
 import csv
 import difflib
 import io
 import json
 import logging
+import math
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +32,16 @@ from typing import Any
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DataType, MapType, StructType, TimestampType
+from pyspark.sql.types import (
+    ArrayType,
+    CalendarIntervalType,
+    DataType,
+    MapType,
+    StructType,
+    TimestampType,
+    VariantVal,
+    YearMonthIntervalType,
+)
 
 from sessionlake import deltareader
 from sessionlake.deltalog import BatchKey, tag_batch
@@ -485,17 +496,30 @@ def run_named_query(
     return spark.sql(queries[name].text)
 
 
-def _text(value: Any, exact: bool = False) -> str:
-    """A collected value as a cell: a double as :func:`_double_text` shows it, or written
-    to round-trip (``exact``, for CSV, which other programs read back)."""
+def _text(value: Any, kind: DataType | None = None, exact: bool = False) -> str:
+    """A collected value of Spark type ``kind`` as a cell, as Spark SQL spells it where
+    Python would not (``true``, not ``True``): a double as :func:`_double_text` shows it or
+    written to round-trip (``exact``, for CSV, which other programs read back), an interval
+    as an ISO 8601 duration, binary in hex (as Spark's ``hex``), and an array, map, struct
+    or variant as JSON text."""
     if value is None:
         return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, datetime):
         return value.isoformat(sep=" ")
     if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, float):
         return repr(value) if exact else _double_text(value)
+    if isinstance(value, timedelta):
+        return _iso_duration(value)
+    if isinstance(value, bytes | bytearray):
+        return value.hex().upper()
+    if isinstance(value, VariantVal):
+        return value.toJson()
+    if isinstance(value, list | tuple | dict):
+        return json.dumps(_jsonable(value, kind), ensure_ascii=False)
     return str(value)
 
 
@@ -507,6 +531,21 @@ def _double_text(value: float) -> str:
     return text if any(c in text for c in ".eni") else f"{text}.0"
 
 
+def _iso_duration(value: timedelta) -> str:
+    """A day-time interval as an ISO 8601 duration (``PT36.5S``, ``P3DT2H``, ``-PT1S``),
+    which other programs read back; Python's own text of it (``-1 day, 23:59:59``) is not."""
+    micros = (value.days * 86_400 + value.seconds) * 10**6 + value.microseconds
+    sign, micros = "-" if micros < 0 else "", abs(micros)
+    days, micros = divmod(micros, 86_400 * 10**6)
+    hours, micros = divmod(micros, 3_600 * 10**6)
+    minutes, micros = divmod(micros, 60 * 10**6)
+    seconds = f"{micros // 10**6}.{micros % 10**6:06d}".rstrip("0").rstrip(".")
+    time = (f"{hours}H" if hours else "") + (f"{minutes}M" if minutes else "") + (
+        f"{seconds}S" if micros else "")
+    text = (f"{days}D" if days else "") + (f"T{time}" if time else "")
+    return f"{sign}P{text or 'T0S'}"
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float | Decimal) and not isinstance(value, bool)
 
@@ -515,26 +554,40 @@ def _jsonable(value: Any, kind: DataType | None = None) -> Any:
     """A collected value of Spark type ``kind`` as JSON. A ``TIMESTAMP`` is an instant:
     it is written with its zone (``+00:00``), so that no reader takes it for local time.
     PySpark hands it back as a naive datetime in the process's local time, which
-    ``astimezone`` reads as such. A struct becomes an object with its field names."""
+    ``astimezone`` reads as such. A struct becomes an object with its field names, a
+    variant the JSON it holds, binary base64 (as Spark's ``to_json``) and an interval an
+    ISO 8601 duration."""
     if value is None:
         return None
     if isinstance(kind, TimestampType) and isinstance(value, datetime):
         return value.astimezone(UTC).isoformat()
     if isinstance(value, datetime | date):
         return value.isoformat()
+    if isinstance(value, timedelta):
+        return _iso_duration(value)
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, VariantVal):
+        return json.loads(value.toJson())
     if isinstance(kind, StructType) and isinstance(value, tuple):
         return {f.name: _jsonable(v, f.dataType)
                 for f, v in zip(kind.fields, value, strict=True)}
     if isinstance(kind, MapType) and isinstance(value, dict):
-        return {str(k): _jsonable(v, kind.valueType) for k, v in value.items()}
+        return {_text(k, kind.keyType): _jsonable(v, kind.valueType) for k, v in value.items()}
     if isinstance(value, list | tuple):
         element = kind.elementType if isinstance(kind, ArrayType) else None
         return [_jsonable(v, element) for v in value]
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {_text(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, Decimal):
         return float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return _SPARK_JSON_SPECIAL[str(value)]  # JSON has no NaN nor infinity
     return value
+
+
+#: How Spark's ``to_json`` writes the doubles JSON has no number for.
+_SPARK_JSON_SPECIAL = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
 def format_rows(
@@ -544,8 +597,8 @@ def format_rows(
     """Rows as an aligned text table (numbers right-aligned), CSV with a header (doubles
     written to read back the same), or JSON lines (whose values :func:`_jsonable` writes by
     the columns' Spark ``types``, when given)."""
+    kinds: Sequence[DataType | None] = types or [None] * len(columns)
     if output == "json":
-        kinds: Sequence[DataType | None] = types or [None] * len(columns)
         return "".join(
             json.dumps({c: _jsonable(v, k)
                         for c, v, k in zip(columns, row, kinds, strict=True)}) + "\n"
@@ -555,9 +608,10 @@ def format_rows(
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(columns)
-        writer.writerows([[_text(v, exact=True) for v in row] for row in rows])
+        writer.writerows([[_text(v, k, exact=True) for v, k in zip(row, kinds, strict=True)]
+                          for row in rows])
         return buffer.getvalue()
-    cells = [[_text(v) for v in row] for row in rows]
+    cells = [[_text(v, k) for v, k in zip(row, kinds, strict=True)] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     # Numbers are right-aligned, so that their digits line up by place.
     numeric = [any(row[i] is not None for row in rows)
@@ -579,6 +633,35 @@ def format_rows(
 
 def format_frame(frame: DataFrame, output: str, limit: int | None = None) -> str:
     """Collect ``frame`` (up to ``limit`` rows) and format it with :func:`format_rows`."""
+    frame = collectable(frame)
     rows = frame.limit(limit).collect() if limit else frame.collect()
     return format_rows(frame.columns, [tuple(r) for r in rows], output,
                        [f.dataType for f in frame.schema.fields])
+
+
+#: Types PySpark cannot bring back to Python (its collect raises NOT_IMPLEMENTED).
+_UNCOLLECTABLE = (YearMonthIntervalType, CalendarIntervalType)
+
+
+def _holds_uncollectable(kind: DataType) -> bool:
+    if isinstance(kind, ArrayType):
+        return _holds_uncollectable(kind.elementType)
+    if isinstance(kind, MapType):
+        return _holds_uncollectable(kind.keyType) or _holds_uncollectable(kind.valueType)
+    if isinstance(kind, StructType):
+        return any(_holds_uncollectable(f.dataType) for f in kind.fields)
+    return isinstance(kind, _UNCOLLECTABLE)
+
+
+def collectable(frame: DataFrame) -> DataFrame:
+    """``frame`` with each column that holds a year-month or calendar interval, which
+    PySpark cannot collect, as Spark's own text of it (``INTERVAL '2-3' YEAR TO MONTH``)."""
+    fields = frame.schema.fields
+    if not any(_holds_uncollectable(f.dataType) for f in fields):
+        return frame
+    # By position: a result may repeat a column name (SELECT a, a).
+    positional = frame.toDF(*(f"_{i}" for i in range(len(fields))))
+    return positional.select(*(
+        (F.col(f"_{i}").cast("string") if _holds_uncollectable(f.dataType)
+         else F.col(f"_{i}")).alias(f.name)
+        for i, f in enumerate(fields)))

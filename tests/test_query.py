@@ -16,12 +16,13 @@ Batch A holds 2026-01-05 and u4's event (which closes the first day); batch B th
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
 import subprocess
 import sys
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ from typing import Any
 import pytest
 from delta.tables import DeltaTable
 from pyspark.errors import AnalysisException
-from pyspark.sql import SparkSession
+from pyspark.sql import Row, SparkSession
+from pyspark.sql.types import ArrayType, MapType, StringType, StructField, StructType
 
 from sessionlake import faults
 from sessionlake.cli import main
@@ -569,3 +571,52 @@ def test_csv_writes_doubles_that_read_back_the_same() -> None:
     values = [0.1 + 0.2, 1234567.891234567, 1 / 3, 1e-300, 3.0]
     text = format_rows(["x"], [(v,) for v in values], "csv")
     assert [float(cell) for cell in text.splitlines()[1:]] == values
+
+
+_POINT = StructType([StructField("x", StringType()), StructField("y", StringType())])
+
+
+@pytest.mark.parametrize(("value", "kind", "shown"), [
+    (True, None, "true"),
+    (False, None, "false"),
+    (timedelta(seconds=36, microseconds=500_000), None, "PT36.5S"),
+    (timedelta(days=3), None, "P3D"),
+    (timedelta(days=1, hours=2, minutes=3, seconds=4), None, "P1DT2H3M4S"),
+    (timedelta(minutes=1), None, "PT1M"),
+    (-timedelta(seconds=1), None, "-PT1S"),
+    (timedelta(0), None, "PT0S"),
+    (b"\x01\x02\xff", None, "0102FF"),
+    (["/", "/a"], ArrayType(StringType()), '["/", "/a"]'),
+    ({"k": "v"}, MapType(StringType(), StringType()), '{"k": "v"}'),
+    (Row(x="1", y="b"), _POINT, '{"x": "1", "y": "b"}'),
+])
+def test_a_table_spells_values_as_spark_sql_does_not_as_python(
+        value: Any, kind: Any, shown: str) -> None:
+    """Not True, datetime.timedelta's '-1 day, 23:59:59', b'\\x01' or Row(x=...); CSV the same."""
+    types = [kind] if kind else None
+    assert format_rows(["c"], [(value,)], "table", types).splitlines()[2].strip() == shown
+    [[cell]] = csv.reader(format_rows(["c"], [(value,)], "csv", types).splitlines()[1:])
+    assert cell == shown
+
+
+def test_json_lines_write_binary_intervals_and_non_numbers_as_spark_s_to_json() -> None:
+    line = format_rows(["b", "i", "n", "inf"], [(b"\x01\x02", timedelta(hours=1), float("nan"),
+                                                 float("-inf"))], "json")
+    assert json.loads(line) == {"b": "AQI=", "i": "PT1H", "n": "NaN", "inf": "-Infinity"}
+
+
+def test_a_result_of_any_type_prints_in_every_output(spark: SparkSession) -> None:
+    """PySpark cannot collect a year-month interval, and JSON has no bytes: neither may
+    end a query in a traceback. A repeated column name stays repeated."""
+    frame = spark.sql(
+        "SELECT X'01ff' AS b, interval 2 years 3 months AS ym, array(interval 1 year) AS yms, "
+        "parse_json('{\"a\": [1]}') AS v, "
+        "timestamp'2026-01-01 10:00:00' - timestamp'2026-01-01 09:59:23.5' AS i, 1 AS b")
+    header, row = csv.reader(format_frame(frame, "csv").splitlines())
+    assert header == ["b", "ym", "yms", "v", "i", "b"]
+    assert row == ["01FF", "INTERVAL '2-3' YEAR TO MONTH", "[INTERVAL '1' YEAR]", '{"a":[1]}',
+                   "PT36.5S", "1"]
+    assert json.loads(format_frame(frame.drop("b"), "json")) == {
+        "ym": "INTERVAL '2-3' YEAR TO MONTH", "yms": "[INTERVAL '1' YEAR]", "v": {"a": [1]},
+        "i": "PT36.5S"}
+    assert "INTERVAL '2-3' YEAR TO MONTH" in format_frame(frame, "table")
