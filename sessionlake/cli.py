@@ -444,13 +444,13 @@ def cmd_sql(args: argparse.Namespace) -> int:
         LakeNotFound,
         QueryError,
         check_named_query,
-        format_frame,
         named_queries,
         names_hint,
         parse_as_of,
         parse_param_assignments,
         run_named_query,
         run_sql,
+        write_frame,
     )
     from sessionlake.spark import quiet_task_failures
 
@@ -482,7 +482,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
                 frame = run_named_query(spark, settings.lake, args.query, params, as_of)
             else:
                 frame = run_sql(spark, settings.lake, args.statement, as_of)
-            sys.stdout.write(format_frame(frame, args.output, args.limit))
+            write_frame(frame, args.output, sys.stdout, args.limit)
     except (LakeNotFound, QueryError) as error:
         raise UsageError(str(error)) from None
     except (AnalysisException, ParseException) as error:

@@ -22,14 +22,18 @@ import json
 import logging
 import math
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from delta.tables import DeltaTable
+from py4j.java_gateway import is_instance_of
+from py4j.protocol import Py4JJavaError
+from pyspark import SparkContext
+from pyspark.errors.exceptions.captured import UnknownException, convert_exception
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -598,19 +602,29 @@ def format_rows(
     written to read back the same), or JSON lines (whose values :func:`_jsonable` writes by
     the columns' Spark ``types``, when given)."""
     kinds: Sequence[DataType | None] = types or [None] * len(columns)
+    if output == "table":
+        return _table(columns, rows, kinds)
+    buffer = io.StringIO()
+    _write_lines(buffer, columns, rows, output, kinds)
+    return buffer.getvalue()
+
+
+def _write_lines(out: TextIO, columns: Sequence[str], rows: Iterable[Sequence[Any]],
+                 output: str, kinds: Sequence[DataType | None]) -> None:
+    """Write ``rows`` to ``out`` as CSV with a header or as JSON lines, one at a time."""
     if output == "json":
-        return "".join(
-            json.dumps({c: _jsonable(v, k)
-                        for c, v, k in zip(columns, row, kinds, strict=True)}) + "\n"
-            for row in rows
-        )
-    if output == "csv":
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(columns)
-        writer.writerows([[_text(v, k, exact=True) for v, k in zip(row, kinds, strict=True)]
-                          for row in rows])
-        return buffer.getvalue()
+        out.writelines(json.dumps({c: _jsonable(v, k)
+                                   for c, v, k in zip(columns, row, kinds, strict=True)}) + "\n"
+                       for row in rows)
+        return
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows([_text(v, k, exact=True) for v, k in zip(row, kinds, strict=True)]
+                     for row in rows)
+
+
+def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]],
+           kinds: Sequence[DataType | None]) -> str:
     cells = [[_text(v, k) for v, k in zip(row, kinds, strict=True)] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     # Numbers are right-aligned, so that their digits line up by place.
@@ -631,12 +645,57 @@ def format_rows(
     return "\n".join(lines) + "\n"
 
 
-def format_frame(frame: DataFrame, output: str, limit: int | None = None) -> str:
-    """Collect ``frame`` (up to ``limit`` rows) and format it with :func:`format_rows`."""
+def write_frame(frame: DataFrame, output: str, out: TextIO, limit: int | None = None) -> None:
+    """Write ``frame``'s rows (up to ``limit``) to ``out`` as :func:`format_rows` formats
+    them. CSV and JSON lines go out as the rows come, a partition at a time, so that an
+    export need not fit in the driver's memory (nor in Spark's ``maxResultSize``); a table
+    is written once all its rows are known, for its widths."""
     frame = collectable(frame)
-    rows = frame.limit(limit).collect() if limit else frame.collect()
-    return format_rows(frame.columns, [tuple(r) for r in rows], output,
-                       [f.dataType for f in frame.schema.fields])
+    if limit:
+        frame = frame.limit(limit)
+    kinds = [f.dataType for f in frame.schema.fields]
+    if output == "table":
+        out.write(format_rows(frame.columns, [tuple(r) for r in frame.collect()], output, kinds))
+        return
+    _write_lines(out, frame.columns, _rows_as_they_come(frame), output, kinds)
+
+
+def _rows_as_they_come(frame: DataFrame) -> Iterator[tuple[Any, ...]]:
+    """``frame``'s rows a partition at a time. A failure is raised as PySpark raises a
+    collect's (``[DIVIDE_BY_ZERO] ...``), not as the Py4J error of the iterator's wait
+    around it."""
+    try:
+        for row in frame.toLocalIterator(prefetchPartitions=True):
+            yield tuple(row)
+    except Py4JJavaError as error:
+        # As PySpark raises a collect's failure: its own exception for the errors it knows,
+        # else the Py4J error, around the Spark error itself.
+        within = _spark_error_within(error.java_exception)
+        converted = convert_exception(within)
+        if not isinstance(converted, UnknownException):
+            raise converted from None
+        raise Py4JJavaError("An error occurred while reading the result", within) from None
+
+
+def _spark_error_within(java_error: Any) -> Any:
+    """The first exception along ``java_error``'s causes that names a Spark error condition
+    (``DIVIDE_BY_ZERO``, ``FAILED_READ_FILE...``), else the innermost."""
+    gateway = SparkContext._gateway
+    error = java_error
+    while True:
+        if is_instance_of(gateway, error, "org.apache.spark.SparkThrowable") \
+                and error.getCondition() is not None:
+            return error
+        if error.getCause() is None:
+            return error
+        error = error.getCause()
+
+
+def format_frame(frame: DataFrame, output: str, limit: int | None = None) -> str:
+    """:func:`write_frame` into a string."""
+    buffer = io.StringIO()
+    write_frame(frame, output, buffer, limit)
+    return buffer.getvalue()
 
 
 #: Types PySpark cannot bring back to Python (its collect raises NOT_IMPLEMENTED).

@@ -114,15 +114,20 @@ def test_a_name_not_in_the_lake_gets_the_closest_and_the_tables(
     assert hint in said and said.endswith("`sessionlake sql --list` lists the named queries)")
 
 
+@pytest.mark.parametrize("output", ["table", "csv", "json"])
 @pytest.mark.parametrize("statement", [
     "SELECT 1 / (event_count - event_count) FROM sessions",
     "SELECT CAST(user_id AS INT) FROM sessions",
     "SELECT raise_error('boom') FROM sessions",
 ])
 def test_a_query_that_fails_while_running_is_one_line(
-    observed_lake: ObservedLake, capsys: pytest.CaptureFixture[str], statement: str
+    observed_lake: ObservedLake, capsys: pytest.CaptureFixture[str], statement: str,
+    output: str,
 ) -> None:
-    assert main(["sql", "--lake", observed_lake.settings.lake, statement]) == 1
+    """Also from CSV and JSON lines, whose rows are written as they come (their failure
+    arrives wrapped in the wait for the next partition)."""
+    assert main(["sql", "--lake", observed_lake.settings.lake, "--output", output,
+                 statement]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith("sessionlake: error: the query failed while running: [")
@@ -130,6 +135,9 @@ def test_a_query_that_fails_while_running_is_one_line(
 
 @pytest.mark.parametrize(("argv", "status", "stackless", "said"), [
     (["sql", "SELECT raise_error('boom') FROM sessions"], 1, True,
+     "sessionlake: error: the query failed while running: [USER_RAISED_EXCEPTION] boom "
+     "SQLSTATE: P0001"),
+    (["sql", "--output", "csv", "SELECT raise_error('boom') FROM sessions"], 1, True,
      "sessionlake: error: the query failed while running: [USER_RAISED_EXCEPTION] boom "
      "SQLSTATE: P0001"),
     # The backfill's check that every replaced session finds its events fails a task. Its
@@ -140,7 +148,7 @@ def test_a_query_that_fails_while_running_is_one_line(
      "have events missing from `events`, e.g. user u1 from 2026-01-05T10:00:00Z has 2 of its "
      "3 events; re-cutting them would lose events, so nothing was written (if a micro-batch "
      "was committing at that moment, run the backfill again)"),
-], ids=["sql", "backfill"])
+], ids=["sql", "sql-csv", "backfill"])
 def test_a_failed_task_s_stack_trace_is_not_printed(
     spark: SparkSession, observed_lake: ObservedLake, tmp_path: Path, argv: list[str],
     status: int, stackless: bool, said: str,
@@ -160,6 +168,7 @@ def test_a_failed_task_s_stack_trace_is_not_printed(
 @pytest.mark.parametrize("argv", [
     ["backfill", "--from", "2026-01-05", "--to", "2026-01-05"],
     ["sql", "SELECT sum(event_count) FROM sessions"],
+    ["sql", "--output", "csv", "SELECT * FROM sessions"],
 ])
 def test_a_deleted_data_file_is_named_as_damage_with_the_doctor(
     observed_lake: ObservedLake, tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -17,11 +17,13 @@ Batch A holds 2026-01-05 and u4's event (which closes the first day); batch B th
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import uuid
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -52,6 +54,7 @@ from sessionlake.query import (
     run_named_query,
     run_sql,
     version_at,
+    write_frame,
 )
 from sessionlake.report import duration_classes
 from sessionlake.tables import PUBLIC_TABLES, table_path
@@ -620,3 +623,34 @@ def test_a_result_of_any_type_prints_in_every_output(spark: SparkSession) -> Non
         "ym": "INTERVAL '2-3' YEAR TO MONTH", "yms": "[INTERVAL '1' YEAR]", "v": {"a": [1]},
         "i": "PT36.5S"}
     assert "INTERVAL '2-3' YEAR TO MONTH" in format_frame(frame, "table")
+
+
+class _Recorded(io.StringIO):
+    """Output that notes, at each write, how many of a job group's Spark jobs had run."""
+
+    def __init__(self, spark: SparkSession, group: str) -> None:
+        super().__init__()
+        self.jobs_at_write: list[tuple[str, int]] = []
+        self._jobs = lambda: len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+
+    def write(self, text: str) -> int:
+        self.jobs_at_write.append((text, self._jobs()))
+        return super().write(text)
+
+
+@pytest.mark.parametrize("output", ["csv", "json"])
+def test_an_export_is_written_as_its_partitions_come(spark: SparkSession, output: str) -> None:
+    """CSV and JSON lines need not hold the whole result in the driver: the first row goes
+    out before the last partition is computed (a job each), and the rows keep their order."""
+    frame = spark.range(0, 40, numPartitions=8)
+    group = f"export-{output}-{uuid.uuid4()}"
+    spark.sparkContext.setJobGroup(group, "an export, partition by partition")
+    try:
+        out = _Recorded(spark, group)
+        write_frame(frame, output, out)
+        jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+    finally:
+        spark.sparkContext.setJobGroup("", "")
+    assert out.getvalue() == format_rows(["id"], [(i,) for i in range(40)], output)
+    first_row = next(n for text, n in out.jobs_at_write if "0" in text)
+    assert first_row < jobs == 8
