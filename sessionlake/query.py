@@ -40,6 +40,7 @@ from pyspark.sql.types import (
     ArrayType,
     CalendarIntervalType,
     DataType,
+    DecimalType,
     MapType,
     StructType,
     TimestampType,
@@ -583,11 +584,22 @@ def _jsonable(value: Any, kind: DataType | None = None) -> Any:
         return [_jsonable(v, element) for v in value]
     if isinstance(value, dict):
         return {_text(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, Decimal):
-        return float(value)
     if isinstance(value, float) and not math.isfinite(value):
         return _SPARK_JSON_SPECIAL[str(value)]  # JSON has no NaN nor infinity
     return value
+
+
+def _json_text(value: Any) -> str:
+    """``value`` (as :func:`_jsonable` makes it) as JSON, with each decimal written digit
+    for digit as a number: a ``DECIMAL(38,2)`` sum keeps its cents, which a double would
+    not past 15 or so digits."""
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_json_text(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_json_text(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 #: How Spark's ``to_json`` writes the doubles JSON has no number for.
@@ -613,8 +625,11 @@ def _write_lines(out: TextIO, columns: Sequence[str], rows: Iterable[Sequence[An
                  output: str, kinds: Sequence[DataType | None]) -> None:
     """Write ``rows`` to ``out`` as CSV with a header or as JSON lines, one at a time."""
     if output == "json":
-        out.writelines(json.dumps({c: _jsonable(v, k)
-                                   for c, v, k in zip(columns, row, kinds, strict=True)}) + "\n"
+        # json.dumps is the fast path; it has no way to write a decimal exactly.
+        encode = _json_text if any(k is None or _holds(k, DecimalType) for k in kinds) \
+            else json.dumps
+        out.writelines(encode({c: _jsonable(v, k)
+                               for c, v, k in zip(columns, row, kinds, strict=True)}) + "\n"
                        for row in rows)
         return
     writer = csv.writer(out, lineterminator="\n")
@@ -702,25 +717,26 @@ def format_frame(frame: DataFrame, output: str, limit: int | None = None) -> str
 _UNCOLLECTABLE = (YearMonthIntervalType, CalendarIntervalType)
 
 
-def _holds_uncollectable(kind: DataType) -> bool:
+def _holds(kind: DataType, types: type[DataType] | tuple[type[DataType], ...]) -> bool:
+    """Whether a value of ``kind`` is, or holds anywhere within it, one of ``types``."""
     if isinstance(kind, ArrayType):
-        return _holds_uncollectable(kind.elementType)
+        return _holds(kind.elementType, types)
     if isinstance(kind, MapType):
-        return _holds_uncollectable(kind.keyType) or _holds_uncollectable(kind.valueType)
+        return _holds(kind.keyType, types) or _holds(kind.valueType, types)
     if isinstance(kind, StructType):
-        return any(_holds_uncollectable(f.dataType) for f in kind.fields)
-    return isinstance(kind, _UNCOLLECTABLE)
+        return any(_holds(f.dataType, types) for f in kind.fields)
+    return isinstance(kind, types)
 
 
 def collectable(frame: DataFrame) -> DataFrame:
     """``frame`` with each column that holds a year-month or calendar interval, which
     PySpark cannot collect, as Spark's own text of it (``INTERVAL '2-3' YEAR TO MONTH``)."""
     fields = frame.schema.fields
-    if not any(_holds_uncollectable(f.dataType) for f in fields):
+    if not any(_holds(f.dataType, _UNCOLLECTABLE) for f in fields):
         return frame
     # By position: a result may repeat a column name (SELECT a, a).
     positional = frame.toDF(*(f"_{i}" for i in range(len(fields))))
     return positional.select(*(
-        (F.col(f"_{i}").cast("string") if _holds_uncollectable(f.dataType)
+        (F.col(f"_{i}").cast("string") if _holds(f.dataType, _UNCOLLECTABLE)
          else F.col(f"_{i}")).alias(f.name)
         for i, f in enumerate(fields)))

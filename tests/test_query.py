@@ -33,7 +33,14 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.errors import AnalysisException
 from pyspark.sql import Row, SparkSession
-from pyspark.sql.types import ArrayType, MapType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    DecimalType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from sessionlake import faults
 from sessionlake.cli import main
@@ -654,3 +661,13 @@ def test_an_export_is_written_as_its_partitions_come(spark: SparkSession, output
     assert out.getvalue() == format_rows(["id"], [(i,) for i in range(40)], output)
     first_row = next(n for text, n in out.jobs_at_write if "0" in text)
     assert first_row < jobs == 8
+
+
+@pytest.mark.parametrize("types", [[DecimalType(38, 2)], None])
+def test_json_lines_write_a_decimal_digit_for_digit(types: list[DecimalType] | None) -> None:
+    """A DECIMAL(38,2) sum keeps its cents: as a double it would read 1.2345678901234567e+19."""
+    rows = [(Decimal("12345678901234567890.12"), [Decimal("-0.10")])]
+    line = format_rows(["total", "parts"], rows, "json", [*types, ArrayType(DecimalType(3, 2))]
+                       if types else None)
+    assert line == '{"total": 12345678901234567890.12, "parts": [-0.10]}\n'
+    assert json.loads(line, parse_float=Decimal)["total"] == rows[0][0]
