@@ -524,7 +524,7 @@ def _text(value: Any, kind: DataType | None = None, exact: bool = False) -> str:
     if isinstance(value, VariantVal):
         return value.toJson()
     if isinstance(value, list | tuple | dict):
-        return json.dumps(_jsonable(value, kind), ensure_ascii=False)
+        return _json_text(_jsonable(value, kind), ensure_ascii=False)
     return str(value)
 
 
@@ -589,17 +589,18 @@ def _jsonable(value: Any, kind: DataType | None = None) -> Any:
     return value
 
 
-def _json_text(value: Any) -> str:
+def _json_text(value: Any, ensure_ascii: bool = True) -> str:
     """``value`` (as :func:`_jsonable` makes it) as JSON, with each decimal written digit
     for digit as a number: a ``DECIMAL(38,2)`` sum keeps its cents, which a double would
     not past 15 or so digits."""
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)}: {_json_text(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{json.dumps(k, ensure_ascii=ensure_ascii)}: "
+                               f"{_json_text(v, ensure_ascii)}" for k, v in value.items()) + "}"
     if isinstance(value, list):
-        return "[" + ", ".join(_json_text(v) for v in value) + "]"
-    return json.dumps(value)
+        return "[" + ", ".join(_json_text(v, ensure_ascii) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=ensure_ascii)
 
 
 #: How Spark's ``to_json`` writes the doubles JSON has no number for.

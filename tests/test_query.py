@@ -599,6 +599,8 @@ _POINT = StructType([StructField("x", StringType()), StructField("y", StringType
     (["/", "/a"], ArrayType(StringType()), '["/", "/a"]'),
     ({"k": "v"}, MapType(StringType(), StringType()), '{"k": "v"}'),
     (Row(x="1", y="b"), _POINT, '{"x": "1", "y": "b"}'),
+    ([Decimal("1.50"), None], ArrayType(DecimalType(3, 2)), "[1.50, null]"),
+    ({"é": "ü"}, MapType(StringType(), StringType()), '{"é": "ü"}'),
 ])
 def test_a_table_spells_values_as_spark_sql_does_not_as_python(
         value: Any, kind: Any, shown: str) -> None:
