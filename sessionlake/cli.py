@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from sessionlake import __version__
-from sessionlake.config import ConfigError, Settings, no_lake_message, settings_from
+from sessionlake.config import (
+    OUTPUT_FORMATS,
+    ConfigError,
+    Settings,
+    no_lake_message,
+    settings_from,
+)
 from sessionlake.progress import Step, progress
 
 if TYPE_CHECKING:
@@ -160,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument("--as-of", dest="as_of",
                      help="read the lake as it was: a version of sessions, or a UTC time "
                           "such as 2026-01-31 or 2026-01-31T18:00:00Z")
-    sql.add_argument("--output", choices=("table", "csv", "json"), default="table")
+    sql.add_argument("--output", choices=OUTPUT_FORMATS, default="table")
     sql.add_argument("--limit", type=int, default=None, help="print at most this many rows")
     _common_spark(sql)
 

@@ -26,6 +26,8 @@ StartingOffsets = Literal["earliest", "latest"]
 INPUT_FORMATS: tuple[str, ...] = ("jsonl", "apache")
 TRIGGERS: tuple[str, ...] = ("available-now", "continuous")
 STARTING_OFFSETS: tuple[str, ...] = ("earliest", "latest")
+#: ``sessionlake sql --output``: an aligned table, CSV with a header, or JSON lines.
+OUTPUT_FORMATS: tuple[str, ...] = ("table", "csv", "json")
 #: ``--source kafka`` reads a Kafka topic instead of a landing folder (a folder that
 #: happens to be called ``kafka`` is still reachable as ``./kafka``).
 KAFKA_SOURCE = "kafka"

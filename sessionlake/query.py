@@ -61,7 +61,6 @@ from sessionlake.tables import (
 
 log = logging.getLogger(__name__)
 
-OUTPUT_FORMATS: tuple[str, ...] = ("table", "csv", "json")
 PARAM_TYPES: tuple[str, ...] = ("string", "int", "date", "timestamp")
 
 _PARAM_LINE = re.compile(r"^--\s*param:\s*(\w+)\s+(\w+)\s+(\S+)(?:\s+--\s*(.*))?$")
