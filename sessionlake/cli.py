@@ -90,9 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     parser = _Parser(prog="sessionlake", description=__doc__)
     parser.add_argument("--version", action="version", version=_versions())
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="log at INFO: the stream's start and stop, each batch's rows "
-                             "and progress, the code generation chosen, py4j's connections")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log at INFO: the stream's start and stop, each batch's "
+                             "progress, the code generation chosen; -vv at DEBUG: also each "
+                             "batch's whole ledger row and phases, and py4j's connections")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = commands.add_parser(
@@ -745,15 +746,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
 
 
+def configure_logging(verbosity: int) -> None:
+    """Log at WARNING, INFO (``-v``) or DEBUG (``-vv``), the stream's batch lines always.
+
+    py4j's INFO is two lines per call into the JVM (a connection opened, a command
+    received), which would bury the batches' lines under ``-v``: it is shown from ``-vv``.
+    """
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.INFO if verbosity >= 2 else logging.WARNING)
+    # The stream's line per batch (and its alerts) are always shown: they are its log.
+    logging.getLogger("sessionlake.monitor").setLevel(logging.INFO)
+
+
 def _run(argv: Sequence[str] | None) -> int:
     """Parse the command line and run its command, turning known errors into one line."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    # The stream's line per batch (and its alerts) are always shown: they are its log.
-    logging.getLogger("sessionlake.monitor").setLevel(logging.INFO)
+    configure_logging(args.verbose)
     try:
         return COMMANDS[args.command](args)
     except (UsageError, ConfigError) as error:

@@ -1067,7 +1067,7 @@ def run_stream(
                         spark, settings.checkpoint, batch_id))
                 summary.batches.append(report)
                 reports[batch_id] = report
-                log.info("batch %s: %s", batch_id, report.row)
+                log.debug("batch %s: %s", batch_id, report.row)  # -v has its line
                 if on_batch is not None:
                     on_batch(report)
             finally:

@@ -4,6 +4,7 @@ subprocess that changes --master and --shuffle-partitions between runs."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -18,7 +19,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake.cli import main
+from sessionlake.cli import configure_logging, main
 from sessionlake.deltalog import read_log
 from sessionlake.kafkaadmin import kafka_timeout
 from tests.conftest import DATA, REPO, ObservedLake
@@ -266,6 +267,24 @@ def test_sql_prints_utc_times_on_a_machine_in_another_time_zone(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("verbosity", "root", "py4j"), [
+    (0, logging.WARNING, logging.WARNING),
+    (1, logging.INFO, logging.WARNING),
+    (2, logging.DEBUG, logging.INFO),
+    (3, logging.DEBUG, logging.INFO),
+])
+def test_each_v_logs_more_and_py4j_only_from_two(
+    verbosity: int, root: int, py4j: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(logging.root, "handlers", [])  # as in a new process
+    monkeypatch.setattr(logging.root, "level", logging.root.level)
+    for name in ("py4j", "sessionlake.monitor"):
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.NOTSET)
+    configure_logging(verbosity)
+    assert (logging.root.level, logging.getLogger("py4j").level) == (root, py4j)
+    assert logging.getLogger("sessionlake.monitor").getEffectiveLevel() == logging.INFO
+
+
 def test_run_then_restart_on_another_master_then_query(tmp_path: Path) -> None:
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     landing.mkdir()
@@ -283,6 +302,8 @@ def test_run_then_restart_on_another_master_then_query(tmp_path: Path) -> None:
     assert (f"input to read: {unread:.1f} MiB in 1 batch(es); the driver compiles with C1 only"
             in second.stderr)
     assert "processed 1 micro-batch(es): 1500 records, 1500 accepted" in second.stdout
+    assert re.search(r"INFO sessionlake\.monitor: batch \{\"batch_id\": 1,", second.stderr)
+    assert "py4j" not in second.stderr  # two lines a call into the JVM: from -vv only
 
     query = _cli("sql", "--lake", str(lake), "--output", "json",
                  "SELECT (SELECT sum(event_count) FROM sessions) + "
