@@ -38,9 +38,9 @@ from sessionlake.checkpoint import (
     request_forget,
 )
 from sessionlake.config import Settings
+from sessionlake.locks import StreamAlreadyRunning, stream_locks
 from sessionlake.snapshots import CHECKPOINT_COPY, list_snapshots, snapshots_root
 from sessionlake.storage import is_glob, local_path, within
-from sessionlake.stream import StreamAlreadyRunning, stream_locks
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
-from sessionlake.config import KAFKA_SOURCE
+from sessionlake.config import KAFKA_SOURCE, ConfigError
 from sessionlake.storage import is_glob, list_names, local_path, read_text, write_text
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ LAKE_HOLDER_FILE = "lake-holder.json"
 #: the first run (:func:`sessionlake.stream.check_gap_unchanged`).
 GAP_NOTE = "gap.json"
 #: The checkpoints that ever ran a stream on the lake, a file each in this folder of
-#: ``<lake>/_checkpoints/`` (see ``sessionlake.stream.register_stream``).
+#: ``<lake>/_checkpoints/`` (see ``sessionlake.registry.register_stream``).
 STREAMS_DIR = "streams"
 #: The stream's id and restore epoch (see ``sessionlake.batch.StreamIdentity``).
 IDENTITY_FILE = "sessionlake.json"
@@ -616,3 +616,41 @@ def local_file(uri: str) -> str:
     else:
         return unquote(urlsplit(uri).path)
     return unquote(path) if "%" in path else path
+
+
+class SourceLogUnreadable(ConfigError):
+    """An entry of the checkpoint's file source log is not what Spark writes."""
+
+    def __init__(self, entry: str, error: Exception) -> None:
+        super().__init__(
+            f"the checkpoint's file source log entry {entry} cannot be read ({error!r}): "
+            "restore a snapshot (`sessionlake restore --snapshot ID`), which brings the "
+            "checkpoint back as it was")
+        self.entry = entry
+
+
+def recorded_source_file(spark: SparkSession | None, checkpoint: str) -> str | None:
+    """The path of a file the stream's checkpoint says Spark's file source read, if any.
+
+    Spark keeps each file it read by its absolute path in ``<checkpoint>/spark/sources/0``
+    (a version line, then one JSON object per file). The newest batch's own entry is read
+    first: a compacted entry (``N.compact``) lists every file the stream ever read.
+
+    :raises SourceLogUnreadable: naming the entry, and the way back (Spark would fail on
+        it too, after the run had started).
+    """
+    folder = f"{checkpoint.rstrip('/')}/{SOURCE_LOG}"
+    entries = [(bool(m.group(2)), -int(m.group(1)), name)
+               for name in list_names(spark, folder)
+               if (m := SOURCE_LOG_ENTRY.match(name))]
+    for _, _, name in sorted(entries):
+        text = read_text(spark, f"{folder}/{name}") or ""
+        if text.startswith(KAFKA_SOURCE_LOG_START):
+            return None  # a Kafka stream's: it read no file
+        try:
+            path = first_logged_file(text)
+        except (ValueError, KeyError, TypeError) as error:
+            raise SourceLogUnreadable(f"{folder}/{name}", error) from None
+        if path is not None:
+            return path
+    return None

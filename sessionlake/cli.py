@@ -369,11 +369,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``sessionlake run``: drain (or follow) the landing folder into the lake."""
     from sessionlake.archive import warn_of_read_files_left
     from sessionlake.checkpoint import unread_input
+    from sessionlake.locks import StreamAlreadyRunning
     from sessionlake.stream import (
         BatchUnfinishedElsewhere,
         RestoreUnfinished,
         SourceGone,
-        StreamAlreadyRunning,
         check_source,
         run_stream,
     )

@@ -34,20 +34,16 @@ from sessionlake.checkpoint import (
     IDENTITY_FILE,
     KAFKA_LOG_MARK,
     RESTORING_MARKER,
+    SOURCE_LOG,
+    SourceLogUnreadable,
     noted_input_format,
 )
 from sessionlake.config import Settings, no_lake_message
 from sessionlake.deltalog import TableLog, commit_file, inspect_table
 from sessionlake.health import running_stream, unrestorable_versions
+from sessionlake.registry import checkpoint_key, lake_streams
 from sessionlake.snapshots import Snapshot, list_snapshots, snapshots_root
-from sessionlake.stream import (
-    MOVED_SOURCE_WHY,
-    SOURCE_LOG,
-    SourceLogUnreadable,
-    checkpoint_key,
-    lake_streams,
-    source_moved_from,
-)
+from sessionlake.stream import MOVED_SOURCE_WHY, source_moved_from
 from sessionlake.tables import (
     BATCH_METRICS,
     OPEN_SESSIONS,

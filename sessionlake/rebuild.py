@@ -53,6 +53,7 @@ from sessionlake.config import Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltalog import clear_delta_cache, inspect_table
 from sessionlake.doctor import unfinished_batch
+from sessionlake.locks import StreamAlreadyRunning, checkpoint_lock, lake_lock
 from sessionlake.sessionize import (
     aggregate_sessions,
     as_open_sessions,
@@ -62,7 +63,6 @@ from sessionlake.sessionize import (
     session_id,
 )
 from sessionlake.state import OPEN_SESSION_COLUMNS
-from sessionlake.stream import StreamAlreadyRunning, checkpoint_lock, lake_lock
 from sessionlake.tables import (
     BATCH_METRICS,
     BUCKETS_PROPERTY,

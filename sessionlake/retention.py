@@ -44,14 +44,9 @@ from sessionlake.erasure import (
     users_hashed,
     users_named,
 )
+from sessionlake.locks import checkpoint_in_use, lake_in_use
+from sessionlake.registry import checkpoint_key, lake_streams, unfinished_batch_since
 from sessionlake.snapshots import kept_since
-from sessionlake.stream import (
-    checkpoint_in_use,
-    checkpoint_key,
-    lake_in_use,
-    lake_streams,
-    unfinished_batch_since,
-)
 from sessionlake.tables import (
     EVENTS,
     LATE_EVENTS,

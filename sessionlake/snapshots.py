@@ -65,8 +65,8 @@ from sessionlake.deltalog import (
 from sessionlake.deltarestore import ConcurrentCommit, is_at, needs_delta, restore_commit
 from sessionlake.erasure import reapply_erasures
 from sessionlake.health import running_stream
+from sessionlake.locks import StreamAlreadyRunning, stream_locks
 from sessionlake.spark import SparkOnDemand
-from sessionlake.stream import StreamAlreadyRunning, stream_locks
 from sessionlake.tables import (
     PROPERTIES_NOTE,
     STREAM_TABLES,

@@ -10,8 +10,6 @@ Spark stateful operator is used, so the checkpoint holds only source offsets:
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -21,9 +19,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import timedelta
 from functools import partial
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -43,45 +40,39 @@ from sessionlake.batch import (
 )
 from sessionlake.checkpoint import (
     GAP_NOTE,
-    IDENTITY_FILE,
-    KAFKA_LOG_MARK,
-    KAFKA_SOURCE_LOG_START,
-    LAKE_HOLDER_FILE,
-    LAKE_LOCK_FILE,
     LANDING_NOTE,
-    LOCK_FILE,
-    LOCK_PATIENCE_S,
-    PID_FILE,
     RESTORING_MARKER,
-    SOURCE_LOG,
-    SOURCE_LOG_ENTRY,
     SPARK_CHECKPOINT,
-    SPARK_OFFSETS_LOG,
-    STREAMS_DIR,
     batch_file_count,
     changed_since_read,
-    first_logged_file,
     forget_archived_files,
     forget_requested,
     hidden_from_spark,
-    kafka_offsets,
-    kafka_topics_logged,
     lake_lock_folder,
     landing_subfolders_read,
-    lock_held,
     note_input_format,
     noted_gap_s,
     noted_input_format,
     partition_folder,
+    recorded_source_file,
 )
-from sessionlake.config import ENV, ConfigError, Settings, format_duration
+from sessionlake.config import ConfigError, Settings, format_duration
 from sessionlake.kafkaadmin import (
     KafkaTopic,
-    KafkaTopicMissing,
-    KafkaUnavailable,
-    describe_topic,
     kafka_timeout,
 )
+from sessionlake.kafkastream import (
+    check_checkpoint_reads_kafka,
+    check_kafka_settings,
+    check_kafka_topic,
+    check_kafka_topic_unchanged,
+    check_no_kafka_records_lost,
+    check_topic_not_read_elsewhere,
+    kafka_records,
+    kafka_topic_gone,
+    kafka_topics_read,
+)
+from sessionlake.locks import stream_locks
 from sessionlake.monitor import (
     BatchMonitor,
     KafkaRereads,
@@ -91,17 +82,19 @@ from sessionlake.monitor import (
     rereads_kafka_timeouts,
     spark_activity,
 )
-from sessionlake.sources import KAFKA_SCHEME, file_lines, kafka_lines, number_lines
+from sessionlake.registry import (
+    checkpoint_key,
+    lake_streams,
+    register_stream,
+    source_key,
+    unfinished_batch_since,
+)
+from sessionlake.sources import file_lines, kafka_lines, number_lines
 from sessionlake.spark import QUERY_FAILURE_LOGGER, fit_to_stream, quiet_task_failures
 from sessionlake.storage import is_glob, local_path
 from sessionlake.tables import ensure_tables, upgrade_table_properties
 
 log = logging.getLogger("sessionlake.stream")
-
-
-
-class StreamAlreadyRunning(RuntimeError):
-    """Another process runs a stream on the same checkpoint, or on the same lake."""
 
 
 class RestoreUnfinished(RuntimeError):
@@ -203,136 +196,6 @@ def check_format_unchanged(spark: SparkSession, settings: Settings) -> bool:
     return False
 
 
-def checkpoint_key(checkpoint: str) -> str:
-    """One spelling of a checkpoint's folder: a local one absolute and resolved."""
-    local = local_path(checkpoint)
-    return str(local.resolve()) if local is not None else checkpoint.rstrip("/")
-
-
-def _streams_folder(lake: str) -> str:
-    return f"{lake_lock_folder(lake)}/{STREAMS_DIR}"
-
-
-def register_stream(spark: SparkSession, lake: str, checkpoint: str,
-                    source: str | None = None, kafka_cluster: str | None = None,
-                    kafka_topic_id: str | None = None) -> None:
-    """Note ``checkpoint`` among the lake's streams, once, with the ``source`` it reads
-    (:func:`source_key`) and, for Kafka, the ids of the brokers' cluster and of the topic,
-    so that maintenance and the lake's other streams find its unfinished batches
-    (:func:`lake_streams`), a new checkpoint on its source is told, and so is a topic
-    that is no longer the one the checkpoint read (:func:`check_kafka_topic_unchanged`).
-
-    A checkpoint inside the lake (the default) is noted relative to it, so that a copy of
-    the lake names its own copy of the checkpoint, not the original's. A note written
-    before sources (or clusters) were noted gets them at the stream's next run.
-    """
-    key, inside = checkpoint_key(checkpoint), f"{checkpoint_key(lake)}/"
-    noted = key[len(inside):] if key.startswith(inside) else key
-    name = hashlib.sha256(noted.encode()).hexdigest()[:16]
-    uri = f"{_streams_folder(lake)}/{name}.json"
-    text = storage.read_text(spark, uri)
-    before = {} if text is None else json.loads(text)
-    entry = {"checkpoint": noted, "source": before.get("source") or source}
-    for key, value in (("kafka_cluster", kafka_cluster), ("kafka_topic_id", kafka_topic_id)):
-        if value or before.get(key):
-            entry[key] = before.get(key) or value
-    if entry != before:
-        storage.write_text(spark, uri, json.dumps(entry))
-
-
-def lake_stream_entries(spark: SparkSession | None, lake: str) -> dict[str, dict[str, Any]]:
-    """The checkpoints that ever ran a stream on ``lake``, as :func:`checkpoint_key` spells
-    them, each with what :func:`register_stream` noted of it."""
-    folder, lake_key = _streams_folder(lake), checkpoint_key(lake)
-    found = {}
-    for name in storage.list_names(spark, folder):
-        text = storage.read_text(spark, f"{folder}/{name}") if name.endswith(".json") else None
-        if text is not None:
-            entry = json.loads(text)
-            noted = str(entry["checkpoint"])
-            absolute = noted.startswith("/") or "://" in noted
-            found[noted if absolute else f"{lake_key}/{noted}"] = entry
-    return found
-
-
-def lake_stream_sources(spark: SparkSession | None, lake: str) -> dict[str, str | None]:
-    """The checkpoints that ever ran a stream on ``lake``, as :func:`checkpoint_key` spells
-    them, each with the source it noted (``None``: noted before sources were)."""
-    return {checkpoint: entry.get("source")
-            for checkpoint, entry in lake_stream_entries(spark, lake).items()}
-
-
-def lake_streams(spark: SparkSession | None, lake: str) -> list[str]:
-    """The checkpoints that ever ran a stream on ``lake`` (:func:`register_stream`), as
-    :func:`checkpoint_key` spells them."""
-    return sorted(lake_stream_sources(spark, lake))
-
-
-def source_key(settings: Settings) -> str:
-    """The stream's source in one spelling: ``kafka://<brokers>/<topic>``
-    (:func:`kafka_source_key`), or the landing folder as given."""
-    if settings.reads_kafka:
-        return kafka_source_key(settings.kafka_bootstrap or "", settings.kafka_topic or "")
-    return (settings.source or "").rstrip("/")
-
-
-def kafka_source_key(bootstrap: str, topic: str) -> str:
-    """``kafka://<brokers>/<topic>``, the brokers sorted and their host names in lower case
-    (host names are not case-sensitive; topic names are)."""
-    brokers = ",".join(sorted(b.strip().lower() for b in bootstrap.split(",")))
-    return f"{KAFKA_SCHEME}{brokers}/{topic}"
-
-
-def same_kafka_topic(noted: Mapping[str, Any], source: str, kafka_cluster: str | None,
-                     topic_id: str | None = None) -> bool:
-    """Whether a stream's note (:func:`register_stream`) names the topic ``source``
-    (:func:`kafka_source_key`) of the cluster ``kafka_cluster``: by the cluster's id where
-    both know it, whatever brokers they were given; else by the brokers' spelling. A topic
-    deleted and created anew under the name (another ``topic_id``) is not the same."""
-    their = noted.get("source")
-    if not isinstance(their, str) or not their.startswith(KAFKA_SCHEME):
-        return False
-    their_brokers, _, their_topic = their[len(KAFKA_SCHEME):].partition("/")
-    topic = source[len(KAFKA_SCHEME):].partition("/")[2]
-    if their_topic != topic:
-        return False
-    if topic_id and noted.get("kafka_topic_id") and noted["kafka_topic_id"] != topic_id:
-        return False
-    if kafka_cluster and noted.get("kafka_cluster"):
-        return bool(noted["kafka_cluster"] == kafka_cluster)
-    return kafka_source_key(their_brokers, topic) == source
-
-
-def unfinished_batch_since(spark: SparkSession | None, checkpoint: str) -> datetime | None:
-    """When the oldest batch of the checkpoint's stream that is not marked done started
-    (in flight, or cut off by a crash): it will read the table versions it recorded.
-    ``None`` when every batch finished, or the checkpoint is gone."""
-    text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{IDENTITY_FILE}")
-    if text is None:
-        return None
-    identity = json.loads(text)
-    prefix = f"{identity['stream_id']}-{identity['epoch']}-"
-    ledger = f"{checkpoint.rstrip('/')}/ledger"
-    batches = sorted(
-        (int(n[len(prefix):-5]) for n in storage.list_names(spark, ledger)
-         if n.startswith(prefix) and n.endswith(".json") and n[len(prefix):-5].isdigit()),
-        reverse=True,
-    )
-    oldest: datetime | None = None
-    for batch in batches[:3]:  # only the newest batches can be unfinished
-        entry = json.loads(storage.read_text(spark, f"{ledger}/{prefix}{batch}.json") or "{}")
-        if entry and not entry.get("done"):
-            oldest = datetime.fromisoformat(entry["processing_time"])
-    return oldest
-
-
-def lake_in_use(lake: str) -> bool:
-    """Whether a run holds the local lake's stream lock, whatever its checkpoint (remote
-    lakes: ``False``)."""
-    folder = local_path(lake_lock_folder(lake))
-    return folder is not None and lock_held(folder, LAKE_LOCK_FILE)
-
-
 @dataclass
 class RunSummary:
     """What one ``sessionlake run`` did."""
@@ -352,7 +215,7 @@ def check_source(settings: Settings) -> str:
         raise ConfigError("no source folder: pass --source DIR (or --source kafka) "
                           "or set SESSIONLAKE_SOURCE")
     if settings.reads_kafka:
-        return _check_kafka_settings(settings)
+        return check_kafka_settings(settings)
     if settings.kafka_max_offsets_per_trigger:
         raise ConfigError("--max-offsets-per-trigger goes with --source kafka; for a "
                           "folder use --max-files-per-trigger")
@@ -376,44 +239,6 @@ def check_source(settings: Settings) -> str:
                 "outside the landing folder"
             )
     return settings.source
-
-
-class SourceLogUnreadable(ConfigError):
-    """An entry of the checkpoint's file source log is not what Spark writes."""
-
-    def __init__(self, entry: str, error: Exception) -> None:
-        super().__init__(
-            f"the checkpoint's file source log entry {entry} cannot be read ({error!r}): "
-            "restore a snapshot (`sessionlake restore --snapshot ID`), which brings the "
-            "checkpoint back as it was")
-        self.entry = entry
-
-
-def recorded_source_file(spark: SparkSession | None, checkpoint: str) -> str | None:
-    """The path of a file the stream's checkpoint says Spark's file source read, if any.
-
-    Spark keeps each file it read by its absolute path in ``<checkpoint>/spark/sources/0``
-    (a version line, then one JSON object per file). The newest batch's own entry is read
-    first: a compacted entry (``N.compact``) lists every file the stream ever read.
-
-    :raises SourceLogUnreadable: naming the entry, and the way back (Spark would fail on
-        it too, after the run had started).
-    """
-    folder = f"{checkpoint.rstrip('/')}/{SOURCE_LOG}"
-    entries = [(bool(m.group(2)), -int(m.group(1)), name)
-               for name in storage.list_names(spark, folder)
-               if (m := SOURCE_LOG_ENTRY.match(name))]
-    for _, _, name in sorted(entries):
-        text = storage.read_text(spark, f"{folder}/{name}") or ""
-        if text.startswith(KAFKA_SOURCE_LOG_START):
-            return None  # a Kafka stream's: it read no file
-        try:
-            path = first_logged_file(text)
-        except (ValueError, KeyError, TypeError) as error:
-            raise SourceLogUnreadable(f"{folder}/{name}", error) from None
-        if path is not None:
-            return path
-    return None
 
 
 #: Why a landing folder cannot move under a stream.
@@ -518,295 +343,6 @@ def warn_of_files_changed_since_read(checkpoint: str) -> None:
                     f" and {len(changed) - 5} more" if len(changed) > 5 else "")
 
 
-def kafka_topics_read(spark: SparkSession | None, checkpoint: str) -> list[str] | None:
-    """The topics of the checkpoint's Kafka source; ``None`` when it has no Kafka source
-    log (a folder's stream, or nothing read yet)."""
-    text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{SOURCE_LOG}/0")
-    try:
-        return None if text is None else kafka_topics_logged(text)
-    except ValueError:
-        return []  # a Kafka entry cut short: the doctor names it
-
-
-def check_checkpoint_reads_kafka(spark: SparkSession, settings: Settings) -> None:
-    """Refuse Kafka on a checkpoint whose stream read a folder: Spark would fail the run's
-    first batch on the folder's offsets, with a stack trace.
-
-    :raises ConfigError: naming the folder the checkpoint read.
-    """
-    recorded = recorded_source_file(spark, checkpoint_key(settings.checkpoint))
-    if recorded is not None:
-        folder = os.path.dirname(recorded)
-        raise ConfigError(
-            f"the stream's checkpoint {settings.checkpoint} read files from {folder}, not a "
-            f"Kafka topic: run it with --source {folder}, or give the stream of topic "
-            f"{settings.kafka_topic} a checkpoint of its own (--checkpoint DIR)")
-
-
-def check_kafka_topic_unchanged(
-    spark: SparkSession, settings: Settings, topic: KafkaTopic
-) -> None:
-    """Refuse a Kafka stream whose brokers now belong to another cluster than the one its
-    checkpoint read, or whose topic was deleted and created anew since (the ids
-    :func:`register_stream` noted).
-
-    A checkpoint's offsets mean nothing on another cluster (a new one, or the development
-    broker formatted anew) nor on a new topic of the same name: where it holds fewer
-    records Spark stops on the offsets gone backwards, and where it holds more the records
-    up to the old offsets would be skipped, silently.
-
-    :raises ConfigError: naming both ids and what to run instead.
-    """
-    noted = lake_stream_entries(spark, settings.lake).get(checkpoint_key(settings.checkpoint), {})
-    cluster, topic_id = noted.get("kafka_cluster"), noted.get("kafka_topic_id")
-    if cluster and topic.cluster_id and cluster != topic.cluster_id:
-        raise ConfigError(
-            f"the stream's checkpoint {settings.checkpoint} read topic {settings.kafka_topic} "
-            f"from Kafka cluster {cluster}, but the brokers at {settings.kafka_bootstrap} are "
-            f"cluster {topic.cluster_id} (a new cluster, or one formatted anew): its offsets "
-            "would skip records there or start mid-topic. Read this cluster's topic on a "
-            "checkpoint of its own (--checkpoint DIR), or point --kafka-bootstrap at the "
-            "cluster the stream read")
-    if topic_id and topic.topic_id and topic_id != topic.topic_id:
-        raise ConfigError(
-            f"topic {settings.kafka_topic} on {settings.kafka_bootstrap} was deleted and "
-            f"created anew since the stream's checkpoint {settings.checkpoint} read it (topic "
-            f"id {topic_id}, now {topic.topic_id}): its offsets would skip the new topic's "
-            "first records. Read the new topic on a checkpoint of its own (--checkpoint DIR)")
-
-
-def kafka_resume_offsets(spark: SparkSession | None, checkpoint: str) -> dict[int, int] | None:
-    """Where the checkpoint's Kafka stream reads on from, by partition: the end of its last
-    committed batch (a batch planned after it is read again from there), else the offsets
-    it began at. ``None`` when it has not read the topic yet."""
-    spark_checkpoint = f"{checkpoint.rstrip('/')}/{SPARK_CHECKPOINT}"
-    committed = max((int(n) for n in storage.list_names(spark, f"{spark_checkpoint}/commits")
-                     if n.isdigit()), default=-1)
-    line: str | None = None
-    if committed >= 0:
-        text = storage.read_text(spark, f"{spark_checkpoint}/{SPARK_OFFSETS_LOG}/{committed}")
-        line = text.splitlines()[2] if text else None
-    else:
-        text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{SOURCE_LOG}/0")
-        if text and text.startswith(KAFKA_SOURCE_LOG_START):
-            line = text.removeprefix(KAFKA_LOG_MARK).splitlines()[1]
-    if line is None:
-        return None
-    by_topic = kafka_offsets(line)
-    return next(iter(by_topic.values()), {})
-
-
-def kafka_records_lost(
-    resume: Mapping[int, int], earliest: Mapping[int, int]
-) -> dict[int, tuple[int, int]]:
-    """The offsets ``[first, end)`` of each partition's records deleted before the stream
-    read them: from where it reads on (``resume``; a partition added since from 0) to the
-    first offset the topic still holds (``earliest``)."""
-    return {partition: (resume.get(partition, 0), first)
-            for partition, first in sorted(earliest.items())
-            if first > resume.get(partition, 0)}
-
-
-def check_no_kafka_records_lost(
-    spark: SparkSession, settings: Settings, topic: KafkaTopic
-) -> None:
-    """Refuse a Kafka stream whose next records were deleted before it read them (Kafka's
-    retention outran a stream stopped too long), unless ``--accept-kafka-data-loss``: then
-    they are skipped, with a warning naming them.
-
-    Spark would find the gap only while reading the batch, stop with a long stack trace
-    after planning it, and stop again at every later run.
-
-    :raises ConfigError: naming the records lost and the flag that skips them.
-    """
-    resume = kafka_resume_offsets(spark, checkpoint_key(settings.checkpoint))
-    lost = kafka_records_lost(resume or {}, topic.earliest) if resume is not None else {}
-    if not lost:
-        return
-    count = sum(end - first for first, end in lost.values())
-    ranges = ", ".join(f"partition {p} offsets {first}-{end - 1}"
-                       for p, (first, end) in lost.items())
-    what = (f"{count} record{'s' * (count != 1)} of topic {settings.kafka_topic} were "
-            f"deleted from Kafka before the stream read them ({ranges})")
-    if settings.kafka_accept_data_loss:
-        log.warning("%s: skipped, as --accept-kafka-data-loss says; their events are not in "
-                    "the lake", what)
-        return
-    raise ConfigError(
-        f"{what}, by the topic's retention or by hand, and cannot be read any more. Run "
-        "once with --accept-kafka-data-loss to skip them and go on (their events will not "
-        "be in the lake); a longer retention on the topic avoids it")
-
-
-def check_topic_not_read_elsewhere(
-    spark: SparkSession, settings: Settings, topic: KafkaTopic
-) -> None:
-    """Refuse a new checkpoint on a Kafka topic that a stream of the lake on another
-    checkpoint has read from the same cluster (:func:`same_kafka_topic`), however its
-    brokers were spelled.
-
-    The offsets a stream has read live in its checkpoint only, so the new stream would
-    start again from ``--starting-offsets``: the topic's retained records read a second
-    time (their events late or duplicates), or, from ``latest``, the records since the
-    other stream's last batch never read.
-
-    :raises ConfigError: naming the checkpoint that read the topic.
-    """
-    ours, source = checkpoint_key(settings.checkpoint), source_key(settings)
-    if storage.list_names(spark, f"{ours}/{SPARK_CHECKPOINT}/offsets"):
-        return  # a stream that has read is not new
-    for checkpoint, noted in lake_stream_entries(spark, settings.lake).items():
-        if checkpoint != ours and \
-                same_kafka_topic(noted, source, topic.cluster_id, topic.topic_id) and \
-                storage.list_names(spark, f"{checkpoint}/{SPARK_CHECKPOINT}/offsets"):
-            raise ConfigError(
-                f"topic {settings.kafka_topic} on {settings.kafka_bootstrap} was read by the "
-                f"lake's stream on checkpoint {checkpoint} (brokers {noted['source']}); a "
-                f"stream on the new checkpoint "
-                f"{settings.checkpoint} would start again from --starting-offsets "
-                f"{settings.kafka_starting_offsets}. Run with --checkpoint {checkpoint}"
-            )
-
-
-def _check_kafka_settings(settings: Settings) -> str:
-    """The Kafka flags of ``--source kafka``: both brokers and topic, no folder-only flag."""
-    if not settings.kafka_bootstrap:
-        raise ConfigError("--source kafka needs the brokers: pass --kafka-bootstrap "
-                          f"HOST:PORT or set {ENV['kafka_bootstrap']}")
-    if not settings.kafka_topic:
-        raise ConfigError("--source kafka needs a topic: pass --topic NAME or set "
-                          f"{ENV['kafka_topic']}")
-    if settings.max_files_per_trigger:
-        raise ConfigError("--max-files-per-trigger is for a folder; with --source kafka "
-                          "use --max-offsets-per-trigger")
-    return settings.source or ""
-
-
-def check_kafka_topic(spark: SparkSession, settings: Settings) -> KafkaTopic:
-    """Check that the brokers answer and the topic exists, before the stream starts.
-
-    Without this, Spark's Kafka source waits for an unreachable broker or an absent topic
-    without saying so.
-
-    :return: the topic's partition count and its cluster's id (:func:`same_kafka_topic`);
-        when the brokers do not tell the id, their spelling stands for it, with a warning.
-    :raises ConfigError: naming the brokers or the topic, and what to check.
-    """
-    assert settings.kafka_bootstrap and settings.kafka_topic
-    try:
-        topic = describe_topic(spark, settings.kafka_bootstrap, settings.kafka_topic,
-                               properties=settings.kafka_client_properties())
-    except KafkaUnavailable as error:
-        raise ConfigError(str(error)) from None
-    if topic.cluster_id is None:
-        log.warning("the Kafka brokers at %s did not tell their cluster's id: a new checkpoint "
-                    "on a topic another checkpoint read is told only when its brokers are "
-                    "spelled the same", settings.kafka_bootstrap)
-    return topic
-
-
-@contextmanager
-def checkpoint_lock(checkpoint: str) -> Iterator[None]:
-    """Hold the checkpoint's lock for one stream at a time, with our pid beside it.
-
-    Two streams on one checkpoint would each commit the same batch ids; the second is
-    refused with a message instead. (Local checkpoints only: on object stores the
-    orchestrator, which runs one micro-batch DAG run at a time, is the guard.)
-    """
-    folder = local_path(checkpoint)
-    new = folder is not None and not folder.exists()
-    try:
-        with _held_alone(folder, LOCK_FILE, PID_FILE, str(os.getpid()), lambda pid: (
-                f"another sessionlake run (pid {pid}) is using checkpoint {checkpoint}: "
-                "wait for it to finish, or stop it first")):
-            yield
-    finally:
-        if new and folder is not None:
-            _remove_if_only_lock(folder)
-
-
-def _remove_if_only_lock(folder: Path) -> None:
-    """Remove a new checkpoint folder that holds nothing but its lock (a run refused before
-    it wrote anything), so that no empty checkpoint is left behind; kept if anything else
-    is in it, or another run holds it."""
-    if [p.name for p in folder.iterdir()] != [LOCK_FILE] or lock_held(folder):
-        return
-    (folder / LOCK_FILE).unlink(missing_ok=True)
-    folder.rmdir()
-
-
-@contextmanager
-def lake_lock(lake: str, checkpoint: str) -> Iterator[None]:
-    """Hold the lake's stream lock for one stream at a time, whatever its checkpoint.
-
-    Two streams on one lake, on two checkpoints, would each MERGE the open sessions they
-    read before the other's commit, and judge lateness each by its own watermark; the
-    second is refused, naming the first's checkpoint. (Local lakes only, as above.) The
-    holder file names a local checkpoint by its absolute path, so that the health page,
-    in another process and folder, sizes the stream's input on it.
-    """
-    folder = local_path(lake_lock_folder(lake))
-    holder = json.dumps({"pid": os.getpid(), "checkpoint": checkpoint_key(checkpoint)})
-
-    def refusal(text: str) -> str:
-        try:
-            other = json.loads(text)
-        except ValueError:
-            other = {}
-        return (f"another sessionlake run (pid {other.get('pid', '?')}) is writing lake {lake}"
-                f" from checkpoint {other.get('checkpoint', '?')}: one stream per lake;"
-                " stop it first, or run on its checkpoint")
-
-    with _held_alone(folder, LAKE_LOCK_FILE, LAKE_HOLDER_FILE, holder, refusal):
-        yield
-
-
-@contextmanager
-def stream_locks(lake: str, checkpoint: str) -> Iterator[None]:
-    """Hold both: the checkpoint's lock, then the lake's (see above): what a run holds,
-    and what a restore or a rebuild of the state needs, which no stream may write beside."""
-    with checkpoint_lock(checkpoint), lake_lock(lake, checkpoint):
-        yield
-
-
-@contextmanager
-def _held_alone(folder: Path | None, lock_file: str, holder_file: str, holder: str,
-                refusal: Callable[[str], str]) -> Iterator[None]:
-    """Hold the ``flock`` of ``folder/lock_file`` with ``holder`` written beside it, or
-    raise :class:`StreamAlreadyRunning` with ``refusal`` of the holder's text. The kernel
-    lets go when the process dies, even by SIGKILL. ``folder`` ``None``: not local, no lock.
-    """
-    if folder is None:
-        yield
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + LOCK_PATIENCE_S
-    with open(folder / lock_file, "a+") as lock:
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() < deadline:  # perhaps a reader's probe: try again
-                    time.sleep(0.05)
-                    continue
-                text = (folder / holder_file).read_text().strip() if (
-                    folder / holder_file).exists() else "?"
-                raise StreamAlreadyRunning(refusal(text)) from None
-        (folder / holder_file).write_text(holder)
-        try:
-            yield
-        finally:
-            (folder / holder_file).unlink(missing_ok=True)
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def checkpoint_in_use(checkpoint: str) -> bool:
-    """Whether a run holds the checkpoint's lock (local checkpoints; remote: ``False``)."""
-    folder = local_path(checkpoint)
-    return folder is not None and lock_held(folder)
-
-
 def reads_subfolders(spark: SparkSession, settings: Settings) -> bool:
     """Whether the stream reads the files in the landing folder's subfolders too, at any
     depth (as a Firehose or a Kafka Connect sink lays them out: ``2026/01/05/...``); noted
@@ -858,14 +394,6 @@ def unread_subfolders(source: str, most: int = 5) -> list[str]:
 #: took 0.3-0.7 s more than with 10, Spark's and the start-up checks' reading of the log
 #: together; docs/performance.md).
 MAX_FILE_AGE = "36500d"
-#: How many times a continuous run's Kafka source asks the brokers for the topic's offsets
-#: before the stream fails: Java's largest int, so that it waits out an outage of any
-#: length (about one attempt a minute, each Kafka's ``default.api.timeout.ms``), with an
-#: ALERT every five minutes (:class:`sessionlake.monitor.PlanningWatch`) and SIGTERM
-#: still stopping it. Spark's default is 3.
-KAFKA_OUTAGE_ATTEMPTS = 2**31 - 1
-
-
 def landing_files(spark: SparkSession, settings: Settings, subfolders: bool = True) -> DataFrame:
     """The streaming DataFrame of the lines (:func:`sessionlake.sources.file_lines`) of the
     files in the source, and in its subfolders (:func:`reads_subfolders`), however old
@@ -876,71 +404,6 @@ def landing_files(spark: SparkSession, settings: Settings, subfolders: bool = Tr
     if settings.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
     return file_lines(reader, settings.source or "")
-
-
-def kafka_records(spark: SparkSession, settings: Settings) -> DataFrame:
-    """The streaming DataFrame of the topic's records, every partition, new ones included.
-
-    Offsets live in the checkpoint, so ``--starting-offsets`` only matters for a new one.
-    Partitions added to the topic later are read from their first offset. Spark's
-    ``failOnDataLoss`` stays on: records deleted (by retention) before they were read stop
-    the stream instead of being skipped silently, unless ``--accept-kafka-data-loss``
-    (:func:`check_no_kafka_records_lost`). The ``--kafka-properties`` settings go to Kafka's
-    client as ``kafka.<key>``.
-
-    A continuous run waits out brokers that stop answering (:data:`KAFKA_OUTAGE_ATTEMPTS`)
-    and goes on where it was when they are back; an available-now run gives up after
-    Spark's three attempts to ask them for offsets, so that a scheduled run fails in minutes.
-    """
-    client = {f"kafka.{key}": value for key, value in settings.kafka_client_properties().items()}
-    reader = (
-        spark.readStream.format("kafka")
-        .options(**client)
-        .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
-        .option("subscribe", settings.kafka_topic)
-        .option("startingOffsets", settings.kafka_starting_offsets)
-        .option("failOnDataLoss", str(not settings.kafka_accept_data_loss).lower())
-    )
-    if settings.trigger == "continuous":
-        reader = reader.option("fetchOffset.numRetries", KAFKA_OUTAGE_ATTEMPTS)
-    if settings.kafka_max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", settings.kafka_max_offsets_per_trigger)
-    return reader.load().select("topic", "partition", "offset", "value")
-
-
-#: How long the look-up that tells a deleted topic from brokers away may wait, in seconds.
-KAFKA_DIAGNOSIS_TIMEOUT_S = 5.0
-
-
-def kafka_topic_gone(
-    spark: SparkSession, settings: Settings, topic: KafkaTopic
-) -> Callable[[], str | None]:
-    """The :class:`~sessionlake.monitor.PlanningWatch` diagnosis of a Kafka stream whose
-    trigger waits: why the topic ``topic`` (as the run found it at its start) is gone for
-    good, or ``None`` while the brokers are only away (the run waits for them).
-
-    A continuous run's source asks the brokers for a deleted topic again and again, and
-    would wait for ever, its alerts blaming the brokers.
-    """
-    def diagnose() -> str | None:
-        assert settings.kafka_bootstrap and settings.kafka_topic
-        where = f"topic {settings.kafka_topic} on the Kafka brokers at {settings.kafka_bootstrap}"
-        try:
-            now = describe_topic(spark, settings.kafka_bootstrap, settings.kafka_topic,
-                                 KAFKA_DIAGNOSIS_TIMEOUT_S, settings.kafka_client_properties())
-        except KafkaTopicMissing:
-            return (f"{where} was deleted while the stream read it: its records not read yet "
-                    "are gone. A topic of that name created anew is read on a checkpoint of "
-                    "its own (--checkpoint DIR)")
-        except (KafkaUnavailable, ConfigError):
-            return None
-        if topic.topic_id and now.topic_id and now.topic_id != topic.topic_id:
-            return (f"{where} was deleted and created anew while the stream read it (topic id "
-                    f"{topic.topic_id}, now {now.topic_id}): read the new one on a checkpoint "
-                    "of its own (--checkpoint DIR)")
-        return None
-
-    return diagnose
 
 
 def check_and_register_stream(spark: SparkSession, settings: Settings,

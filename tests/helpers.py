@@ -127,7 +127,7 @@ def held_by_another_process(locks: str, *paths: str | Path) -> Iterator[subproce
     then it is killed, so the kernel lets go of its locks and its holder files stay."""
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         f"import sys, time; from sessionlake.stream import {locks}\n"
+         f"import sys, time; from sessionlake.locks import {locks}\n"
          f"with {locks}(*sys.argv[1:]):\n    print('held', flush=True); time.sleep(600)",
          *map(str, paths)],
         stdout=subprocess.PIPE, text=True,

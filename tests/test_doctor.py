@@ -27,9 +27,11 @@ from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
 from sessionlake.deltalog import clear_delta_cache, inspect_table, read_log
 from sessionlake.doctor import Finding, advise, check_lake
+from sessionlake.locks import checkpoint_lock, lake_lock
 from sessionlake.rebuild import RebuildError, rebuild_open_sessions
+from sessionlake.registry import register_stream
 from sessionlake.snapshots import Snapshot, SnapshotError, create_snapshot, restore_snapshot
-from sessionlake.stream import checkpoint_lock, lake_lock, register_stream, run_stream
+from sessionlake.stream import run_stream
 from sessionlake.tables import OPEN_SESSIONS, RETENTION_AUDIT, read_table, table_path
 from tests.helpers import NOW, event, held_by_another_process, hm
 

@@ -57,8 +57,9 @@ from sessionlake.kafkaadmin import (
     produce_lines,
 )
 from sessionlake.orchestration import stream_position
+from sessionlake.registry import lake_streams
 from sessionlake.snapshots import create_snapshot, restore_snapshot
-from sessionlake.stream import check_landing_folder, lake_streams, run_stream
+from sessionlake.stream import check_landing_folder, run_stream
 from sessionlake.tables import STREAM_TABLES, read_table, table_version
 from tests.conftest import REPO
 
@@ -235,7 +236,7 @@ def test_a_new_checkpoint_on_a_topic_another_checkpoint_read_is_refused(
     """A run that forgot the `--checkpoint` its stream ran with would start the topic again
     from --starting-offsets: refused before touching the lake, naming that checkpoint,
     however the same brokers are spelled (by the cluster's id; the spelling rules are
-    `tests/test_stream.py::test_a_topic_is_known_by_its_cluster_else_by_its_brokers`)."""
+    `tests/test_registry.py::test_a_topic_is_known_by_its_cluster_else_by_its_brokers`)."""
     topic, host = "forgotten", "LocalHost"
     create_topic(spark, broker.bootstrap, topic, 1)
     produce_lines(spark, broker.bootstrap, topic, _lines(landing)[0][:20], 1)

@@ -21,6 +21,8 @@ from sessionlake.batch import stream_identity
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
 from sessionlake.erasure import user_hash, users_named
+from sessionlake.locks import lake_lock
+from sessionlake.registry import register_stream
 from sessionlake.retention import (
     NO_ROW_TO_ERASE,
     RUNNING_STREAM_HOURS,
@@ -31,7 +33,6 @@ from sessionlake.retention import (
     plan_vacuum,
 )
 from sessionlake.snapshots import create_snapshot, restore_snapshot
-from sessionlake.stream import lake_lock, register_stream
 from sessionlake.tables import (
     STREAM_TABLES,
     USER_TABLES,

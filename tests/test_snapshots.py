@@ -19,6 +19,7 @@ from sessionlake.config import Settings, settings_from
 from sessionlake.doctor import check_lake
 from sessionlake.health import collect_health
 from sessionlake.health_page import render_health_page
+from sessionlake.locks import checkpoint_lock, lake_lock
 from sessionlake.retention import RetentionRequest, enforce_retention
 from sessionlake.snapshots import (
     Snapshot,
@@ -29,7 +30,7 @@ from sessionlake.snapshots import (
     restore_snapshot,
 )
 from sessionlake.spark import SparkOnDemand
-from sessionlake.stream import RestoreUnfinished, checkpoint_lock, lake_lock, run_stream
+from sessionlake.stream import RestoreUnfinished, run_stream
 from sessionlake.tables import STREAM_TABLES, read_table, table_version
 from tests.helpers import NOW, event
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -14,24 +13,22 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from sessionlake import cli, faults
-from sessionlake.checkpoint import LANDING_NOTE, LOCK_FILE, PID_FILE, lock_held
+from sessionlake.checkpoint import (
+    LANDING_NOTE,
+    LOCK_FILE,
+    PID_FILE,
+    lock_held,
+    recorded_source_file,
+)
 from sessionlake.config import ConfigError, settings_from
 from sessionlake.doctor import check_lake
+from sessionlake.locks import StreamAlreadyRunning, checkpoint_lock
+from sessionlake.registry import (
+    lake_streams,
+)
 from sessionlake.sessionize import sessionize_events
 from sessionlake.sources import ApacheAccessLogAdapter
-from sessionlake.stream import (
-    BatchUnfinishedElsewhere,
-    StreamAlreadyRunning,
-    checkpoint_lock,
-    kafka_records_lost,
-    lake_stream_entries,
-    lake_stream_sources,
-    lake_streams,
-    recorded_source_file,
-    register_stream,
-    run_stream,
-    same_kafka_topic,
-)
+from sessionlake.stream import BatchUnfinishedElsewhere, run_stream
 from sessionlake.tables import STREAM_TABLES, read_table, table_version
 from sessionlake.validation import apply_guards, valid_events
 from tests.conftest import DATA
@@ -478,63 +475,3 @@ def test_a_stream_waits_for_another_checkpoints_cut_off_batch_to_be_replayed(
     assert run_stream(spark, second, clock=lambda: NOW).processed == []  # free again
 
 
-def test_the_lakes_streams_are_noted_once_and_a_copy_names_its_own_checkpoint(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    lake, outside = tmp_path / "lake", tmp_path / "elsewhere" / "checkpoint"
-    inside = lake / "_checkpoints" / "stream"
-    register_stream(spark, str(lake), str(inside))  # as a run before sources were noted
-    for _ in range(2):  # noted once, the source added to the older note
-        register_stream(spark, str(lake), str(inside), "/landing")
-        register_stream(spark, f"file://{lake}", f"file://{outside}/", "kafka://b:9092/t")
-    assert len(os.listdir(lake / "_checkpoints" / "streams")) == 2
-    assert lake_stream_sources(None, str(lake)) == {
-        str(inside): "/landing", str(outside): "kafka://b:9092/t"}
-    assert lake_streams(None, str(lake)) == sorted([str(inside), str(outside)])
-
-    shutil.copytree(lake, tmp_path / "copy")
-    assert lake_streams(None, str(tmp_path / "copy")) == sorted(
-        [str(tmp_path / "copy" / "_checkpoints" / "stream"), str(outside)])
-
-    # A Kafka stream noted before clusters were gets its cluster's id at its next run, and
-    # keeps it through a run whose brokers could not tell it.
-    for cluster in ("C1", None):
-        register_stream(spark, str(lake), str(outside), "kafka://b:9092/t", cluster)
-    assert lake_stream_entries(None, str(lake))[str(outside)] == {
-        "checkpoint": str(outside), "source": "kafka://b:9092/t", "kafka_cluster": "C1"}
-    # Likewise the topic's id, which then stays the one the checkpoint first read.
-    for topic_id in ("T1", None, "T2"):
-        register_stream(spark, str(lake), str(outside), "kafka://b:9092/t", "C1", topic_id)
-    assert lake_stream_entries(None, str(lake))[str(outside)]["kafka_topic_id"] == "T1"
-
-
-@pytest.mark.parametrize(("noted", "cluster", "same"), [
-    # Other brokers of the same cluster, and the same brokers now serving another cluster.
-    ({"source": "kafka://b1:9092,b2:9092/t", "kafka_cluster": "C"}, "C", True),
-    ({"source": "kafka://b1:9092/t", "kafka_cluster": "D"}, "C", False),
-    # The topic deleted and created anew since (its id is "T" now), or noted before ids were.
-    ({"source": "kafka://b1:9092/t", "kafka_cluster": "C", "kafka_topic_id": "T"}, "C", True),
-    ({"source": "kafka://b1:9092/t", "kafka_cluster": "C", "kafka_topic_id": "S"}, "C", False),
-    # Noted before clusters were: by the brokers, host names in any case; topics are
-    # case-sensitive.
-    ({"source": "kafka://B1:9092/t"}, "C", True),
-    ({"source": "kafka://b1:9092/T"}, None, False),
-    ({"source": "/landing"}, "C", False),
-    ({"source": None}, "C", False),
-])
-def test_a_topic_is_known_by_its_cluster_else_by_its_brokers(
-    noted: dict[str, str | None], cluster: str | None, same: bool
-) -> None:
-    assert same_kafka_topic(noted, "kafka://b1:9092/t", cluster, "T") is same
-
-
-@pytest.mark.parametrize(("resume", "earliest", "lost"), [
-    ({0: 10, 1: 10}, {0: 0, 1: 10}, {}),  # nothing deleted that was not read
-    ({0: 10, 1: 10}, {0: 14, 1: 10}, {0: (10, 14)}),  # retention outran partition 0
-    ({0: 10}, {0: 10, 1: 0}, {}),  # a partition added since, whole
-    ({0: 10}, {0: 10, 1: 3}, {1: (0, 3)}),  # ... whose first records are gone
-])
-def test_records_lost_run_from_where_the_stream_reads_on_to_the_topic_s_first(
-    resume: dict[int, int], earliest: dict[int, int], lost: dict[int, tuple[int, int]]
-) -> None:
-    assert kafka_records_lost(resume, earliest) == lost

@@ -1,0 +1,294 @@
+"""A stream's Kafka topic: the checks before a run reads it, the streaming DataFrame of
+its records, and the diagnosis of a topic gone while a run waits on it.
+
+Each check refuses with one line (:class:`~sessionlake.config.ConfigError`) what Spark's
+Kafka source would otherwise meet only mid-run, with a stack trace, or not at all: brokers
+of another cluster, a topic created anew, records deleted before they were read, a topic
+another checkpoint of the lake read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+
+from pyspark.sql import DataFrame, SparkSession
+
+from sessionlake import storage
+from sessionlake.checkpoint import (
+    KAFKA_LOG_MARK,
+    KAFKA_SOURCE_LOG_START,
+    SOURCE_LOG,
+    SPARK_CHECKPOINT,
+    SPARK_OFFSETS_LOG,
+    kafka_offsets,
+    kafka_topics_logged,
+    recorded_source_file,
+)
+from sessionlake.config import ENV, ConfigError, Settings
+from sessionlake.kafkaadmin import KafkaTopic, KafkaTopicMissing, KafkaUnavailable, describe_topic
+from sessionlake.registry import checkpoint_key, lake_stream_entries, same_kafka_topic, source_key
+
+#: The run's logger: these checks are the run's, and its log lines keep one name.
+log = logging.getLogger("sessionlake.stream")
+
+
+def kafka_topics_read(spark: SparkSession | None, checkpoint: str) -> list[str] | None:
+    """The topics of the checkpoint's Kafka source; ``None`` when it has no Kafka source
+    log (a folder's stream, or nothing read yet)."""
+    text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{SOURCE_LOG}/0")
+    try:
+        return None if text is None else kafka_topics_logged(text)
+    except ValueError:
+        return []  # a Kafka entry cut short: the doctor names it
+
+
+def check_checkpoint_reads_kafka(spark: SparkSession, settings: Settings) -> None:
+    """Refuse Kafka on a checkpoint whose stream read a folder: Spark would fail the run's
+    first batch on the folder's offsets, with a stack trace.
+
+    :raises ConfigError: naming the folder the checkpoint read.
+    """
+    recorded = recorded_source_file(spark, checkpoint_key(settings.checkpoint))
+    if recorded is not None:
+        folder = os.path.dirname(recorded)
+        raise ConfigError(
+            f"the stream's checkpoint {settings.checkpoint} read files from {folder}, not a "
+            f"Kafka topic: run it with --source {folder}, or give the stream of topic "
+            f"{settings.kafka_topic} a checkpoint of its own (--checkpoint DIR)")
+
+
+def check_kafka_topic_unchanged(
+    spark: SparkSession, settings: Settings, topic: KafkaTopic
+) -> None:
+    """Refuse a Kafka stream whose brokers now belong to another cluster than the one its
+    checkpoint read, or whose topic was deleted and created anew since (the ids
+    :func:`register_stream` noted).
+
+    A checkpoint's offsets mean nothing on another cluster (a new one, or the development
+    broker formatted anew) nor on a new topic of the same name: where it holds fewer
+    records Spark stops on the offsets gone backwards, and where it holds more the records
+    up to the old offsets would be skipped, silently.
+
+    :raises ConfigError: naming both ids and what to run instead.
+    """
+    noted = lake_stream_entries(spark, settings.lake).get(checkpoint_key(settings.checkpoint), {})
+    cluster, topic_id = noted.get("kafka_cluster"), noted.get("kafka_topic_id")
+    if cluster and topic.cluster_id and cluster != topic.cluster_id:
+        raise ConfigError(
+            f"the stream's checkpoint {settings.checkpoint} read topic {settings.kafka_topic} "
+            f"from Kafka cluster {cluster}, but the brokers at {settings.kafka_bootstrap} are "
+            f"cluster {topic.cluster_id} (a new cluster, or one formatted anew): its offsets "
+            "would skip records there or start mid-topic. Read this cluster's topic on a "
+            "checkpoint of its own (--checkpoint DIR), or point --kafka-bootstrap at the "
+            "cluster the stream read")
+    if topic_id and topic.topic_id and topic_id != topic.topic_id:
+        raise ConfigError(
+            f"topic {settings.kafka_topic} on {settings.kafka_bootstrap} was deleted and "
+            f"created anew since the stream's checkpoint {settings.checkpoint} read it (topic "
+            f"id {topic_id}, now {topic.topic_id}): its offsets would skip the new topic's "
+            "first records. Read the new topic on a checkpoint of its own (--checkpoint DIR)")
+
+
+def kafka_resume_offsets(spark: SparkSession | None, checkpoint: str) -> dict[int, int] | None:
+    """Where the checkpoint's Kafka stream reads on from, by partition: the end of its last
+    committed batch (a batch planned after it is read again from there), else the offsets
+    it began at. ``None`` when it has not read the topic yet."""
+    spark_checkpoint = f"{checkpoint.rstrip('/')}/{SPARK_CHECKPOINT}"
+    committed = max((int(n) for n in storage.list_names(spark, f"{spark_checkpoint}/commits")
+                     if n.isdigit()), default=-1)
+    line: str | None = None
+    if committed >= 0:
+        text = storage.read_text(spark, f"{spark_checkpoint}/{SPARK_OFFSETS_LOG}/{committed}")
+        line = text.splitlines()[2] if text else None
+    else:
+        text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{SOURCE_LOG}/0")
+        if text and text.startswith(KAFKA_SOURCE_LOG_START):
+            line = text.removeprefix(KAFKA_LOG_MARK).splitlines()[1]
+    if line is None:
+        return None
+    by_topic = kafka_offsets(line)
+    return next(iter(by_topic.values()), {})
+
+
+def kafka_records_lost(
+    resume: Mapping[int, int], earliest: Mapping[int, int]
+) -> dict[int, tuple[int, int]]:
+    """The offsets ``[first, end)`` of each partition's records deleted before the stream
+    read them: from where it reads on (``resume``; a partition added since from 0) to the
+    first offset the topic still holds (``earliest``)."""
+    return {partition: (resume.get(partition, 0), first)
+            for partition, first in sorted(earliest.items())
+            if first > resume.get(partition, 0)}
+
+
+def check_no_kafka_records_lost(
+    spark: SparkSession, settings: Settings, topic: KafkaTopic
+) -> None:
+    """Refuse a Kafka stream whose next records were deleted before it read them (Kafka's
+    retention outran a stream stopped too long), unless ``--accept-kafka-data-loss``: then
+    they are skipped, with a warning naming them.
+
+    Spark would find the gap only while reading the batch, stop with a long stack trace
+    after planning it, and stop again at every later run.
+
+    :raises ConfigError: naming the records lost and the flag that skips them.
+    """
+    resume = kafka_resume_offsets(spark, checkpoint_key(settings.checkpoint))
+    lost = kafka_records_lost(resume or {}, topic.earliest) if resume is not None else {}
+    if not lost:
+        return
+    count = sum(end - first for first, end in lost.values())
+    ranges = ", ".join(f"partition {p} offsets {first}-{end - 1}"
+                       for p, (first, end) in lost.items())
+    what = (f"{count} record{'s' * (count != 1)} of topic {settings.kafka_topic} were "
+            f"deleted from Kafka before the stream read them ({ranges})")
+    if settings.kafka_accept_data_loss:
+        log.warning("%s: skipped, as --accept-kafka-data-loss says; their events are not in "
+                    "the lake", what)
+        return
+    raise ConfigError(
+        f"{what}, by the topic's retention or by hand, and cannot be read any more. Run "
+        "once with --accept-kafka-data-loss to skip them and go on (their events will not "
+        "be in the lake); a longer retention on the topic avoids it")
+
+
+def check_topic_not_read_elsewhere(
+    spark: SparkSession, settings: Settings, topic: KafkaTopic
+) -> None:
+    """Refuse a new checkpoint on a Kafka topic that a stream of the lake on another
+    checkpoint has read from the same cluster (:func:`same_kafka_topic`), however its
+    brokers were spelled.
+
+    The offsets a stream has read live in its checkpoint only, so the new stream would
+    start again from ``--starting-offsets``: the topic's retained records read a second
+    time (their events late or duplicates), or, from ``latest``, the records since the
+    other stream's last batch never read.
+
+    :raises ConfigError: naming the checkpoint that read the topic.
+    """
+    ours, source = checkpoint_key(settings.checkpoint), source_key(settings)
+    if storage.list_names(spark, f"{ours}/{SPARK_CHECKPOINT}/offsets"):
+        return  # a stream that has read is not new
+    for checkpoint, noted in lake_stream_entries(spark, settings.lake).items():
+        if checkpoint != ours and \
+                same_kafka_topic(noted, source, topic.cluster_id, topic.topic_id) and \
+                storage.list_names(spark, f"{checkpoint}/{SPARK_CHECKPOINT}/offsets"):
+            raise ConfigError(
+                f"topic {settings.kafka_topic} on {settings.kafka_bootstrap} was read by the "
+                f"lake's stream on checkpoint {checkpoint} (brokers {noted['source']}); a "
+                f"stream on the new checkpoint "
+                f"{settings.checkpoint} would start again from --starting-offsets "
+                f"{settings.kafka_starting_offsets}. Run with --checkpoint {checkpoint}"
+            )
+
+
+def check_kafka_settings(settings: Settings) -> str:
+    """The Kafka flags of ``--source kafka``: both brokers and topic, no folder-only flag."""
+    if not settings.kafka_bootstrap:
+        raise ConfigError("--source kafka needs the brokers: pass --kafka-bootstrap "
+                          f"HOST:PORT or set {ENV['kafka_bootstrap']}")
+    if not settings.kafka_topic:
+        raise ConfigError("--source kafka needs a topic: pass --topic NAME or set "
+                          f"{ENV['kafka_topic']}")
+    if settings.max_files_per_trigger:
+        raise ConfigError("--max-files-per-trigger is for a folder; with --source kafka "
+                          "use --max-offsets-per-trigger")
+    return settings.source or ""
+
+
+def check_kafka_topic(spark: SparkSession, settings: Settings) -> KafkaTopic:
+    """Check that the brokers answer and the topic exists, before the stream starts.
+
+    Without this, Spark's Kafka source waits for an unreachable broker or an absent topic
+    without saying so.
+
+    :return: the topic's partition count and its cluster's id (:func:`same_kafka_topic`);
+        when the brokers do not tell the id, their spelling stands for it, with a warning.
+    :raises ConfigError: naming the brokers or the topic, and what to check.
+    """
+    assert settings.kafka_bootstrap and settings.kafka_topic
+    try:
+        topic = describe_topic(spark, settings.kafka_bootstrap, settings.kafka_topic,
+                               properties=settings.kafka_client_properties())
+    except KafkaUnavailable as error:
+        raise ConfigError(str(error)) from None
+    if topic.cluster_id is None:
+        log.warning("the Kafka brokers at %s did not tell their cluster's id: a new checkpoint "
+                    "on a topic another checkpoint read is told only when its brokers are "
+                    "spelled the same", settings.kafka_bootstrap)
+    return topic
+
+
+#: How many times a continuous run's Kafka source asks the brokers for the topic's offsets
+#: before the stream fails: Java's largest int, so that it waits out an outage of any
+#: length (about one attempt a minute, each Kafka's ``default.api.timeout.ms``), with an
+#: ALERT every five minutes (:class:`sessionlake.monitor.PlanningWatch`) and SIGTERM
+#: still stopping it. Spark's default is 3.
+KAFKA_OUTAGE_ATTEMPTS = 2**31 - 1
+
+
+def kafka_records(spark: SparkSession, settings: Settings) -> DataFrame:
+    """The streaming DataFrame of the topic's records, every partition, new ones included.
+
+    Offsets live in the checkpoint, so ``--starting-offsets`` only matters for a new one.
+    Partitions added to the topic later are read from their first offset. Spark's
+    ``failOnDataLoss`` stays on: records deleted (by retention) before they were read stop
+    the stream instead of being skipped silently, unless ``--accept-kafka-data-loss``
+    (:func:`check_no_kafka_records_lost`). The ``--kafka-properties`` settings go to Kafka's
+    client as ``kafka.<key>``.
+
+    A continuous run waits out brokers that stop answering (:data:`KAFKA_OUTAGE_ATTEMPTS`)
+    and goes on where it was when they are back; an available-now run gives up after
+    Spark's three attempts to ask them for offsets, so that a scheduled run fails in minutes.
+    """
+    client = {f"kafka.{key}": value for key, value in settings.kafka_client_properties().items()}
+    reader = (
+        spark.readStream.format("kafka")
+        .options(**client)
+        .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+        .option("subscribe", settings.kafka_topic)
+        .option("startingOffsets", settings.kafka_starting_offsets)
+        .option("failOnDataLoss", str(not settings.kafka_accept_data_loss).lower())
+    )
+    if settings.trigger == "continuous":
+        reader = reader.option("fetchOffset.numRetries", KAFKA_OUTAGE_ATTEMPTS)
+    if settings.kafka_max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", settings.kafka_max_offsets_per_trigger)
+    return reader.load().select("topic", "partition", "offset", "value")
+
+
+#: How long the look-up that tells a deleted topic from brokers away may wait, in seconds.
+KAFKA_DIAGNOSIS_TIMEOUT_S = 5.0
+
+
+def kafka_topic_gone(
+    spark: SparkSession, settings: Settings, topic: KafkaTopic
+) -> Callable[[], str | None]:
+    """The :class:`~sessionlake.monitor.PlanningWatch` diagnosis of a Kafka stream whose
+    trigger waits: why the topic ``topic`` (as the run found it at its start) is gone for
+    good, or ``None`` while the brokers are only away (the run waits for them).
+
+    A continuous run's source asks the brokers for a deleted topic again and again, and
+    would wait for ever, its alerts blaming the brokers.
+    """
+    def diagnose() -> str | None:
+        assert settings.kafka_bootstrap and settings.kafka_topic
+        where = f"topic {settings.kafka_topic} on the Kafka brokers at {settings.kafka_bootstrap}"
+        try:
+            now = describe_topic(spark, settings.kafka_bootstrap, settings.kafka_topic,
+                                 KAFKA_DIAGNOSIS_TIMEOUT_S, settings.kafka_client_properties())
+        except KafkaTopicMissing:
+            return (f"{where} was deleted while the stream read it: its records not read yet "
+                    "are gone. A topic of that name created anew is read on a checkpoint of "
+                    "its own (--checkpoint DIR)")
+        except (KafkaUnavailable, ConfigError):
+            return None
+        if topic.topic_id and now.topic_id and now.topic_id != topic.topic_id:
+            return (f"{where} was deleted and created anew while the stream read it (topic id "
+                    f"{topic.topic_id}, now {now.topic_id}): read the new one on a checkpoint "
+                    "of its own (--checkpoint DIR)")
+        return None
+
+    return diagnose

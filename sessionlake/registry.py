@@ -1,0 +1,147 @@
+"""The lake's register of its streams: each checkpoint that ever ran a stream on the lake,
+with the source it read.
+
+Maintenance finds a stream's unfinished batches through it (a restore, a retention run, the
+doctor), and a new checkpoint on a source another checkpoint already read is told from it
+(:mod:`sessionlake.kafkastream`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from sessionlake import storage
+from sessionlake.checkpoint import IDENTITY_FILE, STREAMS_DIR, lake_lock_folder
+from sessionlake.config import Settings
+from sessionlake.sources import KAFKA_SCHEME
+from sessionlake.storage import local_path
+
+
+def checkpoint_key(checkpoint: str) -> str:
+    """One spelling of a checkpoint's folder: a local one absolute and resolved."""
+    local = local_path(checkpoint)
+    return str(local.resolve()) if local is not None else checkpoint.rstrip("/")
+
+
+def _streams_folder(lake: str) -> str:
+    return f"{lake_lock_folder(lake)}/{STREAMS_DIR}"
+
+
+def register_stream(spark: SparkSession, lake: str, checkpoint: str,
+                    source: str | None = None, kafka_cluster: str | None = None,
+                    kafka_topic_id: str | None = None) -> None:
+    """Note ``checkpoint`` among the lake's streams, once, with the ``source`` it reads
+    (:func:`source_key`) and, for Kafka, the ids of the brokers' cluster and of the topic,
+    so that maintenance and the lake's other streams find its unfinished batches
+    (:func:`lake_streams`), a new checkpoint on its source is told, and so is a topic
+    that is no longer the one the checkpoint read
+    (:func:`sessionlake.kafkastream.check_kafka_topic_unchanged`).
+
+    A checkpoint inside the lake (the default) is noted relative to it, so that a copy of
+    the lake names its own copy of the checkpoint, not the original's. A note written
+    before sources (or clusters) were noted gets them at the stream's next run.
+    """
+    key, inside = checkpoint_key(checkpoint), f"{checkpoint_key(lake)}/"
+    noted = key[len(inside):] if key.startswith(inside) else key
+    name = hashlib.sha256(noted.encode()).hexdigest()[:16]
+    uri = f"{_streams_folder(lake)}/{name}.json"
+    text = storage.read_text(spark, uri)
+    before = {} if text is None else json.loads(text)
+    entry = {"checkpoint": noted, "source": before.get("source") or source}
+    for key, value in (("kafka_cluster", kafka_cluster), ("kafka_topic_id", kafka_topic_id)):
+        if value or before.get(key):
+            entry[key] = before.get(key) or value
+    if entry != before:
+        storage.write_text(spark, uri, json.dumps(entry))
+
+
+def lake_stream_entries(spark: SparkSession | None, lake: str) -> dict[str, dict[str, Any]]:
+    """The checkpoints that ever ran a stream on ``lake``, as :func:`checkpoint_key` spells
+    them, each with what :func:`register_stream` noted of it."""
+    folder, lake_key = _streams_folder(lake), checkpoint_key(lake)
+    found = {}
+    for name in storage.list_names(spark, folder):
+        text = storage.read_text(spark, f"{folder}/{name}") if name.endswith(".json") else None
+        if text is not None:
+            entry = json.loads(text)
+            noted = str(entry["checkpoint"])
+            absolute = noted.startswith("/") or "://" in noted
+            found[noted if absolute else f"{lake_key}/{noted}"] = entry
+    return found
+
+
+def lake_stream_sources(spark: SparkSession | None, lake: str) -> dict[str, str | None]:
+    """The checkpoints that ever ran a stream on ``lake``, as :func:`checkpoint_key` spells
+    them, each with the source it noted (``None``: noted before sources were)."""
+    return {checkpoint: entry.get("source")
+            for checkpoint, entry in lake_stream_entries(spark, lake).items()}
+
+
+def lake_streams(spark: SparkSession | None, lake: str) -> list[str]:
+    """The checkpoints that ever ran a stream on ``lake`` (:func:`register_stream`), as
+    :func:`checkpoint_key` spells them."""
+    return sorted(lake_stream_sources(spark, lake))
+
+
+def source_key(settings: Settings) -> str:
+    """The stream's source in one spelling: ``kafka://<brokers>/<topic>``
+    (:func:`kafka_source_key`), or the landing folder as given."""
+    if settings.reads_kafka:
+        return kafka_source_key(settings.kafka_bootstrap or "", settings.kafka_topic or "")
+    return (settings.source or "").rstrip("/")
+
+
+def kafka_source_key(bootstrap: str, topic: str) -> str:
+    """``kafka://<brokers>/<topic>``, the brokers sorted and their host names in lower case
+    (host names are not case-sensitive; topic names are)."""
+    brokers = ",".join(sorted(b.strip().lower() for b in bootstrap.split(",")))
+    return f"{KAFKA_SCHEME}{brokers}/{topic}"
+
+
+def same_kafka_topic(noted: Mapping[str, Any], source: str, kafka_cluster: str | None,
+                     topic_id: str | None = None) -> bool:
+    """Whether a stream's note (:func:`register_stream`) names the topic ``source``
+    (:func:`kafka_source_key`) of the cluster ``kafka_cluster``: by the cluster's id where
+    both know it, whatever brokers they were given; else by the brokers' spelling. A topic
+    deleted and created anew under the name (another ``topic_id``) is not the same."""
+    their = noted.get("source")
+    if not isinstance(their, str) or not their.startswith(KAFKA_SCHEME):
+        return False
+    their_brokers, _, their_topic = their[len(KAFKA_SCHEME):].partition("/")
+    topic = source[len(KAFKA_SCHEME):].partition("/")[2]
+    if their_topic != topic:
+        return False
+    if topic_id and noted.get("kafka_topic_id") and noted["kafka_topic_id"] != topic_id:
+        return False
+    if kafka_cluster and noted.get("kafka_cluster"):
+        return bool(noted["kafka_cluster"] == kafka_cluster)
+    return kafka_source_key(their_brokers, topic) == source
+
+
+def unfinished_batch_since(spark: SparkSession | None, checkpoint: str) -> datetime | None:
+    """When the oldest batch of the checkpoint's stream that is not marked done started
+    (in flight, or cut off by a crash): it will read the table versions it recorded.
+    ``None`` when every batch finished, or the checkpoint is gone."""
+    text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{IDENTITY_FILE}")
+    if text is None:
+        return None
+    identity = json.loads(text)
+    prefix = f"{identity['stream_id']}-{identity['epoch']}-"
+    ledger = f"{checkpoint.rstrip('/')}/ledger"
+    batches = sorted(
+        (int(n[len(prefix):-5]) for n in storage.list_names(spark, ledger)
+         if n.startswith(prefix) and n.endswith(".json") and n[len(prefix):-5].isdigit()),
+        reverse=True,
+    )
+    oldest: datetime | None = None
+    for batch in batches[:3]:  # only the newest batches can be unfinished
+        entry = json.loads(storage.read_text(spark, f"{ledger}/{prefix}{batch}.json") or "{}")
+        if entry and not entry.get("done"):
+            oldest = datetime.fromisoformat(entry["processing_time"])
+    return oldest
