@@ -82,9 +82,9 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake.batch import Clock, utc_now
 from sessionlake.config import Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
+from sessionlake.ledger import Clock, utc_now
 from sessionlake.sessionize import as_closed_sessions, micros_at, sessionize_events
 from sessionlake.spark import quiet_task_failures
 from sessionlake.tables import (

@@ -52,7 +52,7 @@ GAP_NOTE = "gap.json"
 #: The checkpoints that ever ran a stream on the lake, a file each in this folder of
 #: ``<lake>/_checkpoints/`` (see ``sessionlake.registry.register_stream``).
 STREAMS_DIR = "streams"
-#: The stream's id and restore epoch (see ``sessionlake.batch.StreamIdentity``).
+#: The stream's id and restore epoch (see ``sessionlake.ledger.StreamIdentity``).
 IDENTITY_FILE = "sessionlake.json"
 #: Left by a restore that has not finished (see ``sessionlake.snapshots``).
 RESTORING_MARKER = "sessionlake-restoring.json"

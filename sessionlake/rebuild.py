@@ -47,12 +47,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake import storage
-from sessionlake.batch import Clock, utc_now, watermark_of
+from sessionlake.batch import watermark_of
 from sessionlake.checkpoint import RESTORING_MARKER
 from sessionlake.config import Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltalog import clear_delta_cache, inspect_table
 from sessionlake.doctor import unfinished_batch
+from sessionlake.ledger import Clock, utc_now
 from sessionlake.locks import StreamAlreadyRunning, checkpoint_lock, lake_lock
 from sessionlake.sessionize import (
     aggregate_sessions,

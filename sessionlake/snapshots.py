@@ -41,7 +41,6 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from sessionlake import storage
-from sessionlake.batch import StreamIdentity, write_stream_identity
 from sessionlake.checkpoint import (
     BATCH_LOCK_FILE,
     CONTINUOUS_LOG,
@@ -65,6 +64,7 @@ from sessionlake.deltalog import (
 from sessionlake.deltarestore import ConcurrentCommit, is_at, needs_delta, restore_commit
 from sessionlake.erasure import reapply_erasures
 from sessionlake.health import running_stream
+from sessionlake.ledger import StreamIdentity, write_stream_identity
 from sessionlake.locks import StreamAlreadyRunning, stream_locks
 from sessionlake.spark import SparkOnDemand
 from sessionlake.tables import (

@@ -475,7 +475,7 @@ def quiet_task_failures(spark: SparkSession, also: Sequence[str] = ()) -> Iterat
 #: ``sessionlake run`` on 2 cores, whole process: ten batches of 10,000 events 165 s
 #: compiled against 121 s interpreted; ten of 100,000, 269 s against 277 s; one batch of
 #: 1,000,000, 95 s against 136 s. The open sessions a batch reads count a tenth of a
-#: record each (``sessionlake.batch.STATE_ROWS_PER_RECORD``).
+#: record each (``sessionlake.ledger.STATE_ROWS_PER_RECORD``).
 CODEGEN_MIN_RECORDS = 100_000
 
 #: The Spark settings :func:`codegen_for_batch` chooses.

@@ -29,15 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from sessionlake import faults, storage
-from sessionlake.batch import (
-    PHASES,
-    BatchReport,
-    Clock,
-    StreamIdentity,
-    process_lines,
-    stream_identity,
-    utc_now,
-)
+from sessionlake.batch import PHASES, BatchReport, process_lines
 from sessionlake.checkpoint import (
     GAP_NOTE,
     LANDING_NOTE,
@@ -72,6 +64,7 @@ from sessionlake.kafkastream import (
     kafka_topic_gone,
     kafka_topics_read,
 )
+from sessionlake.ledger import Clock, StreamIdentity, stream_identity, utc_now
 from sessionlake.locks import stream_locks
 from sessionlake.monitor import (
     BatchMonitor,

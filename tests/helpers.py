@@ -19,8 +19,9 @@ from typing import Any
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake.batch import BatchReport, StreamIdentity, process_lines
+from sessionlake.batch import BatchReport, process_lines
 from sessionlake.config import Settings
+from sessionlake.ledger import StreamIdentity
 from sessionlake.tables import ensure_tables, read_table
 
 #: The batch clock of the tests: after every event they use, so no future-skew surprises.

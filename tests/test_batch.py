@@ -12,9 +12,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake import batch, state
-from sessionlake.batch import StreamIdentity
 from sessionlake.config import Settings, settings_from
 from sessionlake.deltalog import BatchKey
+from sessionlake.ledger import BatchInputs, StreamIdentity
 from sessionlake.tables import (
     BATCH_METRICS,
     PUBLIC_TABLES,
@@ -262,7 +262,7 @@ def test_the_duplicate_check_reads_only_files_whose_ids_reach_the_batchs(
     run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")],
                              [event("u", "10:01", event_id="b1")]])
     versions = {table: table_version(spark, lake, table) for table in STREAM_TABLES}
-    inputs = batch.BatchInputs(versions, max_event_time_before=None, processing_time=NOW)
+    inputs = BatchInputs(versions, max_event_time_before=None, processing_time=NOW)
     repeated = spark.createDataFrame([("u", "b1", datetime(2026, 1, 5, 10, 1))],
                                      "user_id string, event_id string, event_time timestamp")
 
@@ -436,7 +436,8 @@ def test_the_watermark_is_carried_in_the_ledger_and_read_from_batch_metrics_with
     """A batch starts from the previous batch's ledger note; a batch with no such note (the
     first after a restore: a new epoch), or after another commit to ``batch_metrics``, from
     ``batch_metrics``, where both agree."""
-    from sessionlake.batch import _ledger_uri, max_event_time_before, previous_entry
+    from sessionlake import ledger
+    from sessionlake.ledger import ledger_uri, max_event_time_before, previous_entry
     from sessionlake.storage import delete
 
     cfg = settings(lake)
@@ -454,7 +455,7 @@ def test_the_watermark_is_carried_in_the_ledger_and_read_from_batch_metrics_with
         reads.append(table)
         return read_table(spark, lake, table, version)
 
-    monkeypatch.setattr(batch, "read_table", read_table_noted)
+    monkeypatch.setattr(ledger, "read_table", read_table_noted)
     assert max_event_time_before(spark, cfg, previous, version) == noted
     assert reads == []
     read_earlier = {**previous["table_versions"], BATCH_METRICS: version - 2}
@@ -462,7 +463,7 @@ def test_the_watermark_is_carried_in_the_ledger_and_read_from_batch_metrics_with
                                  version) == noted
     assert reads == [BATCH_METRICS]
     # Without the note, the maximum over batch_metrics gives the same instant.
-    delete(spark, _ledger_uri(cfg, identity, 1))
+    delete(spark, ledger_uri(cfg, identity, 1))
     assert max_event_time_before(spark, cfg, previous_entry(spark, cfg, identity, 2),
                                  version) == noted
     new_epoch = previous_entry(spark, cfg, StreamIdentity("ledger", 1), 2)
@@ -475,7 +476,7 @@ def test_a_new_lakes_first_batch_starts_without_a_watermark_and_without_a_query(
 ) -> None:
     """batch_metrics has only its creation: nothing to take the maximum of, and no reason
     to load its snapshot (3 s of a new lake's first batch, cold)."""
-    from sessionlake import batch as batch_module
+    from sessionlake import ledger
     from sessionlake.tables import ensure_tables
 
     ensure_tables(spark, lake)
@@ -483,8 +484,8 @@ def test_a_new_lakes_first_batch_starts_without_a_watermark_and_without_a_query(
     def no_query(*args: object, **kwargs: object) -> None:
         raise AssertionError("batch_metrics was queried")
 
-    monkeypatch.setattr(batch_module, "read_table", no_query)
-    assert batch_module.max_event_time_before(spark, settings(lake), {}, 0) is None
+    monkeypatch.setattr(ledger, "read_table", no_query)
+    assert ledger.max_event_time_before(spark, settings(lake), {}, 0) is None
 
 
 def test_the_open_session_count_is_carried_in_the_ledger_for_the_next_batch(
@@ -492,7 +493,7 @@ def test_the_open_session_count_is_carried_in_the_ledger_for_the_next_batch(
 ) -> None:
     """The next batch sizes its code generation by it; the first batch of a stream or of a
     restore epoch has no note and counts none."""
-    from sessionlake.batch import open_sessions_estimate, previous_entry
+    from sessionlake.ledger import open_sessions_estimate, previous_entry
 
     cfg = settings(lake)
     identity = StreamIdentity("ledger", 0)
@@ -511,7 +512,7 @@ def test_a_batch_reads_each_ledger_entry_once(
     """The previous batch's: its watermark, open-session counts and id bound come from the
     one read. On an object store every read of an entry is a request."""
     from sessionlake import storage
-    from sessionlake.batch import _ledger_uri, _read_ledger
+    from sessionlake.ledger import ledger_uri, read_ledger
 
     cfg = settings(lake)
     identity = StreamIdentity("ledger", 0)
@@ -527,11 +528,11 @@ def test_a_batch_reads_each_ledger_entry_once(
     [report] = run_batches(spark, cfg, [[event("x", "12:01")]], identity=identity,
                            first_batch_id=1)
     assert report.row["open_sessions"] == 1
-    assert reads.count(_ledger_uri(cfg, identity, 0)) == 1
+    assert reads.count(ledger_uri(cfg, identity, 0)) == 1
     # Its own entry is read once too, to tell a replay from a new batch; marking it done
     # completes the entry it recorded.
-    assert reads.count(_ledger_uri(cfg, identity, 1)) == 1
-    assert (_read_ledger(spark, cfg, identity, 1) or {}).get("done") is True
+    assert reads.count(ledger_uri(cfg, identity, 1)) == 1
+    assert (read_ledger(spark, cfg, identity, 1) or {}).get("done") is True
 
 
 @pytest.mark.parametrize(("outside_write", "keys"), [(False, "named"), (True, "joined")])

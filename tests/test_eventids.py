@@ -10,10 +10,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sessionlake import batch, eventids
-from sessionlake.batch import StreamIdentity, _read_ledger
 from sessionlake.config import Settings, settings_from
 from sessionlake.deltalog import commit_file
 from sessionlake.eventids import IdBound
+from sessionlake.ledger import ID_BOUND_NOTE, StreamIdentity, read_ledger
 from sessionlake.tables import EVENTS, read_table, table_path, table_version
 from tests.helpers import event, run_batches
 
@@ -57,8 +57,8 @@ def test_a_files_greatest_id_comes_from_its_statistics(
 
 def ledger_bound(spark: SparkSession, cfg: Settings, identity: StreamIdentity,
                  batch_id: int) -> IdBound | None:
-    entry = _read_ledger(spark, cfg, identity, batch_id) or {}
-    return eventids.from_json(entry.get(batch.ID_BOUND_NOTE))
+    entry = read_ledger(spark, cfg, identity, batch_id) or {}
+    return eventids.from_json(entry.get(ID_BOUND_NOTE))
 
 
 def test_each_batch_notes_the_bound_at_the_version_it_reads(

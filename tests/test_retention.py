@@ -17,10 +17,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake import faults
-from sessionlake.batch import stream_identity
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
 from sessionlake.erasure import user_hash, users_named
+from sessionlake.ledger import stream_identity
 from sessionlake.locks import lake_lock
 from sessionlake.registry import register_stream
 from sessionlake.retention import (
