@@ -144,8 +144,24 @@ def merge_source_rows() -> Column:
 
 
 def _upserted() -> Column:
-    """A classified session that changed and stays open: its row is upserted."""
-    return (F.col("change") != "unchanged") & ~F.col("closes")
+    """A classified session that changed and stays open: its row is upserted.
+
+    A session ``unchanged`` to its readers is upserted too when its run now starts
+    earlier (:func:`run_start_moved`): its stored ``run_start`` is where later batches
+    cut the run.
+    """
+    return ((F.col("change") != "unchanged") | run_start_moved()) & ~F.col("closes")
+
+
+def run_start_moved() -> Column:
+    """A classified session whose run now starts before the run start it was written with.
+
+    An event that bridges the gap before an open session's run, or starts that run
+    earlier, moves where the run is cut (every maximum duration from its start) even when
+    the session keeps its events: the session cut off behind the new run's first cut, say.
+    Kept with its old start, the next batch would cut its run from there.
+    """
+    return F.coalesce(F.col("run_start") < F.col("run_start_before"), F.lit(False))
 
 
 def _replaced_ids() -> Column:

@@ -38,6 +38,7 @@ FRAGMENT_COLUMNS: tuple[str, ...] = (
     "user_id", "start_us", "end_us", "run_start_us", "event_count", "page_views",
     "state_session_id", "is_state", "event_id", "event_time", "page", "source_file",
     "source_line", "entry_event_id", "entry_page", "exit_event_id", "exit_page", "pages",
+    "stored_run_start_us",
 )
 
 
@@ -91,6 +92,7 @@ def events_as_fragments(events: DataFrame) -> DataFrame:
         F.lit(False).alias("is_state"),
         "event_id", "event_time", "page", "source_file", "source_line",
         *[F.lit(None).cast(kind).alias(name) for name, kind in _STATE_ENDS],
+        F.lit(None).cast("long").alias("stored_run_start_us"),
     )
 
 
@@ -109,6 +111,9 @@ def open_sessions_as_fragments(open_sessions: DataFrame) -> DataFrame:
             ("source_file", "string"), ("source_line", "long"),
         )],
         *[name for name, _ in _STATE_ENDS],
+        # Kept apart from run_start_us, which sessionization replaces with the start of
+        # the run the session is part of now (see _assign_runs).
+        F.unix_micros("run_start").alias("stored_run_start_us"),
     )
 
 
@@ -414,6 +419,7 @@ def _session_parts(
         "start_us": (F.min(of(F.col("start_us"))), _same),
         "end_us": (F.max(of(F.col("end_us"))), _same),
         "run_start_us": (F.min(of(F.col("run_start_us"))), _same),
+        "run_start_before_us": (F.min(of(F.col("stored_run_start_us"))), _same),
         "event_count": (F.sum(of(F.col("event_count"))), _same),
         "page_views": (F.sum(of(F.col("page_views"))), _same),
         "entry": (F.min(of(entry)), _same),
@@ -442,6 +448,7 @@ def _as_sessions(parts: DataFrame, prefix: str = "") -> DataFrame:
         start.alias("session_start"),
         F.timestamp_micros(part("end_us")).alias("session_end"),
         F.timestamp_micros(part("run_start_us")).alias("run_start"),
+        F.timestamp_micros(part("run_start_before_us")).alias("run_start_before"),
         part("event_count").alias("event_count"),
         part("page_views").alias("page_views"),
         part("entry")["page"].alias("entry_page"),
@@ -458,9 +465,11 @@ def aggregate_sessions(assigned: DataFrame) -> DataFrame:
     """One row per session from its fragments, with the analytics columns.
 
     Columns: ``session_id``, ``user_id``, ``session_start``, ``session_end``,
-    ``run_start``, ``event_count``, ``page_views``, ``entry_page``, ``entry_event_id``,
-    ``exit_page``, ``exit_event_id``, ``pages``, ``previous_session_ids`` (the open
-    sessions it absorbed, sorted), ``added_events`` (events of this batch).
+    ``run_start``, ``run_start_before`` (the earliest run start its open sessions were
+    written with; null for a session of events alone), ``event_count``, ``page_views``,
+    ``entry_page``, ``entry_event_id``, ``exit_page``, ``exit_event_id``, ``pages``,
+    ``previous_session_ids`` (the open sessions it absorbed, sorted), ``added_events``
+    (events of this batch).
     """
     grouped = assigned.groupBy("user_id", "run_no", "chunk").agg(
         *[finish(aggregate).alias(name)

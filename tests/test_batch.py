@@ -348,6 +348,32 @@ def test_an_open_session_is_cut_again_when_its_runs_start_moves_earlier(
     assert {r[0] for r in changes.select("change").collect()} == {"split"}
 
 
+def test_an_open_session_whose_run_now_starts_earlier_is_cut_from_there_later(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """10:12 bridges bot's two runs into one from 10:00, cut at 10:14 and 10:28: the open
+    session 10:15-10:17 keeps its events but not its run's start, from which a later batch
+    cuts once the run's first piece has closed (found by the random streams, seed 5241:
+    the start had stayed 10:15, so 10:28 joined the session instead of opening the next)."""
+    cfg = {"gap": "10m", "grace": "3m", "max_session_duration": "14m"}
+    bot = [[event("bot", at, event_id=at) for at in ats]
+           for ats in (["10:00", "10:05", "10:15", "10:17"], ["10:12"], [], ["10:24", "10:28"])]
+    batches = [*bot[:2], [event("x", "10:26")], bot[3]]  # W 10:23 closes 10:00-10:12
+    results = []
+    for name, lines in (("one", [[line for b in batches for line in b]]), ("many", batches)):
+        lake = str(tmp_path / name)
+        reports = run_batches(spark, settings(lake, **cfg), lines)
+        assert sum(r.row["late"] for r in reports) == 0
+        results.append(rows(all_sessions(spark, lake).where("user_id = 'bot'"),
+                            "session_start", "session_end", "event_count"))
+    assert results[0] == results[1] == [
+        (hm("10:00"), hm("10:12"), 3), (hm("10:15"), hm("10:24"), 3), (hm("10:28"), hm("10:28"), 1),
+    ]
+    # The session was rewritten with its run's start, but told no change: none happened to it.
+    changed = read_table(spark, lake, "session_changelog").where("batch_id = 1")
+    assert rows(changed, "change", "session_start") == [("extend", hm("10:00"))]
+
+
 def test_a_session_cut_anew_keeps_its_gap_closed_to_later_events(
     spark: SparkSession, lake: str
 ) -> None:
