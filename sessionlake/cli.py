@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log at INFO: the stream's start and stop, each batch's "
                              "progress, the code generation chosen; -vv at DEBUG: also each "
-                             "batch's whole ledger row and phases, and py4j's connections")
+                             "batch's whole batch_metrics row and phases, and py4j's connections")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = commands.add_parser(
