@@ -34,13 +34,6 @@ SESSIONIZED_EVENT_COLUMNS: tuple[str, ...] = (
     "user_id", "event_id", "event_time", "page", "source_file", "source_line",
 )
 
-FRAGMENT_COLUMNS: tuple[str, ...] = (
-    "user_id", "start_us", "end_us", "run_start_us", "event_count", "page_views",
-    "state_session_id", "is_state", "event_id", "event_time", "page", "source_file",
-    "source_line", "entry_event_id", "entry_page", "exit_event_id", "exit_page", "pages",
-    "stored_run_start_us",
-)
-
 
 def micros(value: timedelta) -> int:
     """A duration in whole microseconds, the unit sessionization computes in."""
