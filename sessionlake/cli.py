@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from sessionlake import __version__
 from sessionlake.config import (
     OUTPUT_FORMATS,
+    TABLE_ROWS,
     ConfigError,
     Settings,
     no_lake_message,
@@ -168,7 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="read the lake as it was: a version of sessions, or a UTC time "
                           "such as 2026-01-31 or 2026-01-31T18:00:00Z")
     sql.add_argument("--output", choices=OUTPUT_FORMATS, default="table")
-    sql.add_argument("--limit", type=int, default=None, help="print at most this many rows")
+    sql.add_argument("--limit", type=_at_least(0), default=None,
+                     help=f"print at most this many rows (--output table: {TABLE_ROWS:,} "
+                          "unless given)")
     _common_spark(sql)
 
     serve = commands.add_parser(

@@ -28,6 +28,9 @@ TRIGGERS: tuple[str, ...] = ("available-now", "continuous")
 STARTING_OFFSETS: tuple[str, ...] = ("earliest", "latest")
 #: ``sessionlake sql --output``: an aligned table, CSV with a header, or JSON lines.
 OUTPUT_FORMATS: tuple[str, ...] = ("table", "csv", "json")
+#: The rows ``--output table`` prints when no ``--limit`` is given: a table is for reading
+#: (and is held whole, to align it); CSV and JSON lines write every row as it comes.
+TABLE_ROWS = 1000
 #: ``--source kafka`` reads a Kafka topic instead of a landing folder (a folder that
 #: happens to be called ``kafka`` is still reachable as ``./kafka``).
 KAFKA_SOURCE = "kafka"

@@ -49,6 +49,7 @@ from pyspark.sql.types import (
 )
 
 from sessionlake import deltareader
+from sessionlake.config import TABLE_ROWS
 from sessionlake.deltalog import BatchKey, tag_batch
 from sessionlake.tables import (
     BATCH_METRICS,
@@ -608,14 +609,15 @@ _SPARK_JSON_SPECIAL = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 def format_rows(
     columns: Sequence[str], rows: Sequence[Sequence[Any]], output: str,
-    types: Sequence[DataType] | None = None,
+    types: Sequence[DataType] | None = None, more: bool = False,
 ) -> str:
-    """Rows as an aligned text table (numbers right-aligned), CSV with a header (doubles
-    written to read back the same), or JSON lines (whose values :func:`_jsonable` writes by
-    the columns' Spark ``types``, when given)."""
+    """Rows as an aligned text table (numbers right-aligned; its last line counts the rows,
+    or, when ``more`` rows were left out, says so and how to see them), CSV with a header
+    (doubles written to read back the same), or JSON lines (whose values :func:`_jsonable`
+    writes by the columns' Spark ``types``, when given)."""
     kinds: Sequence[DataType | None] = types or [None] * len(columns)
     if output == "table":
-        return _table(columns, rows, kinds)
+        return _table(columns, rows, kinds, more)
     buffer = io.StringIO()
     _write_lines(buffer, columns, rows, output, kinds)
     return buffer.getvalue()
@@ -639,7 +641,7 @@ def _write_lines(out: TextIO, columns: Sequence[str], rows: Iterable[Sequence[An
 
 
 def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]],
-           kinds: Sequence[DataType | None]) -> str:
+           kinds: Sequence[DataType | None], more: bool) -> str:
     cells = [[_text(v, k) for v, k in zip(row, kinds, strict=True)] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     # Numbers are right-aligned, so that their digits line up by place.
@@ -655,7 +657,9 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]],
         line(columns),
         "  ".join("-" * w for w in widths),
         *(line(r) for r in cells),
-        f"({len(rows)} row{'s' if len(rows) != 1 else ''})",
+        f"(the first {len(rows):,} rows; the result has more: --limit N prints N, "
+        "--output csv or json writes them all)" if more
+        else f"({len(rows)} row{'s' if len(rows) != 1 else ''})",
     ]
     return "\n".join(lines) + "\n"
 
@@ -663,14 +667,19 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]],
 def write_frame(frame: DataFrame, output: str, out: TextIO, limit: int | None = None) -> None:
     """Write ``frame``'s rows (up to ``limit``) to ``out`` as :func:`format_rows` formats
     them. CSV and JSON lines go out as the rows come, a partition at a time, so that an
-    export need not fit in the driver's memory (nor in Spark's ``maxResultSize``); a table
-    is written once all its rows are known, for its widths."""
+    export need not fit in the driver's memory (nor in Spark's ``maxResultSize``). A table
+    is written once all its rows are known, for its widths, so without a ``limit`` it shows
+    the first :data:`~sessionlake.config.TABLE_ROWS` and says when there are more: a
+    ``SELECT * FROM events`` typed to look does not pull the whole table into the driver."""
     frame = collectable(frame)
-    if limit:
+    if limit is not None:
         frame = frame.limit(limit)
     kinds = [f.dataType for f in frame.schema.fields]
     if output == "table":
-        out.write(format_rows(frame.columns, [tuple(r) for r in frame.collect()], output, kinds))
+        shown = limit if limit is not None else TABLE_ROWS
+        rows = [tuple(r) for r in frame.limit(shown + 1).collect()]
+        out.write(format_rows(frame.columns, rows[:shown], output, kinds,
+                              more=len(rows) > shown))
         return
     _write_lines(out, frame.columns, _rows_as_they_come(frame), output, kinds)
 

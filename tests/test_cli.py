@@ -48,6 +48,7 @@ LOG_LINES = (DATA / "apache_access_2015_head3000.log").read_text().splitlines(ke
         (["archive", "--lake", "L", "--source", ".", "--to", "old"],
          "inside the landing folder"),
         (["archive", "--lake", "L", "--source", "."], "--to"),
+        (["sql", "--lake", "L", "--limit=-1", "SELECT 1"], "argument --limit: '-1' must be >= 0"),
         (["frobnicate"], "invalid choice"),
     ],
 )

@@ -44,7 +44,7 @@ from pyspark.sql.types import (
 
 from sessionlake import faults
 from sessionlake.cli import main
-from sessionlake.config import settings_from
+from sessionlake.config import TABLE_ROWS, settings_from
 from sessionlake.deltareader import read_state
 from sessionlake.query import (
     AsOf,
@@ -663,6 +663,37 @@ def test_an_export_is_written_as_its_partitions_come(spark: SparkSession, output
     assert out.getvalue() == format_rows(["id"], [(i,) for i in range(40)], output)
     first_row = next(n for text, n in out.jobs_at_write if "0" in text)
     assert first_row < jobs == 8
+
+
+@pytest.mark.parametrize(
+    ("rows", "output", "limit", "printed", "last_line"),
+    [
+        (TABLE_ROWS + 1, "table", None, TABLE_ROWS, f"(the first {TABLE_ROWS:,} rows; the "
+         "result has more: --limit N prints N, --output csv or json writes them all)"),
+        (TABLE_ROWS, "table", None, TABLE_ROWS, f"({TABLE_ROWS} rows)"),
+        (TABLE_ROWS + 1, "table", TABLE_ROWS + 1, TABLE_ROWS + 1, f"({TABLE_ROWS + 1} rows)"),
+        (10, "table", 3, 3, "(3 rows)"),
+        (10, "table", 0, 0, "(0 rows)"),
+        (TABLE_ROWS + 1, "csv", None, TABLE_ROWS + 1, str(TABLE_ROWS)),
+        (10, "json", 0, 0, None),
+    ],
+)
+def test_a_table_shows_the_first_rows_and_says_when_there_are_more(
+    spark: SparkSession, rows: int, output: str, limit: int | None, printed: int,
+    last_line: str | None,
+) -> None:
+    """A table typed to look at a large result shows its first rows, not a driver full of
+    them, and says how to see the rest; ``--limit`` (even 0) and exports print what they are
+    asked for."""
+    out = io.StringIO()
+    write_frame(spark.range(rows).orderBy("id"), output, out, limit)
+    lines = out.getvalue().splitlines()
+    body = {"table": lines[2:-1], "csv": lines[1:], "json": lines}[output]
+    assert len(body) == printed
+    assert [b.strip() for b in body[:1]] == ([] if printed == 0 else
+                                             [{"json": '{"id": 0}'}.get(output, "0")])
+    if last_line is not None:
+        assert lines[-1] == last_line
 
 
 @pytest.mark.parametrize("types", [[DecimalType(38, 2)], None])
