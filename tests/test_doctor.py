@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from delta.tables import DeltaTable
 from pyspark.sql import Row, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
@@ -33,7 +34,7 @@ from sessionlake.registry import register_stream
 from sessionlake.snapshots import Snapshot, SnapshotError, create_snapshot, restore_snapshot
 from sessionlake.stream import run_stream
 from sessionlake.tables import OPEN_SESSIONS, RETENTION_AUDIT, read_table, table_path
-from tests.helpers import NOW, event, held_by_another_process, hm
+from tests.helpers import NOW, all_sessions, event, held_by_another_process, hm, rows, run_batches
 
 #: Batch 0 closes c's session and the bot's first one-hour chunk (watermark 10:35); the
 #: bot's second chunk, both of b's sessions and s's stay open. Batch 1 bridges b's two
@@ -342,6 +343,40 @@ def test_rebuild_state_gives_the_open_sessions_the_stream_had(
     assertDataFrameEqual(rebuilt, spark.createDataFrame(built.open_rows, rebuilt.schema))
     assert read_log(None, str(state)).configuration["sessionlake.userBuckets"] == "16"
     assert check_lake(None, copy).healthy
+
+
+@pytest.mark.parametrize("rebuilt", [True, False])
+def test_rebuild_state_mends_the_run_start_an_earlier_release_left(
+    spark: SparkSession, tmp_path: Path, rebuilt: bool
+) -> None:
+    """Before the fix of 2026-12-05, 10:12 bridging bot's two runs left the open session
+    10:15-10:17 with ``run_start`` 10:15 (test_batch.py's case): rebuilt, it gets 10:00 and
+    later batches cut the run as one batch does; left as it was, they cut from 10:15."""
+    cfg = {"gap": "10m", "grace": "3m", "max_session_duration": "14m"}
+
+    def bot(*ats: str) -> list[str]:
+        return [event("bot", at, event_id=at) for at in ats]
+
+    batches = [bot("10:00", "10:05", "10:15", "10:17"), bot("10:12"), [event("x", "10:26")],
+               bot("10:24", "10:28")]
+    one = settings_from({"lake": str(tmp_path / "one"), **cfg}, env={})
+    run_batches(spark, one, [[line for b in batches for line in b]])
+    many = settings_from({"lake": str(tmp_path / "many"), **cfg}, env={})
+    run_batches(spark, many, batches[:2])
+    DeltaTable.forPath(spark, table_path(many.lake, OPEN_SESSIONS)).update(
+        "session_start = '2026-01-05 10:15:00'", {"run_start": "session_start"})
+    if rebuilt:
+        rebuild_open_sessions(spark, many)
+    state = read_table(spark, many.lake, OPEN_SESSIONS).where("user_id = 'bot'")
+    assert rows(state, "session_start", "run_start") == [
+        (hm("10:00"), hm("10:00")), (hm("10:15"), hm("10:00") if rebuilt else hm("10:15"))]
+    run_batches(spark, many, batches[2:], first_batch_id=2)
+    bot_sessions = [rows(all_sessions(spark, s.lake).where("user_id = 'bot'"),
+                         "session_start", "session_end", "event_count") for s in (one, many)]
+    assert bot_sessions[0] == [
+        (hm("10:00"), hm("10:12"), 3), (hm("10:15"), hm("10:24"), 3), (hm("10:28"), hm("10:28"), 1),
+    ]
+    assert (bot_sessions[1] == bot_sessions[0]) is rebuilt
 
 
 @pytest.mark.parametrize("cause", ["stream running", "stream on another checkpoint",
