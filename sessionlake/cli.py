@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from sessionlake import __version__
 from sessionlake.config import (
+    ENV,
     OUTPUT_FORMATS,
     TABLE_ROWS,
     ConfigError,
@@ -32,6 +33,21 @@ from sessionlake.progress import Step, progress
 
 if TYPE_CHECKING:
     from sessionlake.checkpoint import UnreadInput
+
+#: What ``sessionlake --help`` says the tool is, and how to begin.
+DESCRIPTION = """\
+Sessionize user events into Delta Lake tables (sessions, open_sessions, session_changelog,
+events, ...), query them with Delta SQL, and look after the lake: snapshots, restore,
+compaction, retention.
+
+  sessionlake run --lake DIR --source LANDING_FOLDER
+  sessionlake sql --lake DIR "SELECT count(*) FROM sessions"
+"""
+EPILOG = """\
+Each setting's option falls back to its $SESSIONLAKE_* variable, then to its default.
+Arguments are checked before any data is touched: a wrong one prints one line and exits
+with status 2. `sessionlake COMMAND --help` lists a command's options.
+"""
 
 EXIT_USAGE = 2
 #: The output's reader went away: the status a shell reports for a tool killed by SIGPIPE.
@@ -49,7 +65,41 @@ class UsageError(Exception):
 _MISSING_VALUE = re.compile(r"^argument (--[\w-]+)(?:/[\w-]+)*: expected one argument$")
 
 
+#: The kind of value each option takes, by its ``dest``, as usage lines show it.
+_VALUE_NAMES = {
+    "lake": "DIR", "source": "DIR", "checkpoint": "DIR", "master": "URL",
+    "gap": "DURATION", "grace": "DURATION", "max_session_duration": "DURATION",
+    "max_future_skew": "DURATION", "processing_interval": "DURATION",
+    "kafka_reread_wait": "DURATION", "alert_batch_duration": "DURATION",
+    "alert_late_fraction": "F", "alert_quarantine_fraction": "F",
+    "shuffle_partitions": "N", "max_files_per_trigger": "N",
+    "kafka_max_offsets_per_trigger": "N", "kafka_bootstrap": "HOST:PORT[,...]",
+    "kafka_topic": "TOPIC", "query": "NAME", "params": "NAME=VALUE", "as_of": "VERSION|TIME",
+    "limit": "N", "out": "DIR", "users": "N", "events": "N", "files": "N", "seed": "N",
+    "late_fraction": "F", "duplicate_fraction": "F", "malformed_fraction": "F",
+    "html": "FILE", "snapshot": "ID", "min_files": "N", "tables": "TABLE",
+    "erase_users": "ID", "sessions_max_age_days": "DAYS", "events_max_age_days": "DAYS",
+    "vacuum_retain_hours": "HOURS", "archive_to": "DIR", "from_date": "DATE",
+    "to_date": "DATE",
+}
+_DEFAULT = re.compile(r"\(default (?!\$)([^)]*)\)$")
+
+
 class _Parser(argparse.ArgumentParser):
+    def add_argument(self, *names: Any, **options: Any) -> argparse.Action:
+        """An option of a setting is shown with the kind of value it takes (``--gap
+        DURATION``) and the environment variable it falls back to, named here once for
+        every command rather than in each option's help."""
+        dest = options.get("dest") or names[0].lstrip("-").replace("-", "_")
+        if dest in _VALUE_NAMES:
+            options.setdefault("metavar", _VALUE_NAMES[dest])
+        said = options.get("help")
+        if dest in ENV and said and f"${ENV[dest]}" not in said:
+            variable = f"${ENV[dest]}"
+            options["help"] = (_DEFAULT.sub(rf"(default {variable}, else \1)", said)
+                               if _DEFAULT.search(said) else f"{said} (default {variable})")
+        return super().add_argument(*names, **options)
+
     def error(self, message: str) -> NoReturn:
         # argparse reads a value starting with '-' (`--gap -5m`) as the next option.
         if found := _MISSING_VALUE.match(message):
@@ -65,10 +115,11 @@ GENERATED_MALFORMED = 0.005
 
 
 def _common_spark(parser: argparse.ArgumentParser, when: str = "") -> None:
-    parser.add_argument("--master", help="Spark master: local[*] (default) or "
-                                         f"spark://host:port{when}")
+    parser.add_argument("--master", help=f"Spark master, such as spark://host:port{when} "
+                                         "(default local[*])")
     parser.add_argument("--shuffle-partitions", type=int, dest="shuffle_partitions",
-                        help=f"spark.sql.shuffle.partitions (may change between runs){when}")
+                        help=f"spark.sql.shuffle.partitions, which may change between runs"
+                             f"{when} (default {Settings.shuffle_partitions})")
 
 
 def _lake(parser: argparse.ArgumentParser, required: bool = False) -> None:
@@ -89,7 +140,8 @@ def _versions() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
-    parser = _Parser(prog="sessionlake", description=__doc__)
+    parser = _Parser(prog="sessionlake", description=DESCRIPTION, epilog=EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=_versions())
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log at INFO: the stream's start and stop, each batch's "
@@ -99,8 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run", help="sessionize the events in a landing folder or a Kafka topic")
-    run.add_argument("--source", help="landing folder, or `kafka` to read --topic "
-                                      "(default $SESSIONLAKE_SOURCE)")
+    run.add_argument("--source", metavar="DIR|kafka",
+                     help="landing folder, or `kafka` to read --topic (default "
+                          "$SESSIONLAKE_SOURCE)")
     run.add_argument("--format", dest="input_format", choices=("jsonl", "apache"),
                      help="input format (default jsonl)")
     _lake(run)
@@ -117,13 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--processing-interval", dest="processing_interval",
                      help="with --trigger continuous: time between micro-batches (default 10s)")
     run.add_argument("--max-files-per-trigger", type=int, dest="max_files_per_trigger",
-                     help="at most this many files per micro-batch")
+                     help="at most this many files per micro-batch (default all)")
     run.add_argument("--read-subfolders", action="store_true", dest="read_subfolders",
                      help="a stream begun before sessionlake read the landing folder's "
                           "subfolders reads them from now on (newer streams do)")
     run.add_argument("--kafka-bootstrap", dest="kafka_bootstrap",
-                     help="with --source kafka: the brokers, HOST:PORT[,HOST:PORT...] "
-                          "(default $SESSIONLAKE_KAFKA_BOOTSTRAP)")
+                     help="with --source kafka: the brokers (default "
+                          "$SESSIONLAKE_KAFKA_BOOTSTRAP)")
     run.add_argument("--topic", dest="kafka_topic",
                      help="with --source kafka: the topic to read, every partition "
                           "(default $SESSIONLAKE_KAFKA_TOPIC)")
@@ -133,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default earliest; a restart resumes from its checkpoint)")
     run.add_argument("--max-offsets-per-trigger", type=int,
                      dest="kafka_max_offsets_per_trigger",
-                     help="with --source kafka: at most this many records per micro-batch")
+                     help="with --source kafka: at most this many records per micro-batch "
+                          "(default all)")
     run.add_argument("--kafka-reread-wait", dest="kafka_reread_wait",
                      help="with --source kafka and --trigger continuous: the wait before a "
                           "batch that failed on brokers that stopped answering is read again; "
@@ -168,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument("--as-of", dest="as_of",
                      help="read the lake as it was: a version of sessions, or a UTC time "
                           "such as 2026-01-31 or 2026-01-31T18:00:00Z")
-    sql.add_argument("--output", choices=OUTPUT_FORMATS, default="table")
+    sql.add_argument("--output", choices=OUTPUT_FORMATS, default="table",
+                     help="an aligned table (default), CSV with a header, or JSON lines")
     sql.add_argument("--limit", type=_at_least(0), default=None,
                      help=f"print at most this many rows (--output table: {TABLE_ROWS:,} "
                           "unless given)")

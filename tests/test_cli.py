@@ -3,6 +3,7 @@ subprocess that changes --master and --shuffle-partitions between runs."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -19,12 +20,45 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake.cli import configure_logging, main
+from sessionlake.cli import build_parser, configure_logging, main
 from sessionlake.deltalog import read_log
 from sessionlake.kafkaadmin import kafka_timeout
 from tests.conftest import DATA, REPO, ObservedLake
 
 LOG_LINES = (DATA / "apache_access_2015_head3000.log").read_text().splitlines(keepends=True)
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    """Each sub-command's parser, by name."""
+    [commands] = build_parser()._subparsers._group_actions  # type: ignore[union-attr]
+    return dict(commands.choices)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        ("run", "--gap DURATION inactivity gap that ends a session (default $SESSIONLAKE_GAP, "
+                "else 30m)"),
+        ("run", "--max-files-per-trigger N at most this many files per micro-batch (default "
+                "$SESSIONLAKE_MAX_FILES_PER_TRIGGER, else all)"),
+        ("rebuild-state", "--max-session-duration DURATION the stream's maximum session "
+                          "duration (default $SESSIONLAKE_MAX_SESSION_DURATION, else 24h)"),
+        ("doctor", "--master URL Spark master, such as spark://host:port; a local lake is "
+                   "checked without Spark (default $SESSIONLAKE_MASTER, else local[*])"),
+        ("sql", "--lake DIR lake folder or URI (default $SESSIONLAKE_LAKE)"),
+    ],
+)
+def test_a_setting_s_help_names_its_kind_of_value_and_its_variable(
+    command: str, said: str
+) -> None:
+    assert said in " ".join(_commands()[command].format_help().split())
+
+
+def test_every_option_s_value_has_a_name_not_its_dest() -> None:
+    """``--gap DURATION``, not ``--max-session-duration MAX_SESSION_DURATION``."""
+    for name, sub in _commands().items():
+        usage = " ".join(sub.format_usage().split())
+        assert re.findall(r"--[\w-]+ ([A-Z]+_[A-Z_]+)", usage) == [], name
 
 
 @pytest.mark.parametrize(
