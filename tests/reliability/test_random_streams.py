@@ -28,12 +28,17 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from sessionlake.config import settings_from
+from sessionlake.config import parse_duration, settings_from
 from sessionlake.tables import read_table
 from tests.helpers import rows, run_batches
 
-GAP = timedelta(minutes=30)
-GRACE = timedelta(minutes=5)
+#: The gap and grace of every case. A soak may try others, for the model and the engine
+#: alike: ``SESSIONLAKE_TEST_GAP=10m SESSIONLAKE_TEST_GRACE=0m`` (the events lie on a grid
+#: of 1, 5 or 15 minutes, so a gap of 5, 10 or 15 minutes puts many exactly a gap apart).
+GAP_SETTING = os.environ.get("SESSIONLAKE_TEST_GAP", "30m")
+GRACE_SETTING = os.environ.get("SESSIONLAKE_TEST_GRACE", "5m")
+GAP = parse_duration(GAP_SETTING, "SESSIONLAKE_TEST_GAP")
+GRACE = parse_duration(GRACE_SETTING, "SESSIONLAKE_TEST_GRACE")
 DAY = datetime(2026, 1, 5, tzinfo=UTC)
 
 
@@ -249,7 +254,8 @@ def test_a_random_stream_ends_as_spec_s_rules_say(
         model.batch(records)
 
     limits = {} if max_duration is None else {"max_session_duration": as_setting(max_duration)}
-    settings = settings_from({"lake": lake, "gap": "30m", "grace": "5m", **limits}, env={})
+    settings = settings_from({"lake": lake, "gap": GAP_SETTING, "grace": GRACE_SETTING,
+                              **limits}, env={})
     run_batches(spark, settings, [[as_line(e) for e in records] for records in batches])
 
     key = ("user_id", "session_start", "session_end", "event_count")
