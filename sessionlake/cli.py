@@ -22,8 +22,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from sessionlake import __version__
 from sessionlake.config import (
     ENV,
+    INPUT_FORMATS,
     OUTPUT_FORMATS,
+    STARTING_OFFSETS,
     TABLE_ROWS,
+    TRIGGERS,
     ConfigError,
     Settings,
     no_lake_message,
@@ -154,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--source", metavar="DIR|kafka",
                      help="landing folder, or `kafka` to read --topic (default "
                           "$SESSIONLAKE_SOURCE)")
-    run.add_argument("--format", dest="input_format", choices=("jsonl", "apache"),
+    run.add_argument("--format", dest="input_format", choices=INPUT_FORMATS,
                      help="input format (default jsonl)")
     _lake(run)
     run.add_argument("--checkpoint",
@@ -165,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="longer sessions are split (default 24h)")
     run.add_argument("--max-future-skew", dest="max_future_skew",
                      help="events further ahead of the clock are quarantined (default 1h)")
-    run.add_argument("--trigger", choices=("available-now", "continuous"),
+    run.add_argument("--trigger", choices=TRIGGERS,
                      help="process what is there and stop (default), or keep running")
     run.add_argument("--processing-interval", dest="processing_interval",
                      help="with --trigger continuous: time between micro-batches (default 10s)")
@@ -181,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --source kafka: the topic to read, every partition "
                           "(default $SESSIONLAKE_KAFKA_TOPIC)")
     run.add_argument("--starting-offsets", dest="kafka_starting_offsets",
-                     choices=("earliest", "latest"),
+                     choices=STARTING_OFFSETS,
                      help="with --source kafka: where a new checkpoint starts in the topic "
                           "(default earliest; a restart resumes from its checkpoint)")
     run.add_argument("--max-offsets-per-trigger", type=int,
