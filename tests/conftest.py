@@ -125,6 +125,11 @@ def _forget_the_modules_delta_logs() -> Iterator[None]:
     (890 full collections, 1,109 s).
     """
     yield
+    forget_delta_logs()
+
+
+def forget_delta_logs() -> None:
+    """Drop every Delta log (and its snapshots) this process's JVM keeps cached."""
     context = SparkContext._active_spark_context
     if context is not None and context._jvm is not None:
         context._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
