@@ -93,7 +93,9 @@ class _Parser(argparse.ArgumentParser):
         """An option of a setting is shown with the kind of value it takes (``--gap
         DURATION``) and the environment variable it falls back to, named here once for
         every command rather than in each option's help."""
-        dest = options.get("dest") or names[0].lstrip("-").replace("-", "_")
+        # As argparse names it: the first long option (`-v, --verbose`: verbose).
+        flag = next((n for n in names if n.startswith("--")), names[0])
+        dest = options.get("dest") or flag.lstrip("-").replace("-", "_")
         if dest in _VALUE_NAMES:
             options.setdefault("metavar", _VALUE_NAMES[dest])
         said = options.get("help")

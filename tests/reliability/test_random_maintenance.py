@@ -35,10 +35,10 @@ from tests.reliability.test_random_streams import (
     GAP_SETTING,
     GRACE_SETTING,
     Model,
-    _naive,
     as_line,
     as_setting,
     max_duration_for,
+    naive,
     random_stream,
 )
 
@@ -134,9 +134,9 @@ def test_maintenance_between_batches_changes_no_result(
 
     lake = settings.lake
     key = ("user_id", "session_start", "session_end", "event_count")
-    assert rows(read_table(spark, lake, "sessions"), *key) == sorted(map(_naive, model.closed))
+    assert rows(read_table(spark, lake, "sessions"), *key) == sorted(map(naive, model.closed))
     assert rows(read_table(spark, lake, "open_sessions"), *key) == [
-        _naive(s) for s in model.open_sessions()
+        naive(s) for s in model.open_sessions()
     ]
     assert set(rows(read_table(spark, lake, "late_events"), "event_id", "event_time")) \
         == {(e.event_id, e.time.replace(tzinfo=None)) for e in model.late}

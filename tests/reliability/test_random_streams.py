@@ -190,7 +190,7 @@ def as_line(event: Event) -> str:
                        "event_time": event.time.isoformat().replace("+00:00", "Z")})
 
 
-def _naive(session: Session) -> Session:
+def naive(session: Session) -> Session:
     user, start, end, count = session
     return (user, start.replace(tzinfo=None), end.replace(tzinfo=None), count)
 
@@ -259,9 +259,9 @@ def test_a_random_stream_ends_as_spec_s_rules_say(
     run_batches(spark, settings, [[as_line(e) for e in records] for records in batches])
 
     key = ("user_id", "session_start", "session_end", "event_count")
-    assert rows(read_table(spark, lake, "sessions"), *key) == sorted(map(_naive, model.closed))
+    assert rows(read_table(spark, lake, "sessions"), *key) == sorted(map(naive, model.closed))
     assert rows(read_table(spark, lake, "open_sessions"), *key) == [
-        _naive(s) for s in model.open_sessions()
+        naive(s) for s in model.open_sessions()
     ]
     assert set(rows(read_table(spark, lake, "late_events"), "event_id", "event_time")) \
         == {(e.event_id, e.time.replace(tzinfo=None)) for e in model.late}
