@@ -72,6 +72,7 @@ LONGEST_FIRST = (
     "tests/test_query.py",                          # 120, 62
     "tests/test_classarchive.py",                   # 94, 81
     "tests/test_doctor.py",                         # 64, 72
+    "tests/reliability/test_random_maintenance.py", # 55 (one case)
     "tests/plugins/test_sessionlake_health.py",     # 68, 56
     "tests/reliability/test_schema_change.py",      # 87, 33
     "tests/test_serve.py",                          # 42, 40
