@@ -29,7 +29,7 @@ from sessionlake.rebuild import rebuild_open_sessions
 from sessionlake.snapshots import Snapshot, create_snapshot, restore_snapshot
 from sessionlake.stream import run_stream
 from sessionlake.tables import read_table
-from tests.helpers import NOW, rows
+from tests.helpers import NOW
 from tests.reliability.test_random_streams import (
     DAY,
     GAP_SETTING,
@@ -37,8 +37,8 @@ from tests.reliability.test_random_streams import (
     Model,
     as_line,
     as_setting,
+    assert_as_the_model_says,
     max_duration_for,
-    naive,
     random_stream,
 )
 
@@ -132,19 +132,7 @@ def test_maintenance_between_batches_changes_no_result(
             maintenance.do(operation, rng)
     processed += run(spark, settings)  # what a restore after the last batch left to read
 
-    lake = settings.lake
-    key = ("user_id", "session_start", "session_end", "event_count")
-    assert rows(read_table(spark, lake, "sessions"), *key) == sorted(map(naive, model.closed))
-    assert rows(read_table(spark, lake, "open_sessions"), *key) == [
-        naive(s) for s in model.open_sessions()
-    ]
-    assert set(rows(read_table(spark, lake, "late_events"), "event_id", "event_time")) \
-        == {(e.event_id, e.time.replace(tzinfo=None)) for e in model.late}
-    [(duplicates, records, accepted, late)] = rows(
-        read_table(spark, lake, "batch_metrics").groupBy().sum(
-            "duplicates", "input_records", "accepted", "late"))
-    assert duplicates == model.duplicates
-    assert records == sum(map(len, batches)) == accepted + late + duplicates
+    assert_as_the_model_says(spark, settings.lake, model, batches)
     # Each batch once in the tables, however often a restore made the stream read it.
     assert sorted(set(processed)) == list(range(len(batches)))
     assert check_lake(None, settings).healthy, maintenance.done

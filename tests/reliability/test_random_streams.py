@@ -258,6 +258,14 @@ def test_a_random_stream_ends_as_spec_s_rules_say(
                               **limits}, env={})
     run_batches(spark, settings, [[as_line(e) for e in records] for records in batches])
 
+    assert_as_the_model_says(spark, lake, model, batches)
+
+
+def assert_as_the_model_says(
+    spark: SparkSession, lake: str, model: Model, batches: list[list[Event]]
+) -> None:
+    """Every closed and open session, late event and count of ``lake`` is the model's, and
+    every record of ``batches`` is counted once."""
     key = ("user_id", "session_start", "session_end", "event_count")
     assert rows(read_table(spark, lake, "sessions"), *key) == sorted(map(naive, model.closed))
     assert rows(read_table(spark, lake, "open_sessions"), *key) == [
