@@ -228,10 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="read the lake as it was: a version of sessions, or a UTC time "
                           "such as 2026-01-31 or 2026-01-31T18:00:00Z")
     sql.add_argument("--output", choices=OUTPUT_FORMATS, default="table",
-                     help="an aligned table (default), CSV with a header, or JSON lines")
+                     help="an aligned table (default); vertical, a line per column, for wide "
+                          "rows; CSV with a header; or JSON lines")
     sql.add_argument("--limit", type=_at_least(0), default=None,
-                     help=f"print at most this many rows (--output table: {TABLE_ROWS:,} "
-                          "unless given)")
+                     help=f"print at most this many rows (--output table or vertical: "
+                          f"{TABLE_ROWS:,} unless given)")
     _common_spark(sql)
 
     serve = commands.add_parser(

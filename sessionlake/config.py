@@ -27,9 +27,13 @@ INPUT_FORMATS: tuple[str, ...] = ("jsonl", "apache")
 TRIGGERS: tuple[str, ...] = ("available-now", "continuous")
 STARTING_OFFSETS: tuple[str, ...] = ("earliest", "latest")
 #: ``sessionlake sql --output``: an aligned table, CSV with a header, or JSON lines.
-OUTPUT_FORMATS: tuple[str, ...] = ("table", "csv", "json")
-#: The rows ``--output table`` prints when no ``--limit`` is given: a table is for reading
-#: (and is held whole, to align it); CSV and JSON lines write every row as it comes.
+OUTPUT_FORMATS: tuple[str, ...] = ("table", "vertical", "csv", "json")
+#: The outputs for reading at a terminal: an aligned table, and ``vertical`` (a record a
+#: block, a column a line, for rows too wide for a table).
+DISPLAY_FORMATS: tuple[str, ...] = ("table", "vertical")
+#: The rows a display format prints when no ``--limit`` is given: a table is held whole, to
+#: align it, and neither is for reading a million rows; CSV and JSON lines write every row
+#: as it comes.
 TABLE_ROWS = 1000
 #: ``--source kafka`` reads a Kafka topic instead of a landing folder (a folder that
 #: happens to be called ``kafka`` is still reachable as ``./kafka``).

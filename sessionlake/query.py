@@ -49,7 +49,7 @@ from pyspark.sql.types import (
 )
 
 from sessionlake import deltareader
-from sessionlake.config import TABLE_ROWS
+from sessionlake.config import DISPLAY_FORMATS, TABLE_ROWS
 from sessionlake.deltalog import BatchKey, tag_batch
 from sessionlake.tables import (
     BATCH_METRICS,
@@ -611,13 +611,16 @@ def format_rows(
     columns: Sequence[str], rows: Sequence[Sequence[Any]], output: str,
     types: Sequence[DataType] | None = None, more: bool = False,
 ) -> str:
-    """Rows as an aligned text table (numbers right-aligned; its last line counts the rows,
-    or, when ``more`` rows were left out, says so and how to see them), CSV with a header
-    (doubles written to read back the same), or JSON lines (whose values :func:`_jsonable`
-    writes by the columns' Spark ``types``, when given)."""
+    """Rows as an aligned text table (numbers right-aligned) or vertically (a block per
+    record, a line per column: for rows too wide for a table), either ending in a line that
+    counts the rows or, when ``more`` rows were left out, says so and how to see them; CSV
+    with a header (doubles written to read back the same); or JSON lines (whose values
+    :func:`_jsonable` writes by the columns' Spark ``types``, when given)."""
     kinds: Sequence[DataType | None] = types or [None] * len(columns)
     if output == "table":
         return _table(columns, rows, kinds, more)
+    if output == "vertical":
+        return _vertical(columns, rows, kinds, more)
     buffer = io.StringIO()
     _write_lines(buffer, columns, rows, output, kinds)
     return buffer.getvalue()
@@ -653,29 +656,47 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]],
         return "  ".join(t.rjust(w) if right else t.ljust(w)
                          for t, w, right in zip(texts, widths, numeric, strict=True)).rstrip()
 
-    lines = [
-        line(columns),
-        "  ".join("-" * w for w in widths),
-        *(line(r) for r in cells),
-        f"(the first {len(rows):,} rows; the result has more: --limit N prints N, "
-        "--output csv or json writes them all)" if more
-        else f"({len(rows)} row{'s' if len(rows) != 1 else ''})",
-    ]
+    lines = [line(columns), "  ".join("-" * w for w in widths), *(line(r) for r in cells),
+             _count_line(len(rows), more)]
     return "\n".join(lines) + "\n"
+
+
+def _vertical(columns: Sequence[str], rows: Sequence[Sequence[Any]],
+              kinds: Sequence[DataType | None], more: bool) -> str:
+    """A block per row, headed ``-[ RECORD n ]``, with a ``column | value`` line per
+    column (as psql's expanded display): a row of long JSON cells reads without scrolling
+    sideways."""
+    width = max((len(c) for c in columns), default=0)
+    lines: list[str] = []
+    for n, row in enumerate(rows, start=1):
+        lines.append(f"-[ RECORD {n} ]")
+        lines.extend(f"{c.ljust(width)} | {_text(v, k)}".rstrip()
+                     for c, v, k in zip(columns, row, kinds, strict=True))
+    lines.append(_count_line(len(rows), more))
+    return "\n".join(lines) + "\n"
+
+
+def _count_line(count: int, more: bool) -> str:
+    """A display's last line: how many rows it shows, or that the result has more."""
+    if more:
+        return (f"(the first {count:,} rows; the result has more: --limit N prints N, "
+                "--output csv or json writes them all)")
+    return f"({count} row{'s' if count != 1 else ''})"
 
 
 def write_frame(frame: DataFrame, output: str, out: TextIO, limit: int | None = None) -> None:
     """Write ``frame``'s rows (up to ``limit``) to ``out`` as :func:`format_rows` formats
     them. CSV and JSON lines go out as the rows come, a partition at a time, so that an
     export need not fit in the driver's memory (nor in Spark's ``maxResultSize``). A table
-    is written once all its rows are known, for its widths, so without a ``limit`` it shows
-    the first :data:`~sessionlake.config.TABLE_ROWS` and says when there are more: a
+    is written once all its rows are known, for its widths, so without a ``limit`` it (and
+    the vertical display, also for reading) shows the first
+    :data:`~sessionlake.config.TABLE_ROWS` and says when there are more: a
     ``SELECT * FROM events`` typed to look does not pull the whole table into the driver."""
     frame = collectable(frame)
     if limit is not None:
         frame = frame.limit(limit)
     kinds = [f.dataType for f in frame.schema.fields]
-    if output == "table":
+    if output in DISPLAY_FORMATS:
         shown = limit if limit is not None else TABLE_ROWS
         rows = [tuple(r) for r in frame.limit(shown + 1).collect()]
         out.write(format_rows(frame.columns, rows[:shown], output, kinds,

@@ -674,6 +674,10 @@ def test_an_export_is_written_as_its_partitions_come(spark: SparkSession, output
         (TABLE_ROWS + 1, "table", TABLE_ROWS + 1, TABLE_ROWS + 1, f"({TABLE_ROWS + 1} rows)"),
         (10, "table", 3, 3, "(3 rows)"),
         (10, "table", 0, 0, "(0 rows)"),
+        (TABLE_ROWS + 1, "vertical", None, TABLE_ROWS, f"(the first {TABLE_ROWS:,} rows; the "
+         "result has more: --limit N prints N, --output csv or json writes them all)"),
+        (10, "vertical", 3, 3, "(3 rows)"),
+        (10, "vertical", 0, 0, "(0 rows)"),
         (TABLE_ROWS + 1, "csv", None, TABLE_ROWS + 1, str(TABLE_ROWS)),
         (10, "json", 0, 0, None),
     ],
@@ -688,12 +692,29 @@ def test_a_table_shows_the_first_rows_and_says_when_there_are_more(
     out = io.StringIO()
     write_frame(spark.range(rows).orderBy("id"), output, out, limit)
     lines = out.getvalue().splitlines()
-    body = {"table": lines[2:-1], "csv": lines[1:], "json": lines}[output]
+    body = {"table": lines[2:-1], "csv": lines[1:], "json": lines,
+            "vertical": [line.removeprefix("id | ") for line in lines if line.startswith("id")],
+            }[output]
     assert len(body) == printed
     assert [b.strip() for b in body[:1]] == ([] if printed == 0 else
                                              [{"json": '{"id": 0}'}.get(output, "0")])
     if last_line is not None:
         assert lines[-1] == last_line
+
+
+def test_vertical_output_shows_a_record_a_block_and_a_column_a_line() -> None:
+    """A row too wide for a table (the events' ``fields`` JSON) reads down, not across."""
+    text = format_rows(["user_id", "fields", "n"],
+                       [("u1", '{"page": "/pricing"}', 2), ("u22", None, 10)], "vertical")
+    assert text == ("-[ RECORD 1 ]\n"
+                    "user_id | u1\n"
+                    'fields  | {"page": "/pricing"}\n'
+                    "n       | 2\n"
+                    "-[ RECORD 2 ]\n"
+                    "user_id | u22\n"
+                    "fields  |\n"
+                    "n       | 10\n"
+                    "(2 rows)\n")
 
 
 @pytest.mark.parametrize("types", [[DecimalType(38, 2)], None])
