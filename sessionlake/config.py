@@ -26,7 +26,8 @@ StartingOffsets = Literal["earliest", "latest"]
 INPUT_FORMATS: tuple[str, ...] = ("jsonl", "apache")
 TRIGGERS: tuple[str, ...] = ("available-now", "continuous")
 STARTING_OFFSETS: tuple[str, ...] = ("earliest", "latest")
-#: ``sessionlake sql --output``: an aligned table, CSV with a header, or JSON lines.
+#: ``sessionlake sql --output``: an aligned table, a vertical display, CSV with a header, or
+#: JSON lines.
 OUTPUT_FORMATS: tuple[str, ...] = ("table", "vertical", "csv", "json")
 #: The outputs for reading at a terminal: an aligned table, and ``vertical`` (a record a
 #: block, a column a line, for rows too wide for a table).
