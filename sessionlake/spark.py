@@ -38,13 +38,23 @@ PROJECT_ROOT = PACKAGE_DIR.parent
 LOG_CONFIG = PROJECT_ROOT / "conf" / "log4j2.properties"
 
 #: Settings that suit sessionlake's small, frequent batches on Delta.
+def ui_conf(enabled: str) -> dict[str, str]:
+    """Spark's UI settings: ``spark.ui.enabled`` as given (``SESSIONLAKE_SPARK_UI``; off by
+    default, as the UI costs a listener per job) and, with the UI off, a status store that
+    keeps the last 50 SQL executions instead of 1,000. Nothing reads them then, yet each
+    holds its plan's text and graph: a continuous run's driver, idle after 60 one-file
+    batches of 1,000 events, held 261 MB live with 1,000 and 131 MB with 50 (2026-12-05)."""
+    if enabled.strip().lower() == "true":
+        return {"spark.ui.enabled": enabled}
+    return {"spark.ui.enabled": enabled, "spark.sql.ui.retainedExecutions": "50"}
+
+
 DEFAULT_CONF: dict[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
-    # The UI costs a listener per job; turn it on with SESSIONLAKE_SPARK_UI=true.
-    "spark.ui.enabled": os.environ.get("SESSIONLAKE_SPARK_UI", "false"),
+    **ui_conf(os.environ.get("SESSIONLAKE_SPARK_UI", "false")),
     # The Delta log of a small table is replayed with this many tasks: the default of 50
     # makes every commit of a small batch pay for 50 tiny tasks.
     "spark.databricks.delta.snapshotPartitions": "2",

@@ -45,6 +45,7 @@ from sessionlake.spark import (
     quick_start_for,
     quick_start_for_query,
     ship_package,
+    ui_conf,
 )
 from tests.conftest import REPO
 from tests.helpers import first
@@ -207,6 +208,17 @@ def test_a_small_broadcast_holds_a_small_page_in_the_driver(spark: SparkSession)
     held_before = memory.storageMemoryUsed()
     assert users.join(F.broadcast(few), "user_id").count() == 3
     assert memory.storageMemoryUsed() - held_before < 4 * 2**20
+
+
+@pytest.mark.parametrize(("enabled", "retained"), [
+    ("false", "50"), ("False", "50"), ("true", None), ("TRUE", None),
+])
+def test_with_the_ui_off_the_status_store_keeps_few_sql_executions(
+    enabled: str, retained: str | None,
+) -> None:
+    conf = ui_conf(enabled)
+    assert conf["spark.ui.enabled"] == enabled
+    assert conf.get("spark.sql.ui.retainedExecutions") == retained
 
 
 _SMALL = UnreadInput(bytes=10, files=1)
