@@ -44,9 +44,10 @@ def ui_conf(enabled: str) -> dict[str, str]:
     keeps the last 50 SQL executions instead of 1,000. Nothing reads them then, yet each
     holds its plan's text and graph: a continuous run's driver, idle after 60 one-file
     batches of 1,000 events, held 261 MB live with 1,000 and 131 MB with 50 (2026-12-05)."""
-    if enabled.strip().lower() == "true":
-        return {"spark.ui.enabled": enabled}
-    return {"spark.ui.enabled": enabled, "spark.sql.ui.retainedExecutions": "50"}
+    conf = {"spark.ui.enabled": enabled}
+    if enabled.strip().lower() != "true":
+        conf["spark.sql.ui.retainedExecutions"] = "50"
+    return conf
 
 
 DEFAULT_CONF: dict[str, str] = {

@@ -44,7 +44,7 @@ from pyspark import SparkContext  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 from sessionlake.config import Settings, settings_from  # noqa: E402
-from sessionlake.spark import build_spark  # noqa: E402
+from sessionlake.spark import build_spark, ui_conf  # noqa: E402
 from tests.sparkcluster import SparkCluster, start_cluster  # noqa: E402
 
 pytest_plugins = ["tests.watchdog"]
@@ -94,11 +94,10 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         "local[2]",
         app_name="sessionlake-tests",
         shuffle_partitions=2,
-        conf={"spark.ui.enabled": "false", "spark.driver.memory": "2g",
-              "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("warehouse")),
-              # The SQL status store keeps each query's plan description even with the UI
-              # off; a worker runs thousands of queries, and the batch's plans are large.
-              "spark.sql.ui.retainedExecutions": "50"},
+        # The UI off, whatever $SESSIONLAKE_SPARK_UI says, and with it a status store that
+        # keeps few plans: a worker runs thousands of queries, and the batch's plans are large.
+        conf={**ui_conf("false"), "spark.driver.memory": "2g",
+              "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("warehouse"))},
     )
     # The JVMs the tests start from here on (CLI runs, the DAGs' spark-submit) live for a
     # minute or two: C1 alone compiles what they run for about 40% less CPU than with C2
