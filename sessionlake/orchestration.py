@@ -58,8 +58,8 @@ from sessionlake.config import (
 from sessionlake.deltalog import batch_keys, commit_actions
 from sessionlake.erasure import USER_HASH, user_hash
 from sessionlake.spark import (
-    DEFAULT_CONF,
     PROJECT_ROOT,
+    default_conf,
     delta_jars,
     driver_memory,
     java_options,
@@ -496,14 +496,15 @@ def spark_submit_conf(quick_start: bool = False) -> dict[str, str]:
     """Spark conf for ``spark-submit``: sessionlake's defaults and the Delta jars.
 
     The driver JVM starts before the job's Python runs, so the jars, the driver memory
-    (``$SESSIONLAKE_DRIVER_MEMORY``, default 4g), the Delta extension and the driver's
+    (:func:`sessionlake.spark.driver_memory`), the Delta extension and the driver's
     compiler (C1 only with ``quick_start``: :func:`sessionlake.spark.quick_start_for`) go
-    here.
+    here. Tuning an administrator set in ``spark-defaults.conf`` is left to the file
+    (:func:`sessionlake.spark.default_conf`).
 
     :raises sessionlake.spark.JarsMissingError: when the jars have not been fetched.
     """
     return {
-        **DEFAULT_CONF,
+        **default_conf(),
         "spark.jars": ",".join(delta_jars()),
         "spark.driver.memory": driver_memory(),
         **java_options(quick_start),

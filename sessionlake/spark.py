@@ -37,7 +37,6 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = PACKAGE_DIR.parent
 LOG_CONFIG = PROJECT_ROOT / "conf" / "log4j2.properties"
 
-#: Settings that suit sessionlake's small, frequent batches on Delta.
 def ui_conf(enabled: str) -> dict[str, str]:
     """Spark's UI settings: ``spark.ui.enabled`` as given (``SESSIONLAKE_SPARK_UI``; off by
     default, as the UI costs a listener per job) and, with the UI off, a status store that
@@ -50,6 +49,9 @@ def ui_conf(enabled: str) -> dict[str, str]:
     return conf
 
 
+#: Settings that suit sessionlake's small, frequent batches on Delta. Those an administrator
+#: sets in ``spark-defaults.conf`` are theirs (:func:`default_conf`), but for
+#: :data:`REQUIRED_CONF_KEYS`.
 DEFAULT_CONF: dict[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -93,6 +95,31 @@ DEFAULT_CONF: dict[str, str] = {
     # spark-warehouse/ in the user's working directory.
     "spark.sql.warehouse.dir": str(Path(tempfile.gettempdir()) / "sessionlake-spark-warehouse"),
 }
+
+
+#: The settings of :data:`DEFAULT_CONF` sessionlake cannot run without, whatever an
+#: administrator's ``spark-defaults.conf`` says: Delta's SQL extension and catalog; UTC, in
+#: which Spark hands event times to Python and sessions and events get their dates; and a
+#: SIGTERM that lets the batch in flight commit.
+REQUIRED_CONF_KEYS = frozenset({
+    "spark.sql.extensions",
+    "spark.sql.catalog.spark_catalog",
+    "spark.sql.session.timeZone",
+    "spark.sql.streaming.stopGracefullyOnShutdown",
+})
+
+
+def default_conf(administrators: Mapping[str, str] | None = None) -> dict[str, str]:
+    """:data:`DEFAULT_CONF` less what an administrator set in ``spark-defaults.conf``
+    (:func:`administrators_conf`, or ``administrators``), so that their setting counts.
+
+    spark-submit, and PySpark's builder through it, takes a setting given to it over the
+    file's: sessionlake's tuning would silently undo a cluster's own (its page size, its
+    warehouse folder). :data:`REQUIRED_CONF_KEYS` stay sessionlake's.
+    """
+    given = administrators_conf() if administrators is None else administrators
+    return {key: value for key, value in DEFAULT_CONF.items()
+            if key in REQUIRED_CONF_KEYS or key not in given}
 
 
 #: The JVM's garbage collector: the parallel one, which beat the default (G1) on this
@@ -192,37 +219,66 @@ def java_options(quick_start: bool = False) -> dict[str, str]:
     """The driver's and executors' JVM options: sessionlake's log configuration (driver),
     the garbage collector, the driver's class archive when ``make setup`` built one for
     this JVM and these jars (:mod:`sessionlake.classarchive`), and C1 only for the driver
-    of a short run (``quick_start``, see :data:`QUICK_START_JIT`). Spark prepends
-    ``spark.*.defaultJavaOptions`` (an administrator's, in ``spark-defaults.conf``) to
-    these. The driver's class path starts with sessionlake's local file system when it is
-    built (:func:`local_fs_jar`), on every master, so that every driver has the class path
-    its class archive was built with."""
+    of a short run (``quick_start``, see :data:`QUICK_START_JIT`). The driver's class path
+    starts with sessionlake's local file system when it is built (:func:`local_fs_jar`), on
+    every master, so that every driver has the class path its class archive was built with.
+
+    An administrator's options in ``spark-defaults.conf`` are kept, as a value given here
+    would replace them: ``spark.*.extraJavaOptions`` and ``spark.driver.extraClassPath``
+    after sessionlake's (so their ``-D`` settings win), ``spark.*.defaultJavaOptions``
+    before (Spark prepends those itself); and a garbage collector chosen in either is
+    theirs, as a JVM refuses two.
+    """
     from sessionlake.classarchive import driver_archive_option
 
-    driver = [f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}", THROUGHPUT_GC,
-              driver_archive_option(), QUICK_START_JIT if quick_start else ""]
+    theirs = administrators_conf()
+
+    def options(role: str, ours: Sequence[str]) -> str:
+        extra = theirs.get(f"spark.{role}.extraJavaOptions", "")
+        chosen = _COLLECTOR.search(f"{theirs.get(f'spark.{role}.defaultJavaOptions', '')} {extra}")
+        collector = [] if chosen else [THROUGHPUT_GC]
+        return " ".join(option for option in [*collector, *ours, extra] if option)
+
     jar = local_fs_jar()
     class_path = [str(jar)] if jar else []
-    if class_path and (theirs := administrators_driver_class_path()):
-        class_path.append(theirs)  # which a value given here would replace
+    if class_path and (given := theirs.get("spark.driver.extraClassPath")):
+        class_path.append(given)
+    driver = [f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}", driver_archive_option(),
+              QUICK_START_JIT if quick_start else ""]
     return {
-        "spark.driver.extraJavaOptions": " ".join(option for option in driver if option),
-        "spark.executor.extraJavaOptions": THROUGHPUT_GC,
+        "spark.driver.extraJavaOptions": options("driver", driver),
+        "spark.executor.extraJavaOptions": options("executor", []),
         **({"spark.driver.extraClassPath": os.pathsep.join(class_path)} if class_path else {}),
     }
 
 
-_DRIVER_CLASS_PATH = re.compile(r"^\s*spark\.driver\.extraClassPath(?:\s*[=:]\s*|\s+)(.*?)\s*$")
+#: A JVM option that chooses the garbage collector.
+_COLLECTOR = re.compile(r"-XX:\+Use\w+GC\b")
+_PROPERTY = re.compile(r"^\s*([^\s=:]+)(?:\s*[=:]\s*|\s+|$)(.*?)\s*$")
 
 
-def administrators_driver_class_path() -> str | None:
-    """``spark.driver.extraClassPath`` in Spark's ``spark-defaults.conf``, if set there."""
+def administrators_conf() -> dict[str, str]:
+    """The Spark settings in ``spark-defaults.conf`` (in
+    :func:`sessionlake.classarchive.spark_conf_folder`), which spark-submit applies to
+    each setting not given to it.
+
+    Read as Spark reads it, a Java properties file: ``key value``, ``key=value`` or
+    ``key: value``, ``#`` and ``!`` comments, a line continued after a backslash; the last
+    of a key counts, and keys not under ``spark.`` are ignored, as Spark ignores them.
+    Java's escapes within a key or value are not decoded.
+    """
     from sessionlake.classarchive import spark_conf_folder
 
     defaults = spark_conf_folder() / "spark-defaults.conf"
-    lines = defaults.read_text().splitlines() if defaults.is_file() else []
-    found = [m.group(1) for line in lines if (m := _DRIVER_CLASS_PATH.match(line))]
-    return found[-1] if found and found[-1] else None
+    text = defaults.read_text() if defaults.is_file() else ""
+    found: dict[str, str] = {}
+    for line in re.sub(r"\\\r?\n[ \t\f]*", "", text).splitlines():
+        if line.lstrip().startswith(("#", "!")) or not (match := _PROPERTY.match(line)):
+            continue
+        key, value = match.groups()
+        if key.startswith("spark."):
+            found[key] = value
+    return found
 
 
 #: sessionlake's local file system for Hadoop (``build/hadoop/``, compiled into the jars
@@ -372,7 +428,7 @@ def build_spark(
     os.environ.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or _python())
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = {
-        **DEFAULT_CONF,
+        **default_conf(),
         "spark.jars": ",".join(delta_jars()),
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.driver.memory": driver_memory(),
@@ -634,8 +690,11 @@ ENV_DRIVER_MEMORY = "SESSIONLAKE_DRIVER_MEMORY"
 
 
 def driver_memory() -> str:
-    """The driver's memory, as Spark spells it: ``SESSIONLAKE_DRIVER_MEMORY``, or 4g."""
-    return os.environ.get(ENV_DRIVER_MEMORY, "4g")
+    """The driver's memory, as Spark spells it: ``SESSIONLAKE_DRIVER_MEMORY``, else
+    ``spark.driver.memory`` in ``spark-defaults.conf`` (:func:`administrators_conf`), else
+    4g."""
+    return (os.environ.get(ENV_DRIVER_MEMORY)
+            or administrators_conf().get("spark.driver.memory") or "4g")
 
 
 def is_local_master(master: str) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -21,7 +23,9 @@ from sessionlake.spark import (
     _STARTED_WITH,
     CODEGEN_KEYS,
     CODEGEN_MIN_RECORDS,
+    DEFAULT_CONF,
     DRIVER_JIT_ENV,
+    ENV_DRIVER_MEMORY,
     LOCAL_FS_CONF,
     LOCAL_FS_ENV,
     LOG_CONFIG,
@@ -30,8 +34,12 @@ from sessionlake.spark import (
     QUICK_START_JIT,
     QUICK_START_MAX_BATCHES,
     QUICK_START_MAX_BYTES,
+    REQUIRED_CONF_KEYS,
     THROUGHPUT_GC,
+    administrators_conf,
     codegen_for_batch,
+    default_conf,
+    driver_memory,
     fit_codegen_to_batch,
     fit_codegen_to_parse,
     is_local_master,
@@ -292,20 +300,140 @@ def test_the_local_file_system_is_built_and_on_the_drivers_class_path(
     assert java_options()["spark.driver.extraClassPath"] == str(jar)
 
 
-@pytest.mark.parametrize("line", [
-    "spark.driver.extraClassPath /opt/a.jar:/opt/b.jar",
-    "spark.driver.extraClassPath=/opt/a.jar:/opt/b.jar",
-    "  spark.driver.extraClassPath : /opt/a.jar:/opt/b.jar  ",
+_ADMINISTRATORS = """\
+# an administrator's spark-defaults.conf
+! also a comment
+spark.buffer.pageSize 4m
+spark.databricks.delta.snapshotPartitions=3
+  spark.sql.warehouse.dir : /srv/warehouse
+spark.sql.session.timeZone\tAmerica/New_York
+spark.driver.memory 8g
+spark.executor.extraJavaOptions -XX:+UseG1GC \\
+    -Dcontinued=yes
+spark.driver.extraClassPath=/opt/a.jar:/opt/b.jar
+spark.eventLog.enabled
+hadoop.tmp.dir /not/spark
+spark.buffer.pageSize 8m
+"""
+
+
+@pytest.fixture
+def administrators(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A configuration folder with :data:`_ADMINISTRATORS` as its ``spark-defaults.conf``."""
+    (tmp_path / "spark-defaults.conf").write_text(_ADMINISTRATORS)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    monkeypatch.delenv(ENV_DRIVER_MEMORY, raising=False)
+    return tmp_path
+
+
+def test_the_administrators_settings_are_read_as_spark_reads_them(administrators: Path) -> None:
+    assert administrators_conf() == {
+        "spark.buffer.pageSize": "8m",  # the last of a key
+        "spark.databricks.delta.snapshotPartitions": "3",
+        "spark.sql.warehouse.dir": "/srv/warehouse",
+        "spark.sql.session.timeZone": "America/New_York",
+        "spark.driver.memory": "8g",
+        "spark.executor.extraJavaOptions": "-XX:+UseG1GC -Dcontinued=yes",
+        "spark.driver.extraClassPath": "/opt/a.jar:/opt/b.jar",
+        "spark.eventLog.enabled": "",
+    }
+
+
+def test_without_a_defaults_file_there_are_no_administrators_settings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert administrators_conf() == {}
+    assert default_conf() == DEFAULT_CONF
+
+
+def test_the_administrators_tuning_wins_but_not_over_what_sessionlake_needs(
+    administrators: Path,
+) -> None:
+    conf = default_conf()
+    for theirs in ("spark.buffer.pageSize", "spark.databricks.delta.snapshotPartitions",
+                   "spark.sql.warehouse.dir"):
+        assert theirs not in conf  # so that spark-submit takes the file's
+    assert conf["spark.sql.session.timeZone"] == "UTC"
+    assert {key: conf[key] for key in REQUIRED_CONF_KEYS} == \
+        {key: DEFAULT_CONF[key] for key in REQUIRED_CONF_KEYS}
+    assert conf["spark.sql.parquet.outputTimestampType"] == "TIMESTAMP_MICROS"  # not theirs
+
+
+@pytest.mark.parametrize(("file", "env", "memory"), [
+    (True, None, "8g"),
+    (True, "2g", "2g"),
+    (False, None, "4g"),
 ])
-def test_an_administrators_driver_class_path_is_kept_after_the_jar(
+def test_the_drivers_memory_is_sessionlakes_setting_else_the_administrators_else_4g(
+    administrators: Path, monkeypatch: pytest.MonkeyPatch, file: bool, env: str | None,
+    memory: str,
+) -> None:
+    if not file:
+        (administrators / "spark-defaults.conf").unlink()
+    if env:
+        monkeypatch.setenv(ENV_DRIVER_MEMORY, env)
+    assert driver_memory() == memory
+
+
+def test_an_administrators_java_options_and_class_path_are_kept_after_sessionlakes(
+    administrators: Path,
+) -> None:
+    """spark-submit takes options given to it over spark-defaults.conf's; a JVM refuses two
+    garbage collectors, so one chosen there is the only one."""
+    options = java_options()
+    assert options["spark.executor.extraJavaOptions"] == "-XX:+UseG1GC -Dcontinued=yes"
+    assert options["spark.driver.extraJavaOptions"].startswith(f"{THROUGHPUT_GC} ")
+    assert options["spark.driver.extraClassPath"] == f"{local_fs_jar()}:/opt/a.jar:/opt/b.jar"
+
+
+@pytest.mark.parametrize("line", [
+    "spark.driver.defaultJavaOptions -XX:+UseSerialGC",  # Spark prepends these itself
+    "spark.driver.extraJavaOptions=-Xss4m -XX:+UseG1GC",
+])
+def test_a_collector_the_administrator_chose_is_the_drivers_only_one(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, line: str
 ) -> None:
-    """spark-submit takes a class path given to it over spark-defaults.conf's."""
-    (tmp_path / "spark-defaults.conf").write_text(
-        f"# an administrator's\nspark.driver.memory 2g\n{line}\n")
+    (tmp_path / "spark-defaults.conf").write_text(f"{line}\n")
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
-    assert java_options()["spark.driver.extraClassPath"] == \
-        f"{local_fs_jar()}:/opt/a.jar:/opt/b.jar"
+    driver = java_options()["spark.driver.extraJavaOptions"]
+    assert THROUGHPUT_GC not in driver and driver.startswith("-Dlog4j2.configurationFile=")
+    assert driver.endswith("-Xss4m -XX:+UseG1GC") == ("extra" in line)
+
+
+_REPORT_SETTINGS = """
+import json
+from sessionlake.spark import build_spark
+spark = build_spark("local[1]", shuffle_partitions=1)
+jvm = spark.sparkContext._jvm
+print(json.dumps({
+    "page": spark.conf.get("spark.buffer.pageSize"),
+    "zone": spark.conf.get("spark.sql.session.timeZone"),
+    "heap_mb": jvm.Runtime.getRuntime().maxMemory() // 2**20,
+    "collectors": [bean.getName() for bean in
+                   jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()],
+    "marker": jvm.System.getProperty("administrators.marker"),
+}))
+"""
+
+
+def test_a_new_driver_runs_with_the_administrators_spark_defaults(tmp_path: Path) -> None:
+    """What spark-submit makes of the file and of sessionlake's settings, in a new JVM."""
+    (tmp_path / "spark-defaults.conf").write_text(
+        "spark.buffer.pageSize 4m\n"
+        "spark.sql.session.timeZone America/New_York\n"
+        "spark.driver.memory 1g\n"
+        "spark.driver.extraJavaOptions -XX:+UseSerialGC -Dadministrators.marker=kept\n")
+    env = {key: value for key, value in os.environ.items() if key != ENV_DRIVER_MEMORY}
+    done = subprocess.run([sys.executable, "-c", _REPORT_SETTINGS], capture_output=True,
+                          text=True, cwd=REPO, timeout=300, check=False,
+                          env={**env, "SPARK_CONF_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["page"] == "4m" and report["marker"] == "kept"
+    assert report["zone"] == "UTC"
+    assert report["heap_mb"] < 1024
+    assert report["collectors"] == ["Copy", "MarkSweepCompact"]  # the serial collector's
 
 
 @pytest.mark.parametrize(("master", "on_class_path", "switch", "chosen"), [

@@ -208,6 +208,20 @@ def test_spark_job_carries_the_delta_jars_and_the_interpreter() -> None:
     assert Path(job["env"]["PYSPARK_PYTHON"]).exists()
 
 
+def test_spark_job_leaves_an_administrators_tuning_to_spark_defaults(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """spark-submit takes its ``--conf`` over the file's: what the file sets is left out."""
+    (tmp_path / "spark-defaults.conf").write_text(
+        "spark.buffer.pageSize 4m\nspark.driver.memory 6g\nspark.sql.session.timeZone CET\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    monkeypatch.delenv("SESSIONLAKE_DRIVER_MEMORY", raising=False)
+    conf = orch.spark_job(["sql", "SELECT 1"])["conf"]
+    assert "spark.buffer.pageSize" not in conf
+    assert conf["spark.driver.memory"] == "6g"
+    assert conf["spark.sql.session.timeZone"] == "UTC"  # sessionlake's semantics need it
+
+
 @pytest.mark.parametrize(
     ("lake", "checkpoint", "local"),
     [
