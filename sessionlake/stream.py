@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import partial
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
@@ -488,128 +488,191 @@ def run_stream(
     """
     source = check_source(settings)
     topic = check_kafka_topic(spark, settings) if settings.reads_kafka else None
-    summary = RunSummary()
     with stream_locks(settings.lake, settings.checkpoint):
         check_and_register_stream(spark, settings, topic)
         settings = prepare_lake(spark, settings)
         identity = stream_identity(spark, settings.checkpoint)
         stream, to_lines = input_lines(spark, settings, source)
-
-        in_flight = _BatchInFlight()
-        reports: dict[int, BatchReport] = {}
-        stop = threading.Event()  # a graceful stop requested (SIGTERM, SIGINT)
-        quiet_on_stop = contextlib.ExitStack()
-        not_begun: list[int] = []  # the batch a stop kept from beginning, if any
-
-        def handle(frame: DataFrame, batch_id: int) -> None:
-            if stop.is_set():
-                # Batches that follow each other without a pause (available-now, or longer
-                # than the interval) leave the run no moment between two to stop the query
-                # in, and the next one's handler starts before Spark reports the last one's
-                # progress. So the next batch ends here, before it reads or writes anything:
-                # it was planned, not committed, and runs on restart, as after a crash.
-                monitor.stop_requested = True
-                not_begun.append(batch_id)
-                quiet_on_stop.enter_context(
-                    quiet_task_failures(spark, also=(QUERY_FAILURE_LOGGER,)))
-                raise StopBeforeBatch(f"batch {batch_id} not begun: the run was asked to stop")
-            in_flight.start(batch_id)
-            try:
-                faults.set_batch(batch_id)
-                report = process_lines(spark, to_lines(frame), batch_id, settings, identity,
-                                       clock, in_flight.begin)
-                if not settings.reads_kafka:
-                    report = replace(report, input_files=batch_file_count(
-                        spark, settings.checkpoint, batch_id))
-                summary.batches.append(report)
-                reports[batch_id] = report
-                log.debug("batch %s: %s", batch_id, report.row)  # -v has its line
-                if on_batch is not None:
-                    on_batch(report)
-            finally:
-                in_flight.end()
-
-        writer = stream_writer(stream, handle, settings, identity)
-        monitor = BatchMonitor(settings, reports)
-        # Where a continuous run on files looks for an archive's request to forget files
-        # (answered by a new query: see _restarted_forgetting).
-        requests_in = None if settings.reads_kafka or settings.trigger == "available-now" \
-            else local_path(settings.checkpoint)
+        handler = _BatchHandler(spark, settings, identity, to_lines, clock, on_batch)
+        monitor = handler.monitor
+        run = _Supervision(spark, settings, topic, stream_writer(stream, handler, settings,
+                                                                 identity), handler)
         spark.streams.addListener(monitor)
         quiet_after_stop = _QuietAfterStop(monitor)
         _PY4J_LOG.addFilter(quiet_after_stop)
-        query: StreamingQuery | None = None
         try:
-            query = writer.start()
-            forced = False
-            give_up_waiting: float | None = None
-            planning = PlanningWatch(settings, diagnose=kafka_topic_gone(spark, settings, topic)
-                                     if topic is not None else None)
-            running = RunningBatchWatch(settings, activity=lambda: spark_activity(
-                spark.sparkContext.statusTracker()))
-            rereads = KafkaRereads(settings)
-            ended: StreamingQueryException | None = None  # raised by awaitTermination
-            error: BaseException | None = None  # what the run's last query ended on
-            # A run that starts its query again after Kafka's time-outs says so in one line
-            # each time; Spark's stack traces of the same failure (some 300 lines) would
-            # bury it. A failure that stops the run still shows its tasks' stack trace in
-            # the error the run raises.
-            quiet = quiet_task_failures(spark, also=(QUERY_FAILURE_LOGGER,)) \
-                if rereads_kafka_timeouts(settings) else contextlib.nullcontext()
-            with _stop_on_signals(stop), quiet, quiet_on_stop:
-                while True:
-                    if not query.isActive:
-                        error = ended or query.exception()
-                        wait_s = None if error is None or monitor.stop_requested \
-                            or stop.is_set() else rereads.wait_before_next(
-                                error, len(summary.batches))
-                        if wait_s is not None and not stop.wait(wait_s):
-                            ended, query = None, _started_again(writer, monitor)
-                            continue
-                        if error is not None and stop.is_set() and \
-                                (why := rereads_after(settings, str(error))) is not None:
-                            log.warning("stopped on the signal; the batch that failed on its "
-                                        "Kafka brokers (%s) was not committed and runs again "
-                                        "on restart", why)
-                            error = None
-                        break
-                    now, status = time.monotonic(), query.status  # one py4j call a second
-                    planning.look(status, in_flight.is_set(), now)
-                    batch, phase = in_flight.seen()
-                    running.look(batch, now, phase)
-                    if planning.gone is not None:
-                        monitor.stop_requested = True
-                        query.stop()
-                        raise SourceGone(f"the stream stopped: {planning.gone}")
-                    if stop.is_set() and give_up_waiting is None:
-                        # A trigger stuck on its source will not reach a quiet moment.
-                        give_up_waiting = now + (0.0 if planning.stuck(now)
-                                                 else quiet_moment_wait(settings))
-                    if give_up_waiting is not None and not in_flight.is_set():
-                        forced = time.monotonic() > give_up_waiting
-                        if forced or _between_triggers(status):
-                            monitor.stop_requested = True
-                            query.stop()
-                            error = ended or query.exception()
-                            break
-                    elif (requests_in is not None and not in_flight.is_set()
-                          and forget_requested(requests_in) and _between_triggers(status)):
-                        query = _restarted_forgetting(query, writer, monitor, settings)
-                        if forget_requested(requests_in):  # the trim failed: not again
-                            requests_in = None
-                        continue
-                    try:
-                        query.awaitTermination(1)
-                    except StreamingQueryException as failed:
-                        ended = failed
-            _end_of_run(error, not_begun, monitor.stop_requested, forced)
-            monitor.wait_for(reports)
+            error = run.to_its_end()
+            _end_of_run(error, handler.not_begun, monitor.stop_requested, run.forced)
+            monitor.wait_for(handler.reports)
         finally:
-            if query is not None:
+            if run.query is not None:
                 monitor.wait_terminated()
             spark.streams.removeListener(monitor)
             _PY4J_LOG.removeFilter(quiet_after_stop)
-    return summary
+    return handler.summary
+
+
+class _BatchHandler:
+    """The query's ``foreachBatch`` handler: each micro-batch through
+    :func:`sessionlake.batch.process_lines`, its report kept for the run's summary and
+    Spark's progress line, unless the run was asked to stop (:class:`StopBeforeBatch`)."""
+
+    def __init__(self, spark: SparkSession, settings: Settings, identity: StreamIdentity,
+                 to_lines: Callable[[DataFrame], DataFrame], clock: Clock,
+                 on_batch: Callable[[BatchReport], None] | None) -> None:
+        self.spark, self.settings, self.identity = spark, settings, identity
+        self.to_lines, self.clock, self.on_batch = to_lines, clock, on_batch
+        self.summary = RunSummary()
+        self.reports: dict[int, BatchReport] = {}
+        self.monitor = BatchMonitor(settings, self.reports)
+        self.in_flight = _BatchInFlight()
+        self.stop = threading.Event()  # a graceful stop requested (SIGTERM, SIGINT)
+        self.quiet_on_stop = contextlib.ExitStack()
+        self.not_begun: list[int] = []  # the batch a stop kept from beginning, if any
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        if self.stop.is_set():
+            self._refuse(batch_id)
+        self.in_flight.start(batch_id)
+        try:
+            faults.set_batch(batch_id)
+            report = process_lines(self.spark, self.to_lines(frame), batch_id, self.settings,
+                                   self.identity, self.clock, self.in_flight.begin)
+            if not self.settings.reads_kafka:
+                report = replace(report, input_files=batch_file_count(
+                    self.spark, self.settings.checkpoint, batch_id))
+            self.summary.batches.append(report)
+            self.reports[batch_id] = report
+            log.debug("batch %s: %s", batch_id, report.row)  # -v has its line
+            if self.on_batch is not None:
+                self.on_batch(report)
+        finally:
+            self.in_flight.end()
+
+    def _refuse(self, batch_id: int) -> NoReturn:
+        """End batch ``batch_id`` before it reads or writes anything: the run was asked to
+        stop.
+
+        Batches that follow each other without a pause (available-now, or longer than the
+        interval) leave the run no moment between two to stop the query in, and the next
+        one's handler starts before Spark reports the last one's progress. The batch was
+        planned, not committed, and runs on restart, as after a crash.
+        """
+        self.monitor.stop_requested = True
+        self.not_begun.append(batch_id)
+        self.quiet_on_stop.enter_context(
+            quiet_task_failures(self.spark, also=(QUERY_FAILURE_LOGGER,)))
+        raise StopBeforeBatch(f"batch {batch_id} not begun: the run was asked to stop")
+
+
+class _Supervision:
+    """The run's own thread while its query runs. Once a second it looks at the query:
+    for the planning and running watches' alerts (a Kafka topic gone ends the run), to
+    start it again after Kafka's time-outs or to forget archived files, and, once a stop
+    is requested, to stop it at a quiet moment between triggers."""
+
+    def __init__(self, spark: SparkSession, settings: Settings, topic: KafkaTopic | None,
+                 writer: DataStreamWriter, handler: _BatchHandler) -> None:
+        self.settings, self.writer, self.handler = settings, writer, handler
+        self.monitor, self.in_flight, self.stop = handler.monitor, handler.in_flight, \
+            handler.stop
+        self.planning = PlanningWatch(settings, diagnose=kafka_topic_gone(
+            spark, settings, topic) if topic is not None else None)
+        self.running = RunningBatchWatch(settings, activity=lambda: spark_activity(
+            spark.sparkContext.statusTracker()))
+        self.rereads = KafkaRereads(settings)
+        # A run that starts its query again after Kafka's time-outs says so in one line
+        # each time; Spark's stack traces of the same failure (some 300 lines) would bury
+        # it. A failure that stops the run still shows its tasks' stack trace in the error
+        # the run raises.
+        self.quiet: contextlib.AbstractContextManager[object] = quiet_task_failures(
+            spark, also=(QUERY_FAILURE_LOGGER,)) if rereads_kafka_timeouts(settings) \
+            else contextlib.nullcontext()
+        # Where a continuous run on files looks for an archive's request to forget files
+        # (answered by a new query: see _restarted_forgetting).
+        self.requests_in = None if settings.reads_kafka or \
+            settings.trigger == "available-now" else local_path(settings.checkpoint)
+        self.query: StreamingQuery | None = None
+        self.ended: StreamingQueryException | None = None  # raised by awaitTermination
+        self.give_up_waiting: float | None = None  # when a stop stops waiting to be quiet
+        self.forced = False  # the stop gave up waiting for a quiet moment
+
+    def to_its_end(self) -> BaseException | None:
+        """Start the query and watch it until it ends; the error it ended on, if any."""
+        query = self.query = self.writer.start()
+        with _stop_on_signals(self.stop), self.quiet, self.handler.quiet_on_stop:
+            while True:
+                if not query.isActive:
+                    error, self.ended = self.ended or query.exception(), None
+                    if self._starts_again_after(error):
+                        query = self.query = _started_again(self.writer, self.monitor)
+                        continue
+                    return self._left_for_the_restart(error)
+                now, status = time.monotonic(), query.status  # one py4j call a second
+                self._look(query, status, now)
+                if self._quiet_for_the_stop(status, now):
+                    self.monitor.stop_requested = True
+                    query.stop()
+                    return self.ended or query.exception()
+                if self._asked_to_forget(status):
+                    query = self.query = _restarted_forgetting(query, self.writer,
+                                                               self.monitor, self.settings)
+                    if self.requests_in is not None and forget_requested(self.requests_in):
+                        self.requests_in = None  # the trim failed: not again
+                    continue
+                try:
+                    query.awaitTermination(1)
+                except StreamingQueryException as failed:
+                    self.ended = failed
+
+    def _starts_again_after(self, error: BaseException | None) -> bool:
+        """Whether the query, ended on ``error``, is to start again (after Kafka's time-out,
+        :class:`KafkaRereads`), having waited as long as it asks, with no stop requested."""
+        if error is None or self.monitor.stop_requested or self.stop.is_set():
+            return False
+        wait_s = self.rereads.wait_before_next(error, len(self.handler.summary.batches))
+        return wait_s is not None and not self.stop.wait(wait_s)
+
+    def _left_for_the_restart(self, error: BaseException | None) -> BaseException | None:
+        """``error``, unless a stop came while the query waited out its Kafka brokers: the
+        batch that failed on them runs again on restart."""
+        if error is not None and self.stop.is_set() and \
+                (why := rereads_after(self.settings, str(error))) is not None:
+            log.warning("stopped on the signal; the batch that failed on its Kafka brokers "
+                        "(%s) was not committed and runs again on restart", why)
+            return None
+        return error
+
+    def _look(self, query: StreamingQuery, status: Mapping[str, Any], now: float) -> None:
+        """Feed the watches; end the run when the source is gone."""
+        self.planning.look(status, self.in_flight.is_set(), now)
+        batch, phase = self.in_flight.seen()
+        self.running.look(batch, now, phase)
+        if self.planning.gone is not None:
+            self.monitor.stop_requested = True
+            query.stop()
+            raise SourceGone(f"the stream stopped: {self.planning.gone}")
+
+    def _quiet_for_the_stop(self, status: Mapping[str, Any], now: float) -> bool:
+        """Whether a requested stop may stop the query now: no batch of the run's own in
+        flight, and no trigger active or none worth waiting for any longer."""
+        if not self.stop.is_set():
+            return False
+        if self.give_up_waiting is None:
+            # A trigger stuck on its source will not reach a quiet moment.
+            self.give_up_waiting = now + (0.0 if self.planning.stuck(now)
+                                          else quiet_moment_wait(self.settings))
+        if self.in_flight.is_set():
+            return False
+        self.forced = time.monotonic() > self.give_up_waiting
+        return self.forced or _between_triggers(status)
+
+    def _asked_to_forget(self, status: Mapping[str, Any]) -> bool:
+        """Whether an archive asked a continuous run on files to forget the files it moved,
+        and the query is between triggers with no stop requested."""
+        return (self.requests_in is not None and not self.stop.is_set()
+                and not self.in_flight.is_set() and forget_requested(self.requests_in)
+                and _between_triggers(status))
 
 
 def _end_of_run(error: BaseException | None, not_begun: list[int], stop_requested: bool,
