@@ -453,11 +453,6 @@ def _entry_s_own_files(
     return None
 
 
-def source_log_files(text: str) -> list[LoggedFile]:
-    """The files an entry of Spark's file source log lists."""
-    return [_logged(entry) for entry in _source_log_json(text)]
-
-
 def _logged(entry: dict[str, Any]) -> LoggedFile:
     """One JSON object of the file source log as a :class:`LoggedFile`."""
     return LoggedFile(local_file(entry["path"]), int(entry.get("batchId", 0)),

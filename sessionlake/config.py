@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from functools import partial
 from typing import Any, Literal
@@ -277,7 +277,6 @@ class Settings:
     #: With ``source="kafka"``: a Java properties file of Kafka client settings, such as a
     #: secured cluster's (:func:`read_kafka_properties`). Only its path is kept here.
     kafka_properties: str | None = None
-    spark_conf: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def checkpoint(self) -> str:
@@ -380,8 +379,6 @@ def settings_from(
     for key in ("alert_late_fraction", "alert_quarantine_fraction"):
         if key in current:
             check(key, partial(_fraction, name=key.replace("_", "-")))
-    if "spark_conf" in current:
-        updates["spark_conf"] = dict(current["spark_conf"])
     settings = replace(merged, **updates)
 
     if settings.gap <= timedelta(0):

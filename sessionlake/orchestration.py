@@ -646,13 +646,6 @@ def check_restore_possible(locations: Locations, params: RestoreParams) -> None:
             "trigger the restore again, then start the run again as it was started")
 
 
-def restartable_run(checkpoint: str) -> list[str] | None:
-    """The command line of the run holding the checkpoint, when the restart DAG started it
-    (:data:`CONTINUOUS_RUN`); ``None`` when no run holds it, or another does."""
-    pid = stream_holding(checkpoint)
-    return None if pid is None else _restart_dag_args(checkpoint, pid)
-
-
 def _restart_dag_args(checkpoint: str, pid: int) -> list[str] | None:
     """The command line :func:`start_continuous_run` noted for ``pid``; ``None`` when it
     noted none, or another pid's."""

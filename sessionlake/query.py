@@ -736,13 +736,6 @@ def _spark_error_within(java_error: Any) -> Any:
         error = error.getCause()
 
 
-def format_frame(frame: DataFrame, output: str, limit: int | None = None) -> str:
-    """:func:`write_frame` into a string."""
-    buffer = io.StringIO()
-    write_frame(frame, output, buffer, limit)
-    return buffer.getvalue()
-
-
 #: Types PySpark cannot bring back to Python (its collect raises NOT_IMPLEMENTED).
 _UNCOLLECTABLE = (YearMonthIntervalType, CalendarIntervalType)
 

@@ -19,7 +19,6 @@ from sessionlake.checkpoint import (
     files_read,
     local_file,
     logged_after,
-    source_log_files,
     unread_input,
 )
 from sessionlake.config import settings_from
@@ -150,7 +149,7 @@ def test_files_read_follow_spark_s_source_log(
 def test_a_logged_uri_gives_the_path_spark_read(uri: str, path: str) -> None:
     assert local_file(uri) == path
     text = "v1\n" + json.dumps({"path": uri, "timestamp": 5, "batchId": 2}) + "\n\n"
-    assert [tuple(f) for f in source_log_files(text)] == [(path, 2, 5)]
+    assert [tuple(f) for f in logged_after(text, -1)] == [(path, 2, 5)]
 
 
 @pytest.mark.parametrize(("batch_id", "batches"), [(-1, [0, 0, 1, 2, 3]), (1, [2, 3]),
@@ -163,7 +162,6 @@ def test_an_entry_s_newest_batches_are_read_from_its_end(
         "\n" + json.dumps({"path": f"file:///l/{n}", "timestamp": n, "batchId": b})
         for n, b in enumerate([0, 0, 1, 2, 3])) + end
     assert [f.batch_id for f in logged_after(text, batch_id)] == batches
-    assert logged_after(text, -1) == source_log_files(text)
 
 
 def test_a_changed_file_is_looked_for_among_the_newest_batches_of_a_compacted_entry(

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from delta.tables import DeltaTable
 from pyspark.errors import AnalysisException
-from pyspark.sql import Row, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.types import (
     ArrayType,
     DecimalType,
@@ -53,7 +53,6 @@ from sessionlake.query import (
     QueryError,
     bind_params,
     bytes_to_read,
-    format_frame,
     format_rows,
     named_queries,
     names_used,
@@ -66,6 +65,13 @@ from sessionlake.query import (
 from sessionlake.report import duration_classes
 from sessionlake.tables import PUBLIC_TABLES, table_path
 from tests.helpers import event, run_batches
+
+
+def format_frame(frame: DataFrame, output: str) -> str:
+    """What ``write_frame`` writes of ``frame`` in ``output``, as a string."""
+    buffer = io.StringIO()
+    write_frame(frame, output, buffer)
+    return buffer.getvalue()
 
 
 def _at(day: int, clock: str) -> str:

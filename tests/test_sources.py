@@ -11,6 +11,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sessionlake.sources import (
+    ADAPTERS,
+    CANDIDATE_COLUMNS,
     ApacheAccessLogAdapter,
     JsonLinesAdapter,
     adapter_for,
@@ -170,6 +172,12 @@ def test_real_access_log_slice_parses(spark: SparkSession) -> None:
     frame = lines_frame(spark, lines, "access.log")
     guarded = apply_guards(ApacheAccessLogAdapter().parse(frame), NOW, SKEW)
     assert guarded.where("reason IS NULL").count() == 3000
+
+
+@pytest.mark.parametrize("fmt", sorted(ADAPTERS))
+def test_every_adapter_gives_the_candidate_event_columns(spark: SparkSession, fmt: str) -> None:
+    """What follows the parse is shared by every format (validation, sessionization)."""
+    assert tuple(adapter_for(fmt).parse(lines_frame(spark, ["x"])).columns) == CANDIDATE_COLUMNS
 
 
 def test_unknown_format_is_refused() -> None:

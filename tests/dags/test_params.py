@@ -319,18 +319,15 @@ def test_only_the_restart_dag_s_run_is_stopped_for_a_restore(tmp_path: Path) -> 
     (its pid and command line); a run from the command line holding the checkpoint is
     left alone, and the restore refused."""
     checkpoint = tmp_path / "cp"
-    assert orch.restartable_run(str(checkpoint)) is None
     assert orch.stop_for_restore(str(checkpoint)) is None  # no run: nothing to start again
     args = ["run", "--trigger", "continuous", "--shuffle-partitions", "3"]
     with held_by_another_process("checkpoint_lock", checkpoint) as holder:
         (checkpoint / CONTINUOUS_RUN).write_text(json.dumps({"pid": holder.pid + 1,
                                                              "args": args}))
-        assert orch.restartable_run(str(checkpoint)) is None  # noted, but another run holds it
         with pytest.raises(ValueError, match=f"pid {holder.pid}, not the restart DAG's"):
             orch.stop_for_restore(str(checkpoint))
         assert holder.poll() is None
         (checkpoint / CONTINUOUS_RUN).write_text(json.dumps({"pid": holder.pid, "args": args}))
-        assert orch.restartable_run(str(checkpoint)) == args
         # SIGTERM ends the holder (it has no handler): the checkpoint is let go of.
         assert orch.stop_for_restore(str(checkpoint), timeout=30) == args
         holder.wait(timeout=30)

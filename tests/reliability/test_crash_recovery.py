@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from sessionlake import faults
 from sessionlake.config import settings_from
 from sessionlake.generate import generate_clickstream
 from sessionlake.stream import run_stream
@@ -107,6 +108,7 @@ KILLS = [
 def test_a_kill_at_every_point_then_a_restart_ends_as_if_uninterrupted(
     spark: SparkSession, landing: Path, expected: dict, tmp_path: Path
 ) -> None:
+    assert [fault.partition("@")[0] for fault, _ in KILLS] == list(faults.POINTS)
     lake = tmp_path / "lake"
     for fault, flags in KILLS:
         killed = run_cli(landing, lake, *flags, SESSIONLAKE_FAULT=fault)
