@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import re
 import sys
@@ -32,6 +33,7 @@ from sessionlake.checkpoint import UnreadInput
 from sessionlake.config import ConfigError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = PACKAGE_DIR.parent
@@ -115,11 +117,27 @@ def default_conf(administrators: Mapping[str, str] | None = None) -> dict[str, s
 
     spark-submit, and PySpark's builder through it, takes a setting given to it over the
     file's: sessionlake's tuning would silently undo a cluster's own (its page size, its
-    warehouse folder). :data:`REQUIRED_CONF_KEYS` stay sessionlake's.
+    warehouse folder). :data:`REQUIRED_CONF_KEYS` stay sessionlake's, but for the file's
+    other SQL extensions, which are kept beside Delta's; a different value of another is
+    replaced, with a warning, once.
     """
     given = administrators_conf() if administrators is None else administrators
-    return {key: value for key, value in DEFAULT_CONF.items()
+    conf = {key: value for key, value in DEFAULT_CONF.items()
             if key in REQUIRED_CONF_KEYS or key not in given}
+    extensions = [name.strip() for name in given.get(_EXTENSIONS, "").split(",") if name.strip()]
+    if extensions:
+        conf[_EXTENSIONS] = ",".join(dict.fromkeys([*extensions, DEFAULT_CONF[_EXTENSIONS]]))
+    for key in sorted(REQUIRED_CONF_KEYS - {_EXTENSIONS}):
+        if key in given and given[key] != conf[key] and (key, given[key]) not in _WARNED:
+            _WARNED.add((key, given[key]))
+            log.warning("spark-defaults.conf sets %s to %s; sessionlake runs with %s, which "
+                        "it needs", key, given[key], conf[key])
+    return conf
+
+
+_EXTENSIONS = "spark.sql.extensions"
+#: The administrator's settings :func:`default_conf` has warned of (key, value).
+_WARNED: set[tuple[str, str]] = set()
 
 
 #: The JVM's garbage collector: the parallel one, which beat the default (G1) on this

@@ -360,6 +360,31 @@ def test_the_administrators_tuning_wins_but_not_over_what_sessionlake_needs(
     assert conf["spark.sql.parquet.outputTimestampType"] == "TIMESTAMP_MICROS"  # not theirs
 
 
+@pytest.mark.parametrize(("theirs", "extensions"), [
+    ("org.example.Ext", "org.example.Ext,io.delta.sql.DeltaSparkSessionExtension"),
+    (" org.example.Ext , io.delta.sql.DeltaSparkSessionExtension",
+     "org.example.Ext,io.delta.sql.DeltaSparkSessionExtension"),
+    ("io.delta.sql.DeltaSparkSessionExtension", "io.delta.sql.DeltaSparkSessionExtension"),
+    ("", "io.delta.sql.DeltaSparkSessionExtension"),
+])
+def test_the_administrators_sql_extensions_are_kept_beside_deltas(
+    theirs: str, extensions: str
+) -> None:
+    assert default_conf({"spark.sql.extensions": theirs})["spark.sql.extensions"] == extensions
+
+
+def test_a_setting_sessionlake_needs_is_kept_with_one_warning(
+    administrators: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sessionlake.spark._WARNED", set())  # none yet in this process
+    with caplog.at_level("WARNING", logger="sessionlake.spark"):
+        default_conf()
+        default_conf()
+    assert [r.getMessage() for r in caplog.records] == [
+        "spark-defaults.conf sets spark.sql.session.timeZone to America/New_York; sessionlake "
+        "runs with UTC, which it needs"]
+
+
 @pytest.mark.parametrize(("file", "env", "memory"), [
     (True, None, "8g"),
     (True, "2g", "2g"),
