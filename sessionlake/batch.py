@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -268,6 +268,9 @@ def _process_locked(
     clock: Clock,
     on_phase: Callable[[str], None],
 ) -> BatchReport:
+    """One micro-batch, its locks held (:func:`process_lines`): its inputs pinned in the
+    ledger, or its report when it was already done; then its phases (:data:`PHASES`), each
+    a few steps named for what they compute."""
     inputs, done = record_inputs(spark, settings, identity, batch_id, clock)
     if done:
         return BatchReport(row={"batch_id": batch_id}, skipped=True)
@@ -279,14 +282,7 @@ def _process_locked(
     resolving = resolve_ahead(ahead, spark, lake, inputs, batch_label(batch_id))
     try:
         faults.point("ingest")
-        fit_codegen_to_parse(lines.sparkSession)
-        # The batch's figures are observed while its frames are computed, not queried again.
-        parsed, parse_seen = _observed(apply_guards(
-            adapter_for(settings.input_format).parse(cap_record_size(spread(lines))),
-            now, settings.max_future_skew,
-        ), **_parse_figures(watermark, settings.user_buckets))
-        guarded = work.keep(parsed)
-        stats = parse_seen.get
+        guarded, stats = _parsed(lines, settings, now, watermark, work)
         valid = valid_events(guarded)
         buckets = sorted(int(b) for b in stats["buckets"])
         dates = sorted(_EPOCH.date() + timedelta(days=int(d)) for d in stats["days"])
@@ -297,10 +293,8 @@ def _process_locked(
             return open_estimate * len(touched) // settings.user_buckets
 
         # The batch works through its records and the open sessions of its users' buckets.
-        size = int(stats["input"]) + open_sessions_in(buckets) // STATE_ROWS_PER_RECORD
-        fit_codegen_to_batch(spark, size)
-        if lines.sparkSession is not spark:  # the stream's clone, owner of the batch's frames
-            fit_codegen_to_batch(lines.sparkSession, size)
+        _fit_codegen(spark, lines, int(stats["input"])
+                     + open_sessions_in(buckets) // STATE_ROWS_PER_RECORD)
         work.phase("parse")
         for snapshot in resolving:
             snapshot.result()
@@ -314,13 +308,10 @@ def _process_locked(
         )
         near_closed = None if closed is None or watermark is None else work.keep(
             closed_session_hits(events, closed, watermark, gap))
-        # The batch's users are shipped whole to every task: the state is not shuffled to
-        # find theirs (nor read at all while the table holds no session).
         users = F.broadcast(events.select("user_id").distinct())
         state_version = inputs.table_versions[OPEN_SESSIONS]
         open_before = read_table(spark, lake, OPEN_SESSIONS, state_version)
-        state = None if state_version <= 0 else open_before.where(
-            F.col("user_bucket").isin(buckets)).join(users, "user_id", "left_semi")
+        state = _open_sessions_of(users, open_before, buckets, state_version)
         work.phase("lateness_and_state")
         seen_before = _seen_before(spark, settings, inputs, events, dates,
                                    (stats["first_event_id"], stats["last_event_id"]))
@@ -328,32 +319,16 @@ def _process_locked(
             spark, settings, inputs, work, events, state, seen_before, near_closed, watermark)
         sessions = batch_sessions(assigned)
         work.phase("sessionize")
-        max_event_time = max(
-            (t for t in (inputs.max_event_time_before, _moment(outcome["max_t"]))
-             if t is not None),
-            default=None,
-        )
+        max_event_time = _newest(inputs.max_event_time_before, _moment(outcome["max_t"]))
         watermark_after = watermark_of(max_event_time, settings.grace)
-        classifying, classify_seen = _observed(
-            classify_sessions(sessions, watermark_after, gap, split_ids),
-            opened=F.count(F.when(F.col("change") == "open", 1)),
-            changed=F.count(F.when(F.col("change") != "unchanged", 1)),
-            closes=F.count(F.when(F.col("closes"), 1)),
-            merge_rows=merge_source_rows(),
-        )
-        classified = work.keep(classifying)
-        classified_counts = classify_seen.get
+        classified, classified_counts = _classified(sessions, watermark_after, gap, split_ids,
+                                                    work)
         # The other users' open sessions, when the state's statistics leave any to close.
         none_closes = state is None or watermark_after is None or none_closes_by(
             lake, state_version, watermark_after - gap)
-        untouched = open_before.limit(0) if none_closes else open_before.join(
-            users, "user_id", "left_anti")
-        expiring_now, expiring_seen = _observed(
-            expiring_open_sessions(untouched, watermark_after, gap),
-            expired=F.count(F.lit(1)), buckets=F.collect_set("user_bucket"),
-        )
-        expiring = work.keep(expiring_now)
-        expiring_counts = expiring_seen.get
+        expiring, expiring_counts = _expiring_elsewhere(
+            open_before.limit(0) if none_closes else open_before.join(
+                users, "user_id", "left_anti"), watermark_after, gap, work)
 
         # Not materialized: a union of projections of materialized frames, which the MERGE
         # reads twice without a copy (state.MATERIALIZE_SOURCE).
@@ -383,9 +358,8 @@ def _process_locked(
             identity, batch_id, inputs, stats, counts, merged, open_after.sessions,
             max_event_time, watermark, watermark_after,
         )
-        schema = read_table(spark, lake, BATCH_METRICS).schema
-        _append_once(literal_row(spark, row, schema), lake, BATCH_METRICS, key,
-                     inputs.written_after(BATCH_METRICS))
+        _append_once(literal_row(spark, row, read_table(spark, lake, BATCH_METRICS).schema),
+                     lake, BATCH_METRICS, key, inputs.written_after(BATCH_METRICS))
         faults.point("after_metrics")
         mark_done(spark, settings, identity, batch_id, inputs.entry, max_event_time,
                   open_after, read_earlier_events=seen_before is not None)
@@ -395,6 +369,66 @@ def _process_locked(
     finally:
         ahead.shutdown(wait=True)
         work.release()
+
+
+def _newest(*moments: datetime | None) -> datetime | None:
+    """The latest of ``moments`` that are known; ``None`` when none is."""
+    return max((moment for moment in moments if moment is not None), default=None)
+
+
+def _parsed(lines: DataFrame, settings: Settings, now: datetime, watermark: datetime | None,
+            work: _BatchWork) -> tuple[DataFrame, dict[str, Any]]:
+    """The batch's records parsed by its format's adapter and guarded, computed once; and
+    the figures the batch needs of them before it reads any table (:func:`_parse_figures`),
+    observed as they were computed rather than queried again."""
+    fit_codegen_to_parse(lines.sparkSession)
+    parsed, seen = _observed(apply_guards(
+        adapter_for(settings.input_format).parse(cap_record_size(spread(lines))),
+        now, settings.max_future_skew,
+    ), **_parse_figures(watermark, settings.user_buckets))
+    return work.keep(parsed), seen.get
+
+
+def _fit_codegen(spark: SparkSession, lines: DataFrame, size: int) -> None:
+    """Compile the batch's code or not, by its ``size`` (:func:`fit_codegen_to_batch`), in
+    the session and in the stream's clone of it that owns the batch's frames."""
+    fit_codegen_to_batch(spark, size)
+    if lines.sparkSession is not spark:
+        fit_codegen_to_batch(lines.sparkSession, size)
+
+
+def _open_sessions_of(users: DataFrame, open_before: DataFrame, buckets: list[int],
+                      state_version: int) -> DataFrame | None:
+    """The open sessions of the batch's ``users`` (in their ``buckets``); ``None`` while the
+    table holds none (version 0). ``users`` is broadcast: the state is not shuffled to find
+    theirs."""
+    return None if state_version <= 0 else open_before.where(
+        F.col("user_bucket").isin(buckets)).join(users, "user_id", "left_semi")
+
+
+def _classified(sessions: DataFrame, watermark: datetime | None, gap: timedelta,
+                split_ids: Sequence[str], work: _BatchWork) -> tuple[DataFrame, dict[str, Any]]:
+    """The batch's sessions classified (:func:`classify_sessions`), computed once, with the
+    counts of each kind of change observed as they were."""
+    classifying, seen = _observed(
+        classify_sessions(sessions, watermark, gap, split_ids),
+        opened=F.count(F.when(F.col("change") == "open", 1)),
+        changed=F.count(F.when(F.col("change") != "unchanged", 1)),
+        closes=F.count(F.when(F.col("closes"), 1)),
+        merge_rows=merge_source_rows(),
+    )
+    return work.keep(classifying), seen.get
+
+
+def _expiring_elsewhere(untouched: DataFrame, watermark: datetime | None, gap: timedelta,
+                        work: _BatchWork) -> tuple[DataFrame, dict[str, Any]]:
+    """The open sessions of users not in the batch (``untouched``) that the new watermark
+    closes, computed once; with how many and in which buckets, observed as they were."""
+    expiring, seen = _observed(
+        expiring_open_sessions(untouched, watermark, gap),
+        expired=F.count(F.lit(1)), buckets=F.collect_set("user_bucket"),
+    )
+    return work.keep(expiring), seen.get
 
 
 def _sessionize_cut_consistently(
