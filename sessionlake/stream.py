@@ -695,7 +695,7 @@ def _end_of_run(error: BaseException | None, not_begun: list[int], stop_requeste
 
 class StopBeforeBatch(Exception):
     """Raised in a batch's handler, before it does anything, when the run was asked to
-    stop: it ends the query there (see :func:`run_stream`)."""
+    stop: it ends the query there (see :meth:`_BatchHandler._refuse`)."""
 
 
 class _BatchInFlight:
