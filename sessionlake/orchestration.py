@@ -60,10 +60,10 @@ from sessionlake.erasure import USER_HASH, user_hash
 from sessionlake.spark import (
     PROJECT_ROOT,
     default_conf,
-    delta_jars,
     driver_memory,
     java_options,
     quick_start_for,
+    spark_jars,
 )
 from sessionlake.storage import local_path
 
@@ -505,7 +505,7 @@ def spark_submit_conf(quick_start: bool = False) -> dict[str, str]:
     """
     return {
         **default_conf(),
-        "spark.jars": ",".join(delta_jars()),
+        "spark.jars": spark_jars(),
         "spark.driver.memory": driver_memory(),
         **java_options(quick_start),
         "spark.pyspark.python": python_executable(),

@@ -368,6 +368,17 @@ def delta_jars(jars_dir: str | os.PathLike[str] | None = None) -> list[str]:
     return jars
 
 
+def spark_jars() -> str:
+    """``spark.jars``: the jars folder's (:func:`delta_jars`), then those ``spark.jars``
+    in ``spark-defaults.conf`` lists, which a value given to spark-submit would replace.
+
+    :raises JarsMissingError: as :func:`delta_jars`.
+    """
+    theirs = administrators_conf().get("spark.jars", "").split(",")
+    return ",".join(dict.fromkeys([*delta_jars(), *(jar.strip() for jar in theirs
+                                                    if jar.strip())]))
+
+
 #: The jars Spark's Kafka source needs beyond pyspark's (see build/pom.xml).
 KAFKA_JAR_PREFIXES: tuple[str, ...] = (
     "spark-sql-kafka-0-10_", "spark-token-provider-kafka-0-10_", "kafka-clients-",
@@ -447,7 +458,7 @@ def build_spark(
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = {
         **default_conf(),
-        "spark.jars": ",".join(delta_jars()),
+        "spark.jars": spark_jars(),
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.driver.memory": driver_memory(),
         **java_options(quick_start),

@@ -39,6 +39,7 @@ from sessionlake.spark import (
     administrators_conf,
     codegen_for_batch,
     default_conf,
+    delta_jars,
     driver_memory,
     fit_codegen_to_batch,
     fit_codegen_to_parse,
@@ -53,6 +54,7 @@ from sessionlake.spark import (
     quick_start_for,
     quick_start_for_query,
     ship_package,
+    spark_jars,
     ui_conf,
 )
 from tests.conftest import REPO
@@ -410,6 +412,16 @@ def test_an_administrators_java_options_and_class_path_are_kept_after_sessionlak
     assert options["spark.executor.extraJavaOptions"] == "-XX:+UseG1GC -Dcontinued=yes"
     assert options["spark.driver.extraJavaOptions"].startswith(f"{THROUGHPUT_GC} ")
     assert options["spark.driver.extraClassPath"] == f"{local_fs_jar()}:/opt/a.jar:/opt/b.jar"
+
+
+def test_the_administrators_jars_are_kept_after_the_jar_folders(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "spark-defaults.conf").write_text("spark.jars /opt/a.jar, /opt/b.jar\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert spark_jars().split(",") == [*delta_jars(), "/opt/a.jar", "/opt/b.jar"]
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "none"))
+    assert spark_jars().split(",") == delta_jars()
 
 
 @pytest.mark.parametrize("line", [
