@@ -288,7 +288,7 @@ def administrators_conf() -> dict[str, str]:
     from sessionlake.classarchive import spark_conf_folder
 
     defaults = spark_conf_folder() / "spark-defaults.conf"
-    text = defaults.read_text() if defaults.is_file() else ""
+    text = defaults.read_text(encoding="utf-8") if defaults.is_file() else ""  # as Spark reads it
     found: dict[str, str] = {}
     for line in re.sub(r"\\\r?\n[ \t\f]*", "", text).splitlines():
         if line.lstrip().startswith(("#", "!")) or not (match := _PROPERTY.match(line)):
