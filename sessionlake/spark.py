@@ -39,10 +39,15 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = PACKAGE_DIR.parent
 LOG_CONFIG = PROJECT_ROOT / "conf" / "log4j2.properties"
 
+#: ``true`` turns Spark's UI on (off by default, as the UI costs a listener per job); it
+#: wins over ``spark.ui.enabled`` in ``spark-defaults.conf``.
+SPARK_UI_ENV = "SESSIONLAKE_SPARK_UI"
+
+
 def ui_conf(enabled: str) -> dict[str, str]:
-    """Spark's UI settings: ``spark.ui.enabled`` as given (``SESSIONLAKE_SPARK_UI``; off by
-    default, as the UI costs a listener per job) and, with the UI off, a status store that
-    keeps the last 50 SQL executions instead of 1,000. Nothing reads them then, yet each
+    """Spark's UI settings: ``spark.ui.enabled`` as given (:data:`SPARK_UI_ENV`, else the
+    administrator's, else off: see :func:`default_conf`) and, with the UI off, a status
+    store that keeps the last 50 SQL executions instead of 1,000. Nothing reads them then, yet each
     holds its plan's text and graph: a continuous run's driver, idle after 60 one-file
     batches of 1,000 events, held 261 MB live with 1,000 and 131 MB with 50 (2026-12-05)."""
     conf = {"spark.ui.enabled": enabled}
@@ -51,15 +56,14 @@ def ui_conf(enabled: str) -> dict[str, str]:
     return conf
 
 
-#: Settings that suit sessionlake's small, frequent batches on Delta. Those an administrator
-#: sets in ``spark-defaults.conf`` are theirs (:func:`default_conf`), but for
-#: :data:`REQUIRED_CONF_KEYS`.
+#: Settings that suit sessionlake's small, frequent batches on Delta, beside the UI's
+#: (:func:`ui_conf`). Those an administrator sets in ``spark-defaults.conf`` are theirs
+#: (:func:`default_conf`), but for :data:`REQUIRED_CONF_KEYS`.
 DEFAULT_CONF: dict[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
-    **ui_conf(os.environ.get("SESSIONLAKE_SPARK_UI", "false")),
     # The Delta log of a small table is replayed with this many tasks: the default of 50
     # makes every commit of a small batch pay for 50 tiny tasks.
     "spark.databricks.delta.snapshotPartitions": "2",
@@ -112,8 +116,9 @@ REQUIRED_CONF_KEYS = frozenset({
 
 
 def default_conf(administrators: Mapping[str, str] | None = None) -> dict[str, str]:
-    """:data:`DEFAULT_CONF` less what an administrator set in ``spark-defaults.conf``
-    (:func:`administrators_conf`, or ``administrators``), so that their setting counts.
+    """:data:`DEFAULT_CONF` and the UI's settings (:func:`ui_conf`) less what an
+    administrator set in ``spark-defaults.conf`` (:func:`administrators_conf`, or
+    ``administrators``), so that their setting counts.
 
     spark-submit, and PySpark's builder through it, takes a setting given to it over the
     file's: sessionlake's tuning would silently undo a cluster's own (its page size, its
@@ -122,8 +127,11 @@ def default_conf(administrators: Mapping[str, str] | None = None) -> dict[str, s
     replaced, with a warning, once.
     """
     given = administrators_conf() if administrators is None else administrators
-    conf = {key: value for key, value in DEFAULT_CONF.items()
-            if key in REQUIRED_CONF_KEYS or key not in given}
+    wanted = os.environ.get(SPARK_UI_ENV)
+    ui = ui_conf(wanted or given.get("spark.ui.enabled") or "false")
+    conf = {key: value for key, value in {**DEFAULT_CONF, **ui}.items()
+            if key in REQUIRED_CONF_KEYS or key not in given
+            or (key == "spark.ui.enabled" and wanted)}  # the variable wins over the file
     extensions = [name.strip() for name in given.get(_EXTENSIONS, "").split(",") if name.strip()]
     if extensions:
         conf[_EXTENSIONS] = ",".join(dict.fromkeys([*extensions, DEFAULT_CONF[_EXTENSIONS]]))

@@ -35,6 +35,7 @@ from sessionlake.spark import (
     QUICK_START_MAX_BATCHES,
     QUICK_START_MAX_BYTES,
     REQUIRED_CONF_KEYS,
+    SPARK_UI_ENV,
     THROUGHPUT_GC,
     administrators_conf,
     codegen_for_batch,
@@ -345,8 +346,30 @@ def test_without_a_defaults_file_there_are_no_administrators_settings(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    monkeypatch.delenv(SPARK_UI_ENV, raising=False)
     assert administrators_conf() == {}
-    assert default_conf() == DEFAULT_CONF
+    assert default_conf() == {**DEFAULT_CONF, **ui_conf("false")}
+
+
+@pytest.mark.parametrize(("variable", "file", "conf"), [
+    (None, None, {"spark.ui.enabled": "false", "spark.sql.ui.retainedExecutions": "50"}),
+    (None, "true", {}),  # the file's UI, with Spark's 1,000 executions
+    (None, "false", {"spark.sql.ui.retainedExecutions": "50"}),
+    ("true", "false", {"spark.ui.enabled": "true"}),  # the variable wins over the file
+    ("false", "true", {"spark.ui.enabled": "false", "spark.sql.ui.retainedExecutions": "50"}),
+])
+def test_the_ui_is_the_variables_else_the_administrators_else_off(
+    monkeypatch: pytest.MonkeyPatch, variable: str | None, file: str | None,
+    conf: dict[str, str],
+) -> None:
+    if variable is None:
+        monkeypatch.delenv(SPARK_UI_ENV, raising=False)
+    else:
+        monkeypatch.setenv(SPARK_UI_ENV, variable)
+    given = {} if file is None else {"spark.ui.enabled": file}
+    assert {key: value for key, value in default_conf(given).items()
+            if key.startswith(("spark.ui.", "spark.sql.ui."))
+            and key != "spark.ui.showConsoleProgress"} == conf
 
 
 def test_the_administrators_tuning_wins_but_not_over_what_sessionlake_needs(
