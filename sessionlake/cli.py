@@ -194,10 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --source kafka: at most this many records per micro-batch "
                           "(default all)")
     run.add_argument("--kafka-reread-wait", dest="kafka_reread_wait",
-                     help="with --source kafka and --trigger continuous: the wait before a "
-                          "batch that failed on brokers that stopped answering is read again; "
-                          "twice as long after each failure in a row, up to 12 times "
-                          "(default 5s)")
+                     help="with --trigger continuous: the wait before a batch that failed "
+                          "on Kafka brokers that stopped answering, or on a lost executor, is "
+                          "read again; twice as long after each failure in a row, up to 12 "
+                          "times (default 5s)")
     run.add_argument("--accept-kafka-data-loss", action="store_true",
                      dest="kafka_accept_data_loss",
                      help="with --source kafka: skip, with a warning, records deleted from the "

@@ -269,10 +269,11 @@ class Settings:
     #: Skip, with a warning, records deleted from the topic before the stream read them,
     #: instead of refusing to run (``--accept-kafka-data-loss``, for one run: no variable).
     kafka_accept_data_loss: bool = False
-    #: With ``source="kafka"`` and a continuous trigger: the wait before the run starts its
-    #: query again after a batch failed because the brokers stopped answering as it read
-    #: its records; each failure that follows another without a batch committed between
-    #: waits twice the last, up to twelve times this (``sessionlake.monitor.reread_waits``).
+    #: With a continuous trigger: the wait before the run starts its query again after a
+    #: batch failed because Kafka's brokers stopped answering as it read its records, or
+    #: because an executor holding its rows was lost; each failure that follows another
+    #: without a batch committed between waits twice the last, up to twelve times this
+    #: (``sessionlake.monitor.reread_waits``).
     kafka_reread_wait: timedelta = timedelta(seconds=5)
     #: With ``source="kafka"``: a Java properties file of Kafka client settings, such as a
     #: secured cluster's (:func:`read_kafka_properties`). Only its path is kept here.

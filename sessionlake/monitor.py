@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -241,6 +242,9 @@ class BatchMonitor(StreamingQueryListener):
         if event.exception and rereads_after(self.settings, event.exception):
             log.info("query stopped on a batch its Kafka brokers did not answer: run %s",
                      event.runId)  # the run says what it does next (KafkaRereads)
+        elif event.exception and rereads_lost_executor(self.settings, event.exception):
+            log.info("query stopped on a batch that lost an executor: run %s",
+                     event.runId)  # the run says what it does next (LostExecutorRereads)
         elif event.exception and not self.stop_requested:
             unanswered = kafka_timeout(event.exception) if self.settings.reads_kafka else None
             if unanswered is None:
@@ -429,17 +433,15 @@ def reread_waits(settings: Settings) -> tuple[timedelta, ...]:
     return tuple(settings.kafka_reread_wait * factor for factor in KAFKA_REREAD_WAIT_FACTORS)
 
 
-class KafkaRereads:
-    """When a continuous Kafka run starts its query again after a batch failed because
-    the brokers stopped answering while it read its records.
+class BatchRereads:
+    """When a continuous run starts its query again after a batch failed on something that
+    passes (:meth:`reason`), rather than stop.
 
-    Spark's Kafka source waits out brokers away while a trigger asks for offsets, but not
-    while a batch fetches its records: the batch fails, and with it the query. The failed
-    batch was not committed, and every table write is idempotent per batch id, so a new
-    query on the same checkpoint replays it exactly once; a continuous run therefore
-    starts one, after a wait that grows while failures follow each other, and goes on
-    waiting for the brokers as a trigger does. Any other error, and any run that is not
-    continuous on Kafka, still stops the run.
+    The failed batch was not committed, and every table write is idempotent per batch id,
+    so a new query on the same checkpoint replays it exactly once. The run waits before it
+    starts one (``--kafka-reread-wait``, 5 s by default), longer while failures follow each
+    other without a batch committed between them (:func:`reread_waits`). Any other error,
+    and any run that is not continuous, still stops the run.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -448,10 +450,23 @@ class KafkaRereads:
         self.failures = 0
         self._batches_at_failure = -1
 
+    def reason(self, error_text: str) -> str | None:
+        """Why a batch that failed on ``error_text`` is to be read again; ``None``: it is
+        not."""
+        raise NotImplementedError
+
+    def alert(self, reason: str, wait: timedelta) -> None:
+        """Say that a batch failed for ``reason`` and runs again after ``wait``."""
+        raise NotImplementedError
+
+    #: What a run stopped by a signal while it waited says of the failed batch (``%s``: the
+    #: reason).
+    stopped = "stopped on the signal; the batch that failed (%s) runs again on restart"
+
     def wait_before_next(self, error: BaseException | None, batches_done: int) -> float | None:
         """Seconds to wait before the next query, after the query ended on ``error``
         with ``batches_done`` batches committed by the run; ``None``: do not start one."""
-        reason = rereads_after(self.settings, str(error)) if error is not None else None
+        reason = self.reason(str(error)) if error is not None else None
         if reason is None:
             return None
         if batches_done > self._batches_at_failure:
@@ -459,8 +474,69 @@ class KafkaRereads:
         self._batches_at_failure = batches_done
         wait = self.waits[min(self.failures, len(self.waits) - 1)]
         self.failures += 1
+        self.alert(reason, wait)
+        return wait.total_seconds()
+
+
+class KafkaRereads(BatchRereads):
+    """A continuous Kafka run whose batch failed because the brokers stopped answering
+    while it read its records.
+
+    Spark's Kafka source waits out brokers away while a trigger asks for offsets, but not
+    while a batch fetches its records: the batch fails, and with it the query. The run
+    starts a new one and goes on waiting for the brokers as a trigger does.
+    """
+
+    stopped = ("stopped on the signal; the batch that failed on its Kafka brokers (%s) was "
+               "not committed and runs again on restart")
+
+    def reason(self, error_text: str) -> str | None:
+        return rereads_after(self.settings, error_text)
+
+    def alert(self, reason: str, wait: timedelta) -> None:
         log.error("ALERT a batch failed reading its records: the Kafka brokers at %s stopped "
                   "answering (%s). The stream starts again from its checkpoint in %s and "
                   "replays that batch (failure %d in a row); SIGTERM stops it",
                   self.settings.kafka_bootstrap, reason, format_duration(wait), self.failures)
-        return wait.total_seconds()
+
+
+#: Spark's error class for a batch whose kept rows (``sessionlake.batch.materialize``'s
+#: local checkpoints, held by the executors that computed them) are gone with an executor.
+LOST_ROWS_ERROR = "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
+
+
+def lost_executor(error_text: str) -> str | None:
+    """Spark's words, when ``error_text`` says a batch lost rows it had kept because the
+    executor that held them is gone; ``None`` otherwise."""
+    if LOST_ROWS_ERROR not in error_text:
+        return None
+    said = re.search(r"Checkpoint block \S+ not found", error_text)
+    return said.group(0) if said else LOST_ROWS_ERROR
+
+
+def rereads_lost_executor(settings: Settings, error_text: str) -> str | None:
+    """:func:`lost_executor`'s words, when a run on ``settings`` starts its query again
+    after that failure (:class:`LostExecutorRereads`): a continuous run."""
+    return lost_executor(error_text) if settings.trigger == "continuous" else None
+
+
+class LostExecutorRereads(BatchRereads):
+    """A continuous run on a cluster whose batch failed because an executor was lost.
+
+    A batch keeps the rows it computes once as local checkpoints on the executors that
+    computed them (``sessionlake.batch.materialize``), which Spark cannot recompute: with
+    an executor gone (a node lost, an executor killed), the batch fails. The cluster
+    starts another executor and the run a new query, which replays the batch.
+    """
+
+    stopped = ("stopped on the signal; the batch that failed on a lost executor (%s) was "
+               "not committed and runs again on restart")
+
+    def reason(self, error_text: str) -> str | None:
+        return rereads_lost_executor(self.settings, error_text)
+
+    def alert(self, reason: str, wait: timedelta) -> None:
+        log.error("ALERT a batch failed: an executor holding rows it had kept was lost (%s). "
+                  "The stream starts again from its checkpoint in %s and replays that batch "
+                  "(failure %d in a row); SIGTERM stops it",
+                  reason, format_duration(wait), self.failures)

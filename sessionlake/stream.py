@@ -68,11 +68,13 @@ from sessionlake.ledger import Clock, StreamIdentity, stream_identity, utc_now
 from sessionlake.locks import stream_locks
 from sessionlake.monitor import (
     BatchMonitor,
+    BatchRereads,
     KafkaRereads,
+    LostExecutorRereads,
     PlanningWatch,
     RunningBatchWatch,
-    rereads_after,
     rereads_kafka_timeouts,
+    rereads_lost_executor,
     spark_activity,
 )
 from sessionlake.registry import (
@@ -580,7 +582,8 @@ class _Supervision:
             spark, settings, topic) if topic is not None else None)
         self.running = RunningBatchWatch(settings, activity=lambda: spark_activity(
             spark.sparkContext.statusTracker()))
-        self.rereads = KafkaRereads(settings)
+        self.rereads: tuple[BatchRereads, ...] = (KafkaRereads(settings),
+                                                  LostExecutorRereads(settings))
         # A run that starts its query again after Kafka's time-outs says so in one line
         # each time; Spark's stack traces of the same failure (some 300 lines) would bury
         # it. A failure that stops the run still shows its tasks' stack trace in the error
@@ -627,20 +630,25 @@ class _Supervision:
 
     def _starts_again_after(self, error: BaseException | None) -> bool:
         """Whether the query, ended on ``error``, is to start again (after Kafka's time-out,
-        :class:`KafkaRereads`), having waited as long as it asks, with no stop requested."""
+        :class:`KafkaRereads`) or a lost executor (:class:`LostExecutorRereads`), having
+        waited as long as it asks, with no stop requested."""
         if error is None or self.monitor.stop_requested or self.stop.is_set():
             return False
-        wait_s = self.rereads.wait_before_next(error, len(self.handler.summary.batches))
-        return wait_s is not None and not self.stop.wait(wait_s)
+        for rereads in self.rereads:
+            wait_s = rereads.wait_before_next(error, len(self.handler.summary.batches))
+            if wait_s is not None:
+                return not self.stop.wait(wait_s)
+        return False
 
     def _left_for_the_restart(self, error: BaseException | None) -> BaseException | None:
-        """``error``, unless a stop came while the query waited out its Kafka brokers: the
-        batch that failed on them runs again on restart."""
-        if error is not None and self.stop.is_set() and \
-                (why := rereads_after(self.settings, str(error))) is not None:
-            log.warning("stopped on the signal; the batch that failed on its Kafka brokers "
-                        "(%s) was not committed and runs again on restart", why)
-            return None
+        """``error``, unless a stop came while the run waited to read again a batch that
+        failed (:class:`BatchRereads`): that batch runs again on restart."""
+        if error is None or not self.stop.is_set():
+            return error
+        for rereads in self.rereads:
+            if (why := rereads.reason(str(error))) is not None:
+                log.warning(rereads.stopped, why)
+                return None
         return error
 
     def _look(self, query: StreamingQuery, status: Mapping[str, Any], now: float) -> None:
@@ -768,10 +776,10 @@ _PY4J_LOG = logging.getLogger("py4j.clientserver")
 
 class _QuietAfterStop(logging.Filter):
     """Drop py4j's report of a batch that a requested stop interrupted as it began, or
-    that failed on Kafka brokers that did not answer.
+    that failed on Kafka brokers that did not answer or on a lost executor.
 
     That batch was not committed and runs again (on restart, or in a continuous run's next
-    query: :class:`KafkaRereads`); the run says so in one line. Before a stop is requested
+    query: :class:`BatchRereads`); the run says so in one line. Before a stop is requested
     every other report passes.
     """
 
@@ -783,8 +791,11 @@ class _QuietAfterStop(logging.Filter):
         if self._monitor.stop_requested:
             return False
         error = record.exc_info[1] if record.exc_info else None
-        return error is None or not self._monitor.settings.reads_kafka \
-            or kafka_timeout(str(error)) is None
+        if error is None:
+            return True
+        settings, text = self._monitor.settings, str(error)
+        kafka = settings.reads_kafka and kafka_timeout(text) is not None
+        return not kafka and rereads_lost_executor(settings, text) is None
 
 
 def quiet_moment_wait(settings: Settings) -> float:

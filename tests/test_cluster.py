@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,6 +108,53 @@ def test_cli_run_on_the_cluster_gives_the_local_tables(
     )
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-4000:]}\n{cluster_env.logs()}"
     assert_ran_on_both_workers(cluster_env, "sessionlake-run")
+    assert_same_tables(spark, lake, reference_lake)
+
+
+def _executor_pids(app_id: str) -> list[int]:
+    """The executor JVMs of application ``app_id`` on this machine."""
+    found = subprocess.run(["pgrep", "-f", f"CoarseGrainedExecutorBackend.*{app_id}"],
+                           capture_output=True, text=True, check=False)
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def test_a_continuous_run_replays_a_batch_whose_executor_was_lost(
+    spark: SparkSession, cluster_env: SparkCluster, clickstream: Path, reference_lake: str,
+    tmp_path: Path,
+) -> None:
+    """An executor killed while its batch holds rows there: the batch fails, the run says so
+    in one ALERT and starts its query again, and the tables end as the local run's."""
+    lake, paused, log = (tmp_path / "lake").as_uri(), tmp_path / "paused", tmp_path / "run.log"
+    env = {**os.environ, "SESSIONLAKE_FAULT": "before_merge@0",
+           "SESSIONLAKE_FAULT_PAUSE": str(paused)}
+    with log.open("w") as out:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "sessionlake.cli", "-v", "run", "--source", str(clickstream),
+             "--lake", lake, "--master", cluster_env.master_url, "--shuffle-partitions", "2",
+             "--trigger", "continuous", "--processing-interval", "1s"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while not paused.exists():  # batch 0 computed its rows and waits before its MERGE
+            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.5)
+        [app] = [a["id"] for a in cluster_env.status()["activeapps"]
+                 if a["name"] == "sessionlake-run"]
+        executors = _executor_pids(app)
+        assert len(executors) == 2, executors
+        os.kill(executors[0], signal.SIGKILL)
+        paused.unlink()
+        while '"batch_id": 0' not in log.read_text():
+            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.5)
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=120) == 0, log.read_text()[-4000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    said = log.read_text()
+    assert said.count("ALERT a batch failed: an executor holding rows it had kept was lost "
+                      "(Checkpoint block rdd_") == 1, said[-4000:]
     assert_same_tables(spark, lake, reference_lake)
 
 

@@ -20,6 +20,7 @@ from sessionlake.config import ConfigError, format_duration, settings_from
 from sessionlake.monitor import (
     BatchRecord,
     KafkaRereads,
+    LostExecutorRereads,
     PlanningWatch,
     RunningBatchWatch,
     batch_alerts,
@@ -373,3 +374,25 @@ def test_other_ends_of_a_query_stop_the_run(trigger: str, error: str | None) -> 
 def test_a_run_on_files_does_not_start_again_on_a_time_out() -> None:
     files = settings_from({"lake": "/l", "source": "/landing", "trigger": "continuous"}, env={})
     assert rereads_after(files, FETCH_TIMEOUT) is None
+
+
+LOST_ROWS = ("org.apache.spark.SparkException: [CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND] Checkpoint "
+             "block rdd_293_1 not found! Either the executor that originally checkpointed this "
+             "partition is no longer alive, or the original RDD is unpersisted.")
+
+
+@pytest.mark.parametrize(("trigger", "error", "wait"), [
+    ("continuous", LOST_ROWS, 5.0),
+    ("available-now", LOST_ROWS, None),  # a scheduled run fails, and its next run replays
+    ("continuous", FETCH_TIMEOUT, None),  # a run on files
+    ("continuous", "[STREAM_FAILED] Query terminated with exception: Job aborted", None),
+])
+def test_a_continuous_run_starts_again_after_a_lost_executor_only(
+    caplog: pytest.LogCaptureFixture, trigger: str, error: str, wait: float | None,
+) -> None:
+    files = settings_from({"lake": "/l", "source": "/landing", "trigger": trigger}, env={})
+    with caplog.at_level(logging.ERROR, logger="sessionlake.monitor"):
+        assert LostExecutorRereads(files).wait_before_next(RuntimeError(error), 2) == wait
+    assert ("ALERT a batch failed: an executor holding rows it had kept was lost (Checkpoint "
+            "block rdd_293_1 not found). The stream starts again from its checkpoint in 5s"
+            in caplog.text) == (wait is not None)
