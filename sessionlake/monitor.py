@@ -38,6 +38,7 @@ import json
 import logging
 import re
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
@@ -420,20 +421,20 @@ def rereads_after(settings: Settings, error_text: str) -> str | None:
     return kafka_timeout(error_text) if rereads_kafka_timeouts(settings) else None
 
 
-#: The waits of a continuous Kafka run before it starts its query again after failures
+#: The waits of a continuous run before it starts its query again after failures
 #: that follow each other, as multiples of the first (``--kafka-reread-wait``): with the
 #: default of 5 s, 5, 10, 20, 40, then 60 s.
 KAFKA_REREAD_WAIT_FACTORS: tuple[int, ...] = (1, 2, 4, 8, 12)
 
 
 def reread_waits(settings: Settings) -> tuple[timedelta, ...]:
-    """How long a continuous Kafka run waits before it starts its query again after a
-    batch failed reading its records: the first wait, then each one longer while failures
+    """How long a continuous run waits before it starts its query again after a batch
+    failed (:class:`BatchRereads`): the first wait, then each one longer while failures
     follow each other without a batch committed in between, up to the last."""
     return tuple(settings.kafka_reread_wait * factor for factor in KAFKA_REREAD_WAIT_FACTORS)
 
 
-class BatchRereads:
+class BatchRereads(ABC):
     """When a continuous run starts its query again after a batch failed on something that
     passes (:meth:`reason`), rather than stop.
 
@@ -444,24 +445,24 @@ class BatchRereads:
     and any run that is not continuous, still stops the run.
     """
 
+    #: What a run stopped by a signal while it waited says of the failed batch (``%s``: the
+    #: reason).
+    stopped = "stopped on the signal; the batch that failed (%s) runs again on restart"
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.waits = reread_waits(settings)
         self.failures = 0
         self._batches_at_failure = -1
 
+    @abstractmethod
     def reason(self, error_text: str) -> str | None:
         """Why a batch that failed on ``error_text`` is to be read again; ``None``: it is
         not."""
-        raise NotImplementedError
 
+    @abstractmethod
     def alert(self, reason: str, wait: timedelta) -> None:
         """Say that a batch failed for ``reason`` and runs again after ``wait``."""
-        raise NotImplementedError
-
-    #: What a run stopped by a signal while it waited says of the failed batch (``%s``: the
-    #: reason).
-    stopped = "stopped on the signal; the batch that failed (%s) runs again on restart"
 
     def wait_before_next(self, error: BaseException | None, batches_done: int) -> float | None:
         """Seconds to wait before the next query, after the query ended on ``error``
