@@ -434,6 +434,11 @@ def reread_waits(settings: Settings) -> tuple[timedelta, ...]:
     return tuple(settings.kafka_reread_wait * factor for factor in KAFKA_REREAD_WAIT_FACTORS)
 
 
+#: What every :class:`BatchRereads` alert ends with (the wait, the failures in a row).
+REPLAYS = ("The stream starts again from its checkpoint in %s and replays that batch "
+           "(failure %d in a row); SIGTERM stops it")
+
+
 class BatchRereads(ABC):
     """When a continuous run starts its query again after a batch failed on something that
     passes (:meth:`reason`), rather than stop.
@@ -496,9 +501,8 @@ class KafkaRereads(BatchRereads):
 
     def alert(self, reason: str, wait: timedelta) -> None:
         log.error("ALERT a batch failed reading its records: the Kafka brokers at %s stopped "
-                  "answering (%s). The stream starts again from its checkpoint in %s and "
-                  "replays that batch (failure %d in a row); SIGTERM stops it",
-                  self.settings.kafka_bootstrap, reason, format_duration(wait), self.failures)
+                  "answering (%s). " + REPLAYS, self.settings.kafka_bootstrap, reason,
+                  format_duration(wait), self.failures)
 
 
 #: Spark's error class for a batch whose kept rows (``sessionlake.batch.materialize``'s
@@ -538,6 +542,4 @@ class LostExecutorRereads(BatchRereads):
 
     def alert(self, reason: str, wait: timedelta) -> None:
         log.error("ALERT a batch failed: an executor holding rows it had kept was lost (%s). "
-                  "The stream starts again from its checkpoint in %s and replays that batch "
-                  "(failure %d in a row); SIGTERM stops it",
-                  reason, format_duration(wait), self.failures)
+                  + REPLAYS, reason, format_duration(wait), self.failures)
