@@ -15,12 +15,17 @@ LOCAL_FS_SOURCES := $(wildcard build/hadoop/sessionlake/hadoop/*.java)
 .PHONY: setup jars class-archive kafka-broker kafka browser demo test test-fast lint bench clean help
 
 help:
-	@echo "make demo   - set up, sessionize the bundled Apache access log, print a report"
-	@echo "make test   - set up, lint, then run the whole test suite"
-	@echo "make lint   - ruff and mypy"
-	@echo "make bench  - benchmarks (see the Benchmark section of README.md)"
-	@echo "make setup  - only the virtual environment, the Delta and Kafka jars, the driver's class archive, the Kafka broker and Chromium"
-	@echo "make kafka  - a development Kafka broker (KRaft) on 127.0.0.1:$(KAFKA_PORT)"
+	@echo "make demo      - set up, sessionize the bundled Apache access log into demo/lake, print its sessions per day"
+	@echo "make test      - set up, lint, then run the whole test suite (what CI runs)"
+	@echo "make test-fast - the tests not marked slow"
+	@echo "make lint      - ruff and mypy"
+	@echo "make bench     - benchmarks (see the Benchmark section of README.md)"
+	@echo "make setup     - only the virtual environment, the Delta and Kafka jars, the driver's class archive, the Kafka broker and Chromium"
+	@echo "make jars, make class-archive, make kafka-broker - one part of set-up"
+	@echo "make kafka     - a development Kafka broker (KRaft) on 127.0.0.1:$(KAFKA_PORT)"
+	@echo "make airflow   - Airflow 3 standalone on http://$(AIRFLOW_HOST):$(AIRFLOW_PORT) with the DAGs, its home in $(AIRFLOW_HOME_DIR) (make airflow AIRFLOW_HOME=DIR for another)"
+	@echo "make docker-up, make docker-down - Airflow on PostgreSQL and a Spark cluster in Docker (needs a Docker engine)"
+	@echo "make clean     - remove demo/, kafka-data/ and the linters' and pytest's caches"
 
 setup: $(VENV)/.installed jars/.resolved $(LOCAL_FS_JAR) class-archive kafka-broker/.resolved browser
 
@@ -84,8 +89,10 @@ kafka: $(VENV)/.installed kafka-broker/.resolved jars/.resolved
 	$(BIN)/python -m sessionlake.devkafka --data-dir kafka-data --port $(KAFKA_PORT) \
 	  --topic $(KAFKA_TOPIC) $(if $(KAFKA_LOAD),--load $(KAFKA_LOAD))
 
+# The demo's lake, landing folder and archive start afresh; anything else under demo/ (a
+# generated clickstream, another lake) is kept.
 demo: $(VENV)/.installed jars/.resolved $(LOCAL_FS_JAR) class-archive
-	rm -rf $(DEMO) && mkdir -p $(DEMO)/landing
+	rm -rf $(DEMO)/lake $(DEMO)/landing $(DEMO)/archive && mkdir -p $(DEMO)/landing
 	gunzip -c data/apache_access_2015.log.gz > $(DEMO)/landing/apache_access_2015.log
 	$(BIN)/sessionlake run --source $(DEMO)/landing --format apache --lake $(DEMO)/lake
 	$(BIN)/sessionlake sql --lake $(DEMO)/lake "$$(cat sql/demo_report.sql)"
@@ -114,7 +121,7 @@ clean:
 # --- Airflow -------------------------------------------------------------------------------
 # `make airflow`: Airflow 3 standalone (SQLite, LocalExecutor) on http://localhost:8080 with
 # the sessionlake DAGs; the admin password is in
-# airflow_home/simple_auth_manager_passwords.json.generated.
+# $(AIRFLOW_HOME_DIR)/simple_auth_manager_passwords.json.generated.
 .PHONY: airflow
 SESSIONLAKE_LAKE   ?= $(abspath $(DEMO))/lake
 SESSIONLAKE_SOURCE ?= $(abspath $(DEMO))/landing
@@ -122,10 +129,15 @@ SESSIONLAKE_ARCHIVE ?= $(abspath $(DEMO))/archive
 # The demo's landing folder holds an Apache access log (make demo runs with --format apache).
 SESSIONLAKE_FORMAT ?= apache
 
+# Airflow's home: airflow_home/ here, or a folder given on make's command line (make airflow
+# AIRFLOW_HOME=DIR). An AIRFLOW_HOME of the environment is not taken: it is likely another
+# Airflow's, whose database `airflow db migrate` would change.
+AIRFLOW_HOME_DIR := $(abspath $(if $(filter command line,$(origin AIRFLOW_HOME)),$(AIRFLOW_HOME),airflow_home))
+
 # Airflow signs its API tokens with a random 64-byte key written once to AIRFLOW_JWT_SECRET
 # (mode 600) and read by command, so it is in no process's environment: the key Airflow
 # generates itself is 16 bytes, which PyJWT warns is too short for HS512 at every token.
-AIRFLOW_JWT_SECRET ?= airflow_home/jwt_secret
+AIRFLOW_JWT_SECRET ?= $(AIRFLOW_HOME_DIR)/jwt_secret
 
 # The UI and API listen on this machine only (Airflow's default is every interface), and
 # the LocalExecutor starts AIRFLOW_PARALLELISM workers, not its default 32 (7 GiB on a
@@ -135,9 +147,9 @@ AIRFLOW_PARALLELISM ?= 4
 # The UI and API's port; the tasks reach the API's execution endpoints there too (Airflow
 # assumes 8080 unless told).
 AIRFLOW_PORT ?= 8080
-AIRFLOW_ENV = AIRFLOW_HOME=$(PWD)/airflow_home \
-	AIRFLOW__CORE__DAGS_FOLDER=$(PWD)/dags \
-	AIRFLOW__CORE__PLUGINS_FOLDER=$(PWD)/plugins \
+AIRFLOW_ENV = AIRFLOW_HOME=$(AIRFLOW_HOME_DIR) \
+	AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags \
+	AIRFLOW__CORE__PLUGINS_FOLDER=$(CURDIR)/plugins \
 	AIRFLOW__CORE__LOAD_EXAMPLES=False \
 	AIRFLOW__CORE__PARALLELISM=$(AIRFLOW_PARALLELISM) \
 	AIRFLOW__API__HOST=$(AIRFLOW_HOST) \
@@ -151,7 +163,7 @@ $(AIRFLOW_JWT_SECRET):
 # Airflow's simple auth manager writes the admin password it generates to this file, with
 # the umask's mode (644 as a rule). Made first, and mode 600, it keeps that mode: Airflow
 # opens it to append, reads an empty one as no passwords, and writes them into it.
-AIRFLOW_PASSWORDS ?= airflow_home/simple_auth_manager_passwords.json.generated
+AIRFLOW_PASSWORDS ?= $(AIRFLOW_HOME_DIR)/simple_auth_manager_passwords.json.generated
 .PHONY: airflow-passwords
 airflow-passwords:
 	mkdir -p $(dir $(AIRFLOW_PASSWORDS)) && touch $(AIRFLOW_PASSWORDS) \
@@ -161,7 +173,7 @@ airflow-passwords:
 # docs/airflow-at-scale.md): without it the scheduler never starts those tasks.
 airflow: $(VENV)/.installed jars/.resolved $(LOCAL_FS_JAR) class-archive $(AIRFLOW_JWT_SECRET) \
 		airflow-passwords
-	mkdir -p airflow_home $(SESSIONLAKE_SOURCE)
+	mkdir -p $(AIRFLOW_HOME_DIR) $(SESSIONLAKE_SOURCE)
 	$(AIRFLOW_ENV) $(BIN)/airflow db migrate
 	$(AIRFLOW_ENV) $(BIN)/airflow pools set sessionlake_checkpoint 1 \
 	  "tasks that write the streaming checkpoint: one at a time"

@@ -687,7 +687,12 @@ def cmd_compact(args: argparse.Namespace) -> int:
 def cmd_retention(args: argparse.Namespace) -> int:
     """``sessionlake retention``: age limits, erasures, VACUUM, and an audit row; or, with
     ``--dry-run``, what they would delete."""
-    from sessionlake.retention import RetentionError, RetentionRequest, enforce_retention
+    from sessionlake.retention import (
+        RetentionError,
+        RetentionRequest,
+        check_request,
+        enforce_retention,
+    )
 
     settings = _settings(args)
     request = RetentionRequest(
@@ -699,6 +704,10 @@ def cmd_retention(args: argparse.Namespace) -> int:
         force_vacuum=args.force_vacuum,
         dry_run=args.dry_run,
     )
+    try:
+        check_request(request)  # before a JVM starts: a wrong request is told at once
+    except RetentionError as error:
+        raise UsageError(str(error)) from None
     spark = _spark(settings, "sessionlake-retention")
     try:
         report = enforce_retention(spark, settings, request)

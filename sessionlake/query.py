@@ -477,8 +477,10 @@ def check_named_query(name: str, params: Mapping[str, str]) -> dict[str, Any]:
     """
     queries = named_queries()
     if name not in queries:
+        close = difflib.get_close_matches(name, list(queries), n=1)
         raise QueryError(
-            f"no query named {name!r}: `sessionlake sql --list` shows the {len(queries)} there are"
+            f"no query named {name!r}: " + (f"did you mean {close[0]}? " if close else "")
+            + f"`sessionlake sql --list` shows the {len(queries)} there are"
         )
     return bind_params(queries[name], params)
 

@@ -29,7 +29,7 @@ from sessionlake.charts import bar_chart
 from sessionlake.checkpoint import noted_gap_s
 from sessionlake.config import Settings, format_duration
 from sessionlake.health import Health, collect_health
-from sessionlake.health_page import STYLE, fmt_seconds, fmt_time, input_waiting_text
+from sessionlake.health_page import STYLE, files, fmt_seconds, fmt_time, input_waiting_text
 
 #: Session lengths are counted in these classes: (label, upper bound in seconds, exclusive).
 DURATION_CLASSES: tuple[tuple[str, float], ...] = (
@@ -220,7 +220,7 @@ def _input_text(health: Health) -> str:
     waiting = health.input_waiting
     if waiting is None:
         return input_waiting_text(health)
-    return (f"{input_waiting_text(health)} waiting; {waiting.read_left} read files still "
+    return (f"{input_waiting_text(health)} waiting; {files(waiting.read_left)} read and still "
             f"in {health.source}"
             + (" (`sessionlake archive` moves them out)" if waiting.archive_due else ""))
 

@@ -179,8 +179,8 @@ def check_request(request: RetentionRequest) -> None:
             or request.sessions_max_age_days is not None
             or request.events_max_age_days is not None):
         raise RetentionError(
-            "nothing to do: give --erase-user ID, --sessions-max-age-days N, "
-            "--events-max-age-days N or --vacuum-retain-hours N")
+            "nothing to do: give --erase-user ID, --erase-user-sha256 HASH, "
+            "--sessions-max-age-days N, --events-max-age-days N or --vacuum-retain-hours N")
 
 
 def _hours_since(moment: datetime, now: datetime) -> float:

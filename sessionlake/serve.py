@@ -15,6 +15,7 @@ import signal
 import threading
 from types import FrameType
 
+from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
 from sessionlake.config import Settings
@@ -75,4 +76,9 @@ def serve_lake(settings: Settings, host: str = "127.0.0.1", port: int = 15002) -
     print(f"serving {len(names)} tables and views of {settings.lake} on sc://{host}:{port}",
           flush=True)
     stop.wait()
-    spark.stop()
+    try:
+        spark.stop()
+    except (Py4JError, OSError) as error:
+        # The signal went to the whole process group (systemd's stop, `kill -- -PGID`):
+        # the driver's JVM got it too and has stopped itself.
+        log.info("Spark's JVM had stopped already (%s)", type(error).__name__)

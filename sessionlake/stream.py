@@ -404,13 +404,13 @@ def landing_files(spark: SparkSession, settings: Settings, subfolders: bool = Tr
 def check_and_register_stream(spark: SparkSession, settings: Settings,
                               topic: KafkaTopic | None) -> None:
     """Refuse, before the stream reads or writes anything, a run that would break what
-    earlier runs left (a restore cut off, another checkpoint's batch cut off, a changed gap
-    or input format, another source than the checkpoint's), tidy what the checkpoint read
+    earlier runs left (a restore cut off, another checkpoint's batch cut off, another
+    source than the checkpoint's, a changed gap or input format), tidy what the checkpoint read
     (files archived meanwhile), then note the stream in the lake."""
     check_no_restore_pending(spark, settings.checkpoint)
     check_no_batch_cut_off_elsewhere(spark, settings)
-    check_gap_unchanged(spark, settings)
-    format_unnoted = check_format_unchanged(spark, settings)
+    # The source first: a run given another stream's folder or topic is told so, not
+    # that this one's gap or format differs.
     if topic is not None:
         check_checkpoint_reads_kafka(spark, settings)
         check_kafka_topic_unchanged(spark, settings, topic)
@@ -418,6 +418,9 @@ def check_and_register_stream(spark: SparkSession, settings: Settings,
         check_no_kafka_records_lost(spark, settings, topic)
     else:
         check_landing_folder(spark, settings)
+    check_gap_unchanged(spark, settings)
+    format_unnoted = check_format_unchanged(spark, settings)
+    if topic is None:
         warn_of_files_changed_since_read(settings.checkpoint)
         forget_files_archived_meanwhile(settings)
     if format_unnoted:

@@ -83,6 +83,10 @@ def test_every_option_s_value_has_a_name_not_its_dest() -> None:
          "inside the landing folder"),
         (["archive", "--lake", "L", "--source", "."], "--to"),
         (["sql", "--lake", "L", "--limit=-1", "SELECT 1"], "argument --limit: '-1' must be >= 0"),
+        (["retention", "--lake", "L", "--dry-run"],
+         "nothing to do: give --erase-user ID, --erase-user-sha256 HASH, "),
+        (["retention", "--lake", "L", "--erase-user-sha256", "ABC"],
+         "'ABC' is not a SHA-256 (64 hex digits)"),
         (["frobnicate"], "invalid choice"),
     ],
 )
@@ -90,6 +94,11 @@ def test_bad_arguments_exit_2_with_one_line(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
+    """Told before a JVM starts (seconds of waiting for one line otherwise)."""
+    def no_spark(*_: object, **__: object) -> None:
+        raise AssertionError("Spark was started for a command line that is refused")
+
+    monkeypatch.setattr("sessionlake.cli._spark", no_spark)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SESSIONLAKE_LAKE", raising=False)
     try:

@@ -113,9 +113,9 @@ def test_the_input_waiting_is_what_no_committed_batch_read(
         "bytes": 17, "files": 1, "read_left": 1, "log_bytes": log.stat().st_size,
         "archive_due": False}
     assert health.as_json()["source"] == str(landing)
-    assert input_waiting_text(health) == "1 files, 17 B"
+    assert input_waiting_text(health) == "1 file, 17 B"
     page = render_health_page(health)
-    assert '<p id="archive-due">1 files the stream has read' in page
+    assert '<p id="archive-due">1 file the stream has read is still' in page
     assert f"file source log, which every run reads back, holds {log.stat().st_size} B." in page
 
     monkeypatch.setattr(sessionlake.checkpoint, "ARCHIVE_HINT_FILES", 1)

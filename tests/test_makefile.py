@@ -19,17 +19,40 @@ from tests.conftest import REPO
 AIRFLOW = Path(sys.executable).with_name("airflow")
 
 
-def _make(*args: str) -> str:
-    done = subprocess.run(["make", "-s", "-C", str(REPO), *args],
+def _make(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
+    done = subprocess.run(["make", "-s", "-C", str(REPO), *args], env=env, cwd=cwd,
                           check=True, capture_output=True, text=True, timeout=60)
     return done.stdout
 
 
-def _airflow_env(secret: Path, *overrides: str) -> dict[str, str]:
+def _airflow_env(secret: Path | None, *overrides: str, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> dict[str, str]:
     """The variables `make airflow` starts Airflow with, as the recipe's shell reads them."""
-    line = _make(f"AIRFLOW_JWT_SECRET={secret}", *overrides,
-                 "--eval=airflow-env: ; @printf '%s\\n' '$(AIRFLOW_ENV)'", "airflow-env")
+    line = _make(*([f"AIRFLOW_JWT_SECRET={secret}"] if secret else []), *overrides,
+                 "--eval=airflow-env: ; @printf '%s\\n' '$(AIRFLOW_ENV)'", "airflow-env",
+                 env=env, cwd=cwd)
     return dict(word.split("=", 1) for word in shlex.split(line))
+
+
+def test_make_airflow_s_home_is_the_repository_s_unless_given_on_the_make_line(
+        tmp_path: Path) -> None:
+    """An AIRFLOW_HOME in the environment is likely another Airflow's, whose database
+    `airflow db migrate` would change: only one given to make itself moves the home, the
+    JWT key and the password file with it. Run from another folder, the DAGs are still
+    the repository's."""
+    elsewhere = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "someone-elses"),
+                 "PWD": str(tmp_path)}  # as a shell in that folder has it
+    started = _airflow_env(None, env=elsewhere, cwd=tmp_path)
+    assert started["AIRFLOW_HOME"] == str(REPO / "airflow_home")
+    assert started["AIRFLOW__CORE__DAGS_FOLDER"] == str(REPO / "dags")
+    assert started["AIRFLOW__API_AUTH__JWT_SECRET_CMD"] == f"cat {REPO}/airflow_home/jwt_secret"
+
+    mine = tmp_path / "mine"
+    started = _airflow_env(None, f"AIRFLOW_HOME={mine}", env=elsewhere)
+    assert started["AIRFLOW_HOME"] == str(mine)
+    assert started["AIRFLOW__API_AUTH__JWT_SECRET_CMD"] == f"cat {mine}/jwt_secret"
+    assert _make(f"AIRFLOW_HOME={mine}", "--eval=p: ; @echo $(AIRFLOW_PASSWORDS)", "p",
+                 env=elsewhere).strip() == f"{mine}/simple_auth_manager_passwords.json.generated"
 
 
 def test_make_airflow_signs_tokens_with_a_random_64_byte_key_kept_from_run_to_run(

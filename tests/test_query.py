@@ -396,7 +396,8 @@ def test_named_queries_are_views_by_name_with_their_params_defaults(
 @pytest.mark.parametrize(
     ("name", "params", "message"),
     [
-        ("nope", {}, "no query named 'nope'"),
+        ("nope", {}, "no query named 'nope': `sessionlake sql --list`"),
+        ("funel", {}, "no query named 'funel': did you mean funnel\\? `sessionlake sql --list`"),
         ("funnel", {"step3": "x"}, "has no param step3"),
         ("sessions_per_day", {"from_date": "yesterday"}, "is not a valid date"),
     ],

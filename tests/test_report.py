@@ -30,7 +30,7 @@ def test_summary_of_the_observed_lake(observed_lake: ObservedLake) -> None:
     assert "median length 10.0 min, 33% bounces" in text
     assert "13 in, 8 accepted, 3 late, 1 quarantined, 1 duplicates (3 batches)" in text
     assert "watermark     2026-01-05 13:00:00 UTC" in text
-    assert (f"input         0 files, 0 B waiting; 3 read files still in "
+    assert (f"input         0 files, 0 B waiting; 3 files read and still in "
             f"{observed_lake.settings.source}\n") in text
     assert "busiest hour  2026-01-05 10:00 UTC: 2 sessions" in text
     assert f"snapshots     1 (newest {observed_lake.snapshot_id} nightly)\n" in text
@@ -58,7 +58,7 @@ def test_report_command_writes_the_charts(
                      "--html", str(page)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"sessionlake report: {settings.lake}")
-    assert f"0 files, 0 B waiting; 3 read files still in {settings.source}" in out
+    assert f"0 files, 0 B waiting; 3 files read and still in {settings.source}" in out
     assert out.rstrip().endswith(f"wrote {page}")
     html = page.read_text()
     charts = re.findall(r"<svg .*?</svg>", html, re.S)

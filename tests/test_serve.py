@@ -51,6 +51,7 @@ def test_a_spark_connect_client_queries_the_lake(
         [str(Path(sys.executable).parent / "sessionlake"), "serve", "--lake", lake,
          "--port", str(port), "--master", "local[1]"],
         stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=REPO,
+        start_new_session=True,
     )
     try:
         assert server.stdout is not None
@@ -71,13 +72,16 @@ def test_a_spark_connect_client_queries_the_lake(
         answer = json.loads(client.stdout.strip().splitlines()[-1])
         assert answer == {"sessions": [["u1", 2], ["u2", 1]], "bounces": [1]}
     finally:
-        server.send_signal(signal.SIGTERM)
+        # To the whole process group, as systemd stops a service: the JVM gets it too.
+        os.killpg(server.pid, signal.SIGTERM)
         try:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
         log.close()
+    said = (tmp_path / "serve.log").read_text()
+    assert server.returncode == 0 and "Traceback" not in said, said[-3000:]
     assert server.returncode == 0
 
 
