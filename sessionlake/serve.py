@@ -79,6 +79,6 @@ def serve_lake(settings: Settings, host: str = "127.0.0.1", port: int = 15002) -
     try:
         spark.stop()
     except (Py4JError, OSError) as error:
-        # The signal went to the whole process group (systemd's stop, `kill -- -PGID`):
-        # the driver's JVM got it too and has stopped itself.
+        # The signal went to every process of the service (systemd's default stop): the
+        # driver's JVM got it too and has stopped itself.
         log.info("Spark's JVM had stopped already (%s)", type(error).__name__)

@@ -480,6 +480,8 @@ def build_spark(
     for key, value in settings.items():
         builder = builder.config(key, value)
     with jvm_stdout_to_stderr() if starts_jvm else contextlib.nullcontext():
+        if starts_jvm:
+            launch_driver_jvm({"spark.master": master, "spark.app.name": app_name, **settings})
         spark = builder.getOrCreate()
     ship_package(spark)
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
@@ -487,6 +489,27 @@ def build_spark(
     spark.conf.set(LISTING_PARALLELISM, listing)
     spark.sparkContext.setLogLevel(os.environ.get("SESSIONLAKE_SPARK_LOG_LEVEL", "ERROR"))
     return spark
+
+
+def launch_driver_jvm(conf: Mapping[str, str]) -> None:
+    """Start the driver's JVM, with ``conf``, in a session (and process group) of its own.
+
+    A run stops after its batch in flight on SIGTERM, which this process handles and the
+    JVM must outlive. In this process's group, the JVM also got a signal sent to the whole
+    group (``kill -- -PGID``, a terminal's hang-up) and stopped at once, cutting the batch
+    off (measured: a continuous run then ended with py4j's tracebacks). A session of its
+    own, not only a group, keeps the JVM off the terminal's job control, which could stop
+    a background group writing to it. The JVM still ends with this process: PySpark gives
+    it a pipe from this process as its standard input, and it exits when that closes.
+    What PySpark would do on its own but for ``start_new_session``
+    (``SparkContext._ensure_initialized`` is how a ``SparkContext`` takes a given gateway).
+    """
+    from pyspark import SparkConf
+    from pyspark.java_gateway import launch_gateway
+
+    gateway = launch_gateway(SparkConf(loadDefaults=False).setAll(list(conf.items())),
+                             popen_kwargs={"start_new_session": True})
+    SparkContext._ensure_initialized(gateway=gateway)
 
 
 @contextlib.contextmanager

@@ -138,16 +138,19 @@ def test_sigterm_stops_an_available_now_run_after_its_batch_in_flight(
     """`kill -TERM` (Airflow stopping a task; SIGINT takes the same way) during a run with
     more to read: the batch in flight commits, the next does not begin, the run exits 0
     without Spark's stack traces, and a restart ends as an uninterrupted run. Batches follow
-    each other without a pause here, so the stop cannot wait for one."""
+    each other without a pause here, so the stop cannot wait for one. The signal goes to
+    the run's whole process group (`kill -- -PGID`, systemd's stop): it must not reach
+    Spark's JVM, which would stop at once and cut the batch off."""
     lake = tmp_path / "lake"
     process = subprocess.Popen(_command(landing, lake), cwd=REPO, env=_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
     assert process.stderr is not None
     said = []
     for line in process.stderr:  # the first batch's line comes as the second batch runs
         said.append(line)
         if '"batch_id": 0' in line:
-            process.send_signal(signal.SIGTERM)
+            os.killpg(process.pid, signal.SIGTERM)
             break
     out, rest = process.communicate(timeout=300)
     log = "".join(said) + rest
