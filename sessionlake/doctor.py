@@ -127,8 +127,11 @@ class HealthReport:
         steps = "; then ".join(sorted(commands, key=lambda c: next(
             (i for i, prefix in enumerate(order) if c.startswith(prefix)), len(order))))
         verdict = "damaged:" if any(f.damage for f in problems) else "not damaged, but"
-        return [*lines, f"{verdict} {len(problems)} problem(s); "
-                        f"{'recover with: ' + steps if steps else 'no command recovers it'}"]
+        then = ("recover with: " + steps if steps
+                else "move the snapshot folders named above out of the lake"
+                if all(f.subject == SNAPSHOTS for f in problems)
+                else "no command recovers it")
+        return [*lines, f"{verdict} {len(problems)} problem(s); {then}"]
 
 
 def check_table(
@@ -467,9 +470,7 @@ def advise(
             advised.append(finding)
             continue
         if finding.subject == SNAPSHOTS and finding.lost:
-            recovery = (f"recover: `{_command(settings, 'snapshot')}` for a new restore "
-                        "point, and move this folder out of the lake (a VACUUM removed files "
-                        "it needs)")
+            recovery = _unrestorable_recovery(finding.lost, settings, snapshots, usable)
         elif finding.subject == SNAPSHOTS:
             recovery = ("move the snapshot folder whose snapshot.json does not parse out of "
                         f"{finding.detail}; the other snapshots stay usable")
@@ -560,6 +561,20 @@ def check_lake(spark: SparkSession | None, settings: Settings) -> HealthReport:
         findings += unusable
     return HealthReport(tuple(advise(findings, settings, snapshots,
                                      unusable={f.lost for f in unusable})))
+
+
+def _unrestorable_recovery(snapshot_id: str, settings: Settings,
+                           snapshots: Sequence[Snapshot], usable: Sequence[Snapshot]) -> str:
+    """What to do with a snapshot that cannot be restored: move it out of the lake, and take
+    a new restore point unless one was taken since (then no command is left to run)."""
+    unusable = next((s for s in snapshots if s.snapshot_id == snapshot_id), None)
+    since = [s.snapshot_id for s in usable
+             if unusable is not None and s.created > unusable.created]
+    if since:
+        return (f"move this folder out of the lake (a VACUUM removed files it needs); "
+                f"snapshot {since[-1]}, taken since, is a restore point")
+    return (f"recover: `{_command(settings, 'snapshot')}` for a new restore point, and move "
+            "this folder out of the lake (a VACUUM removed files it needs)")
 
 
 def unrestorable_snapshots(lake: str, snapshots: Sequence[Snapshot]) -> list[Finding]:

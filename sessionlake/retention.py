@@ -111,7 +111,8 @@ class RetentionRequest:
 
 @dataclass(frozen=True)
 class VacuumPlan:
-    """The VACUUM retention to use, and why it is more than was asked for."""
+    """The VACUUM retention to use, and why it is more than was asked for (or what a forced
+    one, less than the lake needs, may cost)."""
 
     requested_hours: float
     hours: float
@@ -268,8 +269,12 @@ def plan_vacuum(
     if running:
         needs.append((RUNNING_STREAM_HOURS, "the running stream", None))
     floor, why, lasts = max(needs, default=(0.0, None, None))
-    if request.force_vacuum or floor <= asked:
+    if floor <= asked:
         return VacuumPlan(asked, asked)
+    if request.force_vacuum:
+        return VacuumPlan(asked, asked, f"VACUUM forced to {asked:g}h, under the {floor:g}h "
+                          f"kept for {why}: `sessionlake snapshot --list` and `sessionlake "
+                          "doctor` say what can no longer be restored")
     return VacuumPlan(asked, floor, f"VACUUM kept {floor:g}h instead of {asked:g}h for {why}",
                       lasts)
 

@@ -212,8 +212,13 @@ def test_a_restore_whose_files_were_vacuumed_is_refused_before_anything_changes(
     # The health page found it restorable (and remembers its versions whole: not for long).
     assert [s.unrestorable for s in collect_health(config).snapshots] == [None]
     # u1's rows rewritten, and the files that held them before deleted at once.
-    enforce_retention(spark, config, RetentionRequest(
+    forced = enforce_retention(spark, config, RetentionRequest(
         erase_users=("u1",), vacuum_retain_hours=0, force_vacuum=True))
+    assert (forced.note or "").startswith(
+        "VACUUM forced to 0h, under the 1h kept for the oldest kept snapshot, taken "), forced
+    assert forced.note and forced.note.endswith(
+        ": `sessionlake snapshot --list` and `sessionlake doctor` say what can no longer "
+        "be restored"), forced
     versions = {t: table_version(spark, config.lake, t) for t in STREAM_TABLES}
     files = {p for p in Path(config.lake).rglob("*") if p.is_file()}
 
@@ -223,6 +228,9 @@ def test_a_restore_whose_files_were_vacuumed_is_refused_before_anything_changes(
     assert versions == {t: table_version(spark, config.lake, t) for t in STREAM_TABLES}
     assert files == {p for p in Path(config.lake).rglob("*") if p.is_file()}  # none set aside
     assert not (Path(config.checkpoint) / RESTORING_MARKER).exists()
+    # The doctor: not damage, but no restore point either.
+    assert check_lake(None, config).lines()[-1] == (
+        f"not damaged, but 1 problem(s); recover with: sessionlake snapshot --lake {config.lake}")
     # The catalog says so without a restore being tried; a snapshot taken since is fine.
     fresh = create_snapshot(spark, config)
     assert main(["snapshot", "--lake", config.lake, "--list"]) == 0
@@ -236,14 +244,17 @@ def test_a_restore_whose_files_were_vacuumed_is_refused_before_anything_changes(
     assert marks[snapshot.snapshot_id] == listed[snapshot.snapshot_id].split(
         "[cannot be restored: ", 1)[1].rstrip("]")
     assert f"no: {marks[snapshot.snapshot_id]}" in html.unescape(render_health_page(health))
-    # And the doctor: not damage, but no restore point either.
+    # And the doctor, once a snapshot was taken since: only the old folder to move out.
     report = check_lake(None, config)
     [unusable] = [f for f in report.findings if not f.ok]
     assert (unusable.subject, unusable.lost, unusable.damage) == (
         "snapshots", snapshot.snapshot_id, False)
     assert unusable.problem == f"cannot be restored ({marks[snapshot.snapshot_id]})"
-    assert report.lines()[-1] == (f"not damaged, but 1 problem(s); recover with: "
-                                  f"sessionlake snapshot --lake {config.lake}")
+    assert unusable.recovery == ("move this folder out of the lake (a VACUUM removed files it "
+                                 f"needs); snapshot {fresh.snapshot_id}, taken since, is a "
+                                 "restore point")
+    assert report.lines()[-1] == ("not damaged, but 1 problem(s); move the snapshot folders "
+                                  "named above out of the lake")
     land(Path(config.source or ""), 2)
     assert len(run(spark, config)) == 1  # the stream goes on
 
