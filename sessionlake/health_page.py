@@ -69,9 +69,9 @@ def fmt_bytes(value: int) -> str:
     return f"{size:.1f} GiB"
 
 
-def files(count: int) -> str:
-    """``count`` with "file" or "files", as the page's sentences need."""
-    return f"{count} file{'' if count == 1 else 's'}"
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless one ("1 file", "3 files")."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _cell(value: Any) -> str:
@@ -116,7 +116,7 @@ def input_waiting_text(health: Health) -> str:
     """The landing folder's backlog: files and bytes no committed batch has read yet."""
     waiting = health.input_waiting
     if waiting is not None:
-        return f"{files(waiting.files)}, {fmt_bytes(waiting.bytes)}"
+        return f"{counted(waiting.files, 'file')}, {fmt_bytes(waiting.bytes)}"
     source = health.source
     if source == KAFKA_SOURCE:
         return ("a Kafka topic (the offsets read are in the checkpoint: Spark commits none to a "
@@ -138,7 +138,7 @@ def archive_note(health: Health) -> str:
     waiting = health.input_waiting
     if waiting is None:
         return ""
-    text = (f"{files(waiting.read_left)} the stream has read "
+    text = (f"{counted(waiting.read_left, 'file')} the stream has read "
             f"{'is' if waiting.read_left == 1 else 'are'} still in the landing folder"
             f" {health.source}")
     log = (f" The checkpoint's file source log, which every run reads back, holds "

@@ -29,7 +29,13 @@ from sessionlake.charts import bar_chart
 from sessionlake.checkpoint import noted_gap_s
 from sessionlake.config import Settings, format_duration
 from sessionlake.health import Health, collect_health
-from sessionlake.health_page import STYLE, files, fmt_seconds, fmt_time, input_waiting_text
+from sessionlake.health_page import (
+    STYLE,
+    counted,
+    fmt_seconds,
+    fmt_time,
+    input_waiting_text,
+)
 
 #: Session lengths are counted in these classes: (label, upper bound in seconds, exclusive).
 DURATION_CLASSES: tuple[tuple[str, float], ...] = (
@@ -195,7 +201,7 @@ def _gaps_text(gaps: Sequence[tuple[int, int, date, date]], stream_gap_s: int | 
     if len(gaps) == 1 and stream_gap_s in (None, gaps[0][0]):
         return gap(gaps[0][0])
     return "; ".join(
-        f"{gap(gap_s)} {count} session{'' if count == 1 else 's'} started "
+        f"{gap(gap_s)} {counted(count, 'session')} started "
         f"{first.isoformat()}" + ("" if last == first else f"..{last.isoformat()}")
         for gap_s, count, first, last in gaps) + (
         "" if stream_gap_s is None else f"; the stream cuts with {gap(stream_gap_s)}") + (
@@ -220,8 +226,8 @@ def _input_text(health: Health) -> str:
     waiting = health.input_waiting
     if waiting is None:
         return input_waiting_text(health)
-    return (f"{input_waiting_text(health)} waiting; {files(waiting.read_left)} read and still "
-            f"in {health.source}"
+    return (f"{input_waiting_text(health)} waiting; {counted(waiting.read_left, 'file')} "
+            f"read and still in {health.source}"
             + (" (`sessionlake archive` moves them out)" if waiting.archive_due else ""))
 
 
