@@ -483,6 +483,16 @@ def kafka_topics_logged(text: str) -> list[str] | None:
     return sorted(offsets) if isinstance(offsets, dict) else []
 
 
+def kafka_topics_read(spark: SparkSession | None, checkpoint: str) -> list[str] | None:
+    """The topics of the checkpoint's Kafka source; ``None`` when it has no Kafka source
+    log (a folder's stream, or nothing read yet)."""
+    text = read_text(spark, f"{checkpoint.rstrip('/')}/{SOURCE_LOG}/0")
+    try:
+        return None if text is None else kafka_topics_logged(text)
+    except ValueError:
+        return []  # a Kafka entry cut short: the doctor names it
+
+
 def kafka_offsets(line: str) -> dict[str, dict[int, int]]:
     """Kafka offsets as Spark writes them in its logs (``{"topic": {"0": 42}}``): the next
     offset to read, by topic and partition."""

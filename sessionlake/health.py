@@ -34,11 +34,12 @@ from sessionlake.checkpoint import (
     PID_FILE,
     SNAPSHOTS_DIR,
     UnreadInput,
+    kafka_topics_read,
     lake_lock_folder,
     lock_held,
     unread_input,
 )
-from sessionlake.config import Settings, no_lake_message
+from sessionlake.config import KAFKA_SOURCE, Settings, no_lake_message
 from sessionlake.storage import is_glob, local_path
 
 log = logging.getLogger("sessionlake.health")
@@ -173,8 +174,11 @@ class Health:
     tables: list[TableHealth]
     snapshots: list[SnapshotEntry]
     retention: list[RetentionRun]
-    #: The landing folder (``SESSIONLAKE_SOURCE``), or ``kafka``; ``None`` when not set.
+    #: The landing folder (``SESSIONLAKE_SOURCE``), or ``kafka``, also when only the
+    #: stream's checkpoint says it reads Kafka; ``None`` when not set.
     source: str | None = None
+    #: The topics a Kafka stream reads (its checkpoint's, else ``--kafka-topic``).
+    kafka_topics: list[str] = field(default_factory=list)
     #: What of the landing folder no committed batch has read yet (the backlog a run would
     #: read now), and the read files still there; ``None`` when that cannot be told
     #: without Spark: a Kafka topic, a glob, a folder on another machine, or no source.
@@ -224,6 +228,7 @@ class Health:
             "snapshots": [asdict(s) for s in self.snapshots],
             "retention": [asdict(r) for r in self.retention],
             "source": self.source,
+            "kafka_topics": self.kafka_topics,
             "input_waiting": {**asdict(waiting), "archive_due": waiting.archive_due}
             if (waiting := self.input_waiting) else None,
             "problems": self.problems,
@@ -259,6 +264,7 @@ def collect_health(settings: Settings, now: datetime | None = None) -> Health:
     batches = _batches(states.get("batch_metrics"), problems)
     totals = {key: sum(getattr(b, key) for b in batches) for key in _COUNTED}
     running = running_stream(settings)
+    topics = _kafka_topics(settings, (running[1] if running else None) or settings.checkpoint)
     return Health(
         lake=settings.lake,
         generated_at=now,
@@ -275,10 +281,23 @@ def collect_health(settings: Settings, now: datetime | None = None) -> Health:
         tables=[table_health(name, state) for name, state in states.items()],
         snapshots=list_snapshot_entries(lake, problems),
         retention=_retention_runs(states.get("retention_audit"), problems),
-        source=settings.source,
+        source=KAFKA_SOURCE if topics else settings.source,
+        kafka_topics=topics,
         input_waiting=_input_waiting(settings, running[1] if running else None, problems),
         problems=problems,
     )
+
+
+def _kafka_topics(settings: Settings, checkpoint: str) -> list[str]:
+    """The topics the stream reads: its checkpoint's when that is on this machine and
+    read Kafka (``report`` and the page are mostly given only ``--lake``), else the
+    settings' topic for a Kafka stream; none for a folder's stream."""
+    if settings.source and not settings.reads_kafka:
+        return []
+    logged = kafka_topics_read(None, checkpoint) if local_path(checkpoint) else None
+    if logged:
+        return logged
+    return [settings.kafka_topic] if settings.reads_kafka and settings.kafka_topic else []
 
 
 def _input_waiting(settings: Settings, running_checkpoint: str | None,

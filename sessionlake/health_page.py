@@ -119,8 +119,9 @@ def input_waiting_text(health: Health) -> str:
         return f"{counted(waiting.files, 'file')}, {fmt_bytes(waiting.bytes)}"
     source = health.source
     if source == KAFKA_SOURCE:
-        return ("a Kafka topic (the offsets read are in the checkpoint: Spark commits none to a "
-                "consumer group)")
+        topics = ", ".join(health.kafka_topics) or "?"
+        return (f"not counted: Kafka topic {topics} (the offsets read are in the checkpoint: "
+                "Spark commits none to a consumer group)")
     if not source:
         return "no landing folder set"
     if is_glob(source):

@@ -23,7 +23,6 @@ from sessionlake.checkpoint import (
     SPARK_CHECKPOINT,
     SPARK_OFFSETS_LOG,
     kafka_offsets,
-    kafka_topics_logged,
     recorded_source_file,
 )
 from sessionlake.config import ENV, ConfigError, Settings
@@ -32,16 +31,6 @@ from sessionlake.registry import checkpoint_key, lake_stream_entries, same_kafka
 
 #: The run's logger: these checks are the run's, and its log lines keep one name.
 log = logging.getLogger("sessionlake.stream")
-
-
-def kafka_topics_read(spark: SparkSession | None, checkpoint: str) -> list[str] | None:
-    """The topics of the checkpoint's Kafka source; ``None`` when it has no Kafka source
-    log (a folder's stream, or nothing read yet)."""
-    text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{SOURCE_LOG}/0")
-    try:
-        return None if text is None else kafka_topics_logged(text)
-    except ValueError:
-        return []  # a Kafka entry cut short: the doctor names it
 
 
 def check_checkpoint_reads_kafka(spark: SparkSession, settings: Settings) -> None:

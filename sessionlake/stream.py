@@ -40,6 +40,7 @@ from sessionlake.checkpoint import (
     forget_archived_files,
     forget_requested,
     hidden_from_spark,
+    kafka_topics_read,
     lake_lock_folder,
     landing_subfolders_read,
     note_input_format,
@@ -62,7 +63,6 @@ from sessionlake.kafkastream import (
     check_topic_not_read_elsewhere,
     kafka_records,
     kafka_topic_gone,
-    kafka_topics_read,
 )
 from sessionlake.ledger import Clock, StreamIdentity, stream_identity, utc_now
 from sessionlake.locks import stream_locks

@@ -145,10 +145,23 @@ def test_the_input_waiting_is_counted_on_the_running_stream_s_own_checkpoint(
     assert (health.input_waiting.files, health.input_waiting.read_left) == (0, 1)
 
 
+def test_a_kafka_stream_s_lake_is_told_as_one_from_its_checkpoint(tmp_path: Path) -> None:
+    """``report`` and the page are mostly given only ``--lake``: a lake whose checkpoint
+    read a Kafka topic names that topic, not "no landing folder set"."""
+    lake = tmp_path / "lake"
+    source_log = lake / "_checkpoints" / "stream" / "spark" / "sources" / "0"
+    source_log.mkdir(parents=True)
+    (source_log / "0").write_text('\0v1\n{"clicks":{"0":0,"1":0}}')
+    health = collect_health(settings_from({"lake": str(lake)}, env={}))
+    assert (health.source, health.kafka_topics) == ("kafka", ["clicks"])
+    assert health.as_json()["kafka_topics"] == ["clicks"]
+    assert input_waiting_text(health).startswith("not counted: Kafka topic clicks (")
+
+
 @pytest.mark.parametrize(("source", "text", "problem"), [
     (None, "no landing folder set", None),
-    ("kafka", "a Kafka topic (the offsets read are in the checkpoint: Spark commits none "
-     "to a consumer group)", None),
+    ("kafka", "not counted: Kafka topic events (the offsets read are in the checkpoint: "
+     "Spark commits none to a consumer group)", None),
     ("{landing}/2026-*", "not counted: the landing folder is a pattern, which only Spark lists",
      None),
     ("s3a://bucket/landing", "not counted: the landing folder is not on this machine", None),
