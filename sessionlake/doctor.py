@@ -563,6 +563,11 @@ def check_lake(spark: SparkSession | None, settings: Settings) -> HealthReport:
                                      unusable={f.lost for f in unusable})))
 
 
+#: Why a snapshot cannot be restored, as far as the doctor can tell: its files are gone,
+#: and it cannot tell a forced VACUUM from a hand.
+_GONE = "files it needs are gone: a forced VACUUM, or a hand, removed them"
+
+
 def _unrestorable_recovery(snapshot_id: str, settings: Settings,
                            snapshots: Sequence[Snapshot], usable: Sequence[Snapshot]) -> str:
     """What to do with a snapshot that cannot be restored: move it out of the lake, and take
@@ -571,10 +576,10 @@ def _unrestorable_recovery(snapshot_id: str, settings: Settings,
     since = [s.snapshot_id for s in usable
              if unusable is not None and s.created > unusable.created]
     if since:
-        return (f"move this folder out of the lake (a VACUUM removed files it needs); "
+        return (f"move this folder out of the lake ({_GONE}); "
                 f"snapshot {since[-1]}, taken since, is a restore point")
     return (f"recover: `{_command(settings, 'snapshot')}` for a new restore point, and move "
-            "this folder out of the lake (a VACUUM removed files it needs)")
+            f"this folder out of the lake ({_GONE})")
 
 
 def unrestorable_snapshots(lake: str, snapshots: Sequence[Snapshot]) -> list[Finding]:

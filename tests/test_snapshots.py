@@ -250,9 +250,9 @@ def test_a_restore_whose_files_were_vacuumed_is_refused_before_anything_changes(
     assert (unusable.subject, unusable.lost, unusable.damage) == (
         "snapshots", snapshot.snapshot_id, False)
     assert unusable.problem == f"cannot be restored ({marks[snapshot.snapshot_id]})"
-    assert unusable.recovery == ("move this folder out of the lake (a VACUUM removed files it "
-                                 f"needs); snapshot {fresh.snapshot_id}, taken since, is a "
-                                 "restore point")
+    assert unusable.recovery == ("move this folder out of the lake (files it needs are gone: "
+                                 "a forced VACUUM, or a hand, removed them); snapshot "
+                                 f"{fresh.snapshot_id}, taken since, is a restore point")
     assert report.lines()[-1] == ("not damaged, but 1 problem(s); move the snapshot folders "
                                   "named above out of the lake")
     land(Path(config.source or ""), 2)
