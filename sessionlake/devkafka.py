@@ -297,6 +297,23 @@ def _load_topic_here(bootstrap: str, topic: str, partitions: int, folder: Path |
         spark.stop()
 
 
+#: The lake :func:`main` suggests reading the broker's topic into.
+DEMO_LAKE = Path("demo/kafka-lake")
+
+
+def try_hint(bootstrap: str, topic: str, lake: Path) -> str:
+    """The run to try against a broker just started. Each start is a new cluster, whose
+    offsets a lake that read an earlier one refuses (rightly: they mean nothing here), so
+    such a lake is named, with what to do, instead of a command that would be refused."""
+    command = (f"  sessionlake run --source kafka --kafka-bootstrap {bootstrap} "
+               f"--topic {topic} --lake {lake}")
+    if not lake.exists():
+        return f"Try:\n{command}"
+    return (f"Try:\n{command}\nafter `rm -rf {lake}`: it holds what an earlier start of "
+            "this broker gave, and each start is a new Kafka cluster, which its checkpoint "
+            "refuses (or give another --lake)")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m sessionlake.devkafka``: run a broker until Ctrl-C or SIGTERM."""
     parser = argparse.ArgumentParser(prog="python -m sessionlake.devkafka",
@@ -332,9 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"topic {args.topic}: {args.partitions} partition(s), {sent} record(s)"
               + (f" from {args.load}" if args.load else ""))
     print(f"Kafka broker on {broker.bootstrap} (KRaft, data and log in {args.data_dir}); "
-          "Ctrl-C stops it. Try:\n"
-          f"  sessionlake run --source kafka --kafka-bootstrap {broker.bootstrap} "
-          f"--topic {topic} --lake demo/kafka-lake", flush=True)
+          f"Ctrl-C stops it. {try_hint(broker.bootstrap, topic, DEMO_LAKE)}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
