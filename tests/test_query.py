@@ -57,6 +57,7 @@ from sessionlake.query import (
     named_queries,
     names_used,
     parse_as_of,
+    register_params,
     run_named_query,
     run_sql,
     version_at,
@@ -173,6 +174,36 @@ def test_duration_distribution_uses_the_report_s_classes(spark: SparkSession) ->
     assert [(r["duration"], r["sessions"]) for r in rows] == [
         (label, n) for label, n in duration_classes(seconds) if n
     ]
+
+
+@pytest.mark.parametrize(("step1", "step2", "converts"), [
+    (("10:00:00", "x.log#7"), ("10:00:00", "x.log#15"), True),   # #7 before #15, as a number
+    (("10:00:00", "x.log#15"), ("10:00:00", "x.log#7"), False),
+    (("10:00:00", "b"), ("10:00:00", "a"), False),              # by id, then, at one instant
+    (("10:00:00", "z"), ("10:00:01", "a"), True),               # time first
+    (("10:00:01", "a"), ("10:00:00", "z"), False),
+])
+def test_the_funnel_s_later_is_the_session_s_order_of_events(
+    spark: SparkSession, step1: tuple[str, str], step2: tuple[str, str], converts: bool
+) -> None:
+    """Steps at the same instant count in the order the engine gives a session's events
+    (entry and exit pages follow it): by time, then by id, its final number as a number."""
+    events = [("u", datetime.fromisoformat(f"2026-01-05T{clock}"), DAY5, page, event_id)
+              for (clock, event_id), page in ((step1, "/a"), (step2, "/b"))]
+    spark.createDataFrame(events, "user_id string, event_time timestamp, event_date date, "
+                          "page string, event_id string").createOrReplaceTempView("events")
+    spark.createDataFrame(
+        [("s", "u", datetime(2026, 1, 5, 10), datetime(2026, 1, 5, 10, 0, 1), DAY5)],
+        "session_id string, user_id string, session_start timestamp, session_end timestamp, "
+        "session_date date").createOrReplaceTempView("sessions")
+    query = named_queries()["funnel"]
+    register_params(spark, query, {"step1": "/a", "step2": "/b"})
+    try:
+        [row] = spark.sql(query.text).collect()
+    finally:
+        for view in ("events", "sessions", "query_params"):
+            spark.catalog.dropTempView(view)
+    assert (row["step1_sessions"], row["step2_sessions"]) == (1, int(converts))
 
 
 @pytest.mark.parametrize("name", sorted(HAND_ANSWERS))
