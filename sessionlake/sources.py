@@ -28,9 +28,10 @@ from pyspark.sql.types import MapType, StringType
 JSONL_FIELDS: tuple[str, ...] = (
     "user_id", "event_time", "event_id", "event_type", "page", "properties",
 )
-#: An ISO-8601 date and time, with optional fraction and offset (no offset means UTC).
+#: An ISO-8601 date and time (RFC 3339's lower-case ``t`` and ``z`` too), with optional
+#: fraction (after a point or ISO's comma) and offset (no offset means UTC).
 ISO_TIMESTAMP = (
-    r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?"
+    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}([.,]\d{1,9})?)?"
     r"(Z|z|[+-]\d{2}(:?\d{2})?)?$"
 )
 #: Apache/NGINX combined log format: client, identity, user, [time], "request", status,
@@ -60,12 +61,15 @@ def iso_time(text: Column) -> Column:
     it cannot be read as one.
 
     Spark's parser reads most ISO-8601 forms as they are, but not a time without seconds
-    that carries an offset (``10:00Z``, ``10:00+01:00``) nor a lower-case ``z``: those are
-    read again written out in full. Only what the first parse could not read is parsed
-    twice, so the usual forms cost no more.
+    that carries an offset (``10:00Z``, ``10:00+01:00``), a lower-case ``t`` or ``z``, nor
+    a fraction after a comma: those are read again written out in full. Only what the
+    first parse could not read is parsed twice, so the usual forms cost no more. A
+    fraction finer than a microsecond, Spark's precision, is cut to the microsecond.
     """
-    full = F.regexp_replace(
-        F.regexp_replace(text, r"^(.{10}[T ]\d{2}:\d{2})(?=[Zz+-]|$)", "$1:00"), "z$", "Z")
+    full = text
+    for pattern, replacement in ((r"^(.{10})t", "$1T"), (r"^(.{19}),", "$1."), (r"z$", "Z"),
+                                 (r"^(.{10}[T ]\d{2}:\d{2})(?=[Z+-]|$)", "$1:00")):
+        full = F.regexp_replace(full, pattern, replacement)
     return F.coalesce(F.try_to_timestamp(text), F.try_to_timestamp(full))
 
 

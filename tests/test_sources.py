@@ -109,6 +109,12 @@ def test_record_longer_than_the_limit_is_quarantined_cut(spark: SparkSession) ->
         ("2026-01-05T11:00+0100", datetime(2026, 1, 5, 10, 0)),
         ("2026-01-05T05:00-05", datetime(2026, 1, 5, 10, 0)),
         ("2026-01-05 10:00", datetime(2026, 1, 5, 10, 0)),
+        ("2026-01-05t10:00:00z", datetime(2026, 1, 5, 10, 0)),          # RFC 3339 allows
+        ("2026-01-05t10:00z", datetime(2026, 1, 5, 10, 0)),
+        ("2026-01-05T10:00:00,5Z", datetime(2026, 1, 5, 10, 0, 0, 500000)),  # ISO's comma
+        ("2026-01-05T11:00:00,25+01:00", datetime(2026, 1, 5, 10, 0, 0, 250000)),
+        # Spark's precision is the microsecond: finer digits are cut.
+        ("2026-01-05T10:00:00.123456789Z", datetime(2026, 1, 5, 10, 0, 0, 123456)),
     ],
 )
 def test_event_times_are_read_as_utc(spark: SparkSession, stamp: str, expected: datetime) -> None:
