@@ -18,6 +18,7 @@ restore task runs beside them.
 
 Params: `shuffle_partitions` (>= 1), `master` (`local[*]`, `local[N]`, `spark://host:port`;
 empty, the default: the `spark_default` connection's master, where the other DAGs run).
+Both are checked before anything is stopped, and a standalone master must answer.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from airflow.sdk import DAG, Param, chain, task
 
 from sessionlake import orchestration as orch
 from sessionlake.airflow_tasks import at_run_time, connection_master, trigger_params
+from sessionlake.spark import check_master_answers
 
 with DAG(
     dag_id="sessionlake_restart",
@@ -49,6 +51,7 @@ with DAG(
     def validate_params() -> list[str]:
         """Check the params and build the new run's command before anything is stopped."""
         checked = orch.validate_restart_params(trigger_params(), connection_master())
+        check_master_answers(checked.master)  # else the stream is stopped, and stays so
         return orch.continuous_run_args(orch.locations_from_env(), checked)
 
     @task(pool=orch.CHECKPOINT_POOL)

@@ -417,8 +417,14 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _spark(settings: Settings, app: str, *, kafka: bool = False,
            quick_start: bool = False) -> Any:
-    from sessionlake.spark import JarsMissingError, build_spark, check_kafka_jars
+    from sessionlake.spark import (
+        JarsMissingError,
+        build_spark,
+        check_kafka_jars,
+        check_master_answers,
+    )
 
+    check_master_answers(settings.master)
     try:
         if kafka:
             check_kafka_jars()

@@ -131,6 +131,28 @@ def _one_of(value: Any, choices: tuple[str, ...], name: str) -> str:
     return str(value)
 
 
+#: The Spark masters a run can be given: ``local``, ``local[N]``, ``local[*]``,
+#: ``local[N,F]``, ``local-cluster[...]``, ``spark://host:port[,host:port]``, ``yarn``,
+#: ``k8s://...``.
+SPARK_MASTER = re.compile(
+    r"^(local(\[(\*|[1-9]\d*)(,[1-9]\d*)?\])?"
+    r"|local-cluster\[[1-9]\d*,[1-9]\d*,[1-9]\d*\]"
+    r"|spark://[\w.-]+:\d+(,[\w.-]+:\d+)*"
+    r"|yarn|k8s://\S+)$"
+)
+#: What :data:`SPARK_MASTER` admits, in words.
+SPARK_MASTER_FORMS = "local[*], local[N], spark://host:port, yarn or k8s://..."
+
+
+def spark_master(value: Any) -> str:
+    """``value`` when Spark can start on it as a master URL; else a ConfigError, before a
+    JVM starts (Spark's own refusal is a stack trace)."""
+    text = str(value).strip()
+    if not SPARK_MASTER.match(text):
+        raise ConfigError(f"master must be {SPARK_MASTER_FORMS}, got {text!r}")
+    return text
+
+
 def _positive_int(value: Any, name: str) -> int:
     try:
         number = int(str(value))
@@ -354,7 +376,7 @@ def settings_from(
             updates[key] = (KAFKA_SOURCE if key == "source" and current[key] == KAFKA_SOURCE
                             else absolute_location(str(current[key])))
     if "master" in current:
-        updates["master"] = str(current["master"])
+        check("master", spark_master)
     for key, name, choices in (("input_format", "format", INPUT_FORMATS),
                                ("trigger", "trigger", TRIGGERS),
                                ("kafka_starting_offsets", "starting-offsets", STARTING_OFFSETS)):

@@ -49,6 +49,8 @@ from sessionlake.checkpoint import (
     unread_input,
 )
 from sessionlake.config import (
+    SPARK_MASTER,
+    SPARK_MASTER_FORMS,
     ConfigError,
     Settings,
     format_duration,
@@ -78,12 +80,6 @@ ARCHIVE_ENV = "SESSIONLAKE_ARCHIVE"
 CHECKPOINT_POOL = "sessionlake_checkpoint"
 CHECKPOINT_POOL_SLOTS = 1
 
-_MASTER = re.compile(
-    r"^(local(\[(\*|[1-9]\d*)(,[1-9]\d*)?\])?"
-    r"|local-cluster\[[1-9]\d*,[1-9]\d*,[1-9]\d*\]"
-    r"|spark://[\w.-]+:\d+(,[\w.-]+:\d+)*"
-    r"|yarn|k8s://\S+)$"
-)
 _IDENTIFIER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 
@@ -380,9 +376,8 @@ def validate_restart_params(
     master = params.get("master")
     if master is None or (isinstance(master, str) and not master.strip()):
         master = connection_master
-    if not isinstance(master, str) or not _MASTER.match(master.strip()):
-        raise _bad("master", master,
-                    "must be local[*], local[N], spark://host:port, yarn or k8s://...")
+    if not isinstance(master, str) or not SPARK_MASTER.match(master.strip()):
+        raise _bad("master", master, f"must be {SPARK_MASTER_FORMS}")
     return RestartParams(_whole(params, "shuffle_partitions", 1), master.strip())
 
 

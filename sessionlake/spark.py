@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import re
+import socket
 import sys
 import tempfile
 import threading
@@ -427,6 +428,33 @@ def use_utc_in_python() -> None:
     if os.environ.get("TZ") != "UTC":
         os.environ["TZ"] = "UTC"
         time.tzset()
+
+
+#: How long :func:`check_master_answers` waits for a standalone master to answer.
+MASTER_CONNECT_TIMEOUT_S = 5.0
+
+
+def check_master_answers(master: str, timeout: float = MASTER_CONNECT_TIMEOUT_S) -> None:
+    """Refuse a standalone master (``spark://host:port[,host:port]``) none of whose
+    addresses accepts a connection, before a JVM starts: Spark itself retries for a
+    minute, then fails the session with a stack trace that does not name the master. A
+    restart checks this before it stops the stream it would replace. Other masters pass.
+
+    :raises ConfigError: naming the master and what each address said.
+    """
+    if not master.startswith("spark://"):
+        return
+    said = []
+    for address in master.removeprefix("spark://").split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout).close()
+            return
+        except (OSError, ValueError) as error:
+            said.append(f"{address}: {getattr(error, 'strerror', None) or error}")
+    raise ConfigError(f"the Spark master {master} does not answer ({'; '.join(said)}): "
+                      "start it, or give the master it listens as (--master, "
+                      "SESSIONLAKE_MASTER)")
 
 
 def build_spark(

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,10 @@ def test_every_option_s_value_has_a_name_not_its_dest() -> None:
         (["run", "--lake", "../elsewhere", "--source", ".", "--checkpoint", "L"],
          "--checkpoint"),
         (["run", "--lake", "L", "--source", ".", "--format", "xml"], "invalid choice: 'xml'"),
+        *[(["run", "--lake", "L", "--source", ".", "--master", master],
+           f"master must be local[*], local[N], spark://host:port, yarn or k8s://..., got "
+           f"'{master}'") for master in ("foo", "spark//127.0.0.1:7077", "spark://127.0.0.1")],
+        (["sql", "--lake", "L", "--master", "local[0]", "SELECT 1"], "master must be"),
         (["generate", "--out", "x", "--users", "0", "--events", "10"], "users"),
         (["archive", "--lake", "L", "--source", ".", "--to", "old"],
          "inside the landing folder"),
@@ -110,6 +115,26 @@ def test_bad_arguments_exit_2_with_one_line(
     assert len(err.splitlines()) == 1
     assert message in err
     assert not (tmp_path / "L").exists()
+
+
+def test_a_standalone_master_that_does_not_answer_is_told_before_spark_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark would retry for a minute, then fail in a stack trace that names no master."""
+    def no_spark(*_: object, **__: object) -> None:
+        raise AssertionError("Spark was started on a master that does not answer")
+
+    monkeypatch.setattr("sessionlake.spark.build_spark", no_spark)
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        master = f"spark://127.0.0.1:{unused.getsockname()[1]},localhost:1"
+    (tmp_path / "landing").mkdir()
+    status = main(["run", "--lake", str(tmp_path / "lake"), "--source",
+                   str(tmp_path / "landing"), "--master", master])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"sessionlake: error: the Spark master {master} does not answer (")
+    assert "Connection refused" in err and not (tmp_path / "lake").exists()
 
 
 @pytest.mark.parametrize(("flags", "troubled"), [

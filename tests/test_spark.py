@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import zipfile
@@ -38,6 +39,7 @@ from sessionlake.spark import (
     SPARK_UI_ENV,
     THROUGHPUT_GC,
     administrators_conf,
+    check_master_answers,
     codegen_for_batch,
     default_conf,
     delta_jars,
@@ -624,3 +626,21 @@ def test_the_jvms_output_goes_to_standard_error_and_the_commands_result_alone_to
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == "result\n"
     assert "from the JVM" in done.stderr
+
+
+def test_a_standalone_master_must_answer_at_one_of_its_addresses() -> None:
+    """A restart checks this before it stops the stream it replaces: an unreachable master
+    would leave that stream stopped. One answering address of several (a standby
+    master's) is enough; other masters are not asked."""
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        closed.bind(("127.0.0.1", 0))
+        up, down = (f"127.0.0.1:{s.getsockname()[1]}" for s in (listening, closed))
+        check_master_answers(f"spark://{up}")
+        check_master_answers(f"spark://{down},{up}")
+        for master in ("local[2]", "yarn", "k8s://https://nowhere:6443"):
+            check_master_answers(master)
+        with pytest.raises(ConfigError, match=rf"^the Spark master spark://{down} does not "
+                           rf"answer \({down}: Connection refused\): start it"):
+            check_master_answers(f"spark://{down}")
