@@ -416,10 +416,13 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _spark(settings: Settings, app: str, *, kafka: bool = False,
-           quick_start: bool = False) -> Any:
+           quick_start: bool = False, makes_lake: bool = False) -> Any:
+    """The command's Spark session, once its master answers; on a cluster, only when
+    its executors see the lake's folder as the driver does."""
     from sessionlake.spark import (
         JarsMissingError,
         build_spark,
+        check_executors_see,
         check_kafka_jars,
         check_master_answers,
     )
@@ -428,11 +431,13 @@ def _spark(settings: Settings, app: str, *, kafka: bool = False,
     try:
         if kafka:
             check_kafka_jars()
-        return build_spark(settings.master, app_name=app,
-                           shuffle_partitions=settings.shuffle_partitions,
-                           quick_start=quick_start)
+        spark = build_spark(settings.master, app_name=app,
+                            shuffle_partitions=settings.shuffle_partitions,
+                            quick_start=quick_start)
     except JarsMissingError as error:
         raise UsageError(str(error)) from None
+    check_executors_see(spark, settings.lake, make=makes_lake)
+    return spark
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -453,7 +458,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     unread = unread_input(settings.source or "", settings.checkpoint)
     warn_of_read_files_left(unread, settings.source or "")
     spark = _spark(settings, "sessionlake-run", kafka=settings.reads_kafka,
-                   quick_start=_quick_start(settings, unread))
+                   quick_start=_quick_start(settings, unread), makes_lake=True)
     # A bar for runs that end (available-now); a continuous run is followed in its log.
     bar = progress("micro-batches") if settings.trigger == "available-now" else nullcontext()
     try:

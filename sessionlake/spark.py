@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -32,6 +33,7 @@ from pyspark.sql import SparkSession
 
 from sessionlake.checkpoint import UnreadInput
 from sessionlake.config import ConfigError
+from sessionlake.storage import local_path
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -872,6 +874,50 @@ def ship_package(spark: SparkSession) -> Path | None:
         context.addPyFile(str(archive))
         _SHIPPED[context.applicationId] = str(archive)
     return archive
+
+
+def check_executors_see(spark: SparkSession, folder: str, *, make: bool = False) -> None:
+    """Refuse a lake folder on this machine's file system that the cluster's executors do
+    not see as the driver does (a ``file://`` lake on a disk of the driver's, not on a
+    volume every node mounts at the same path).
+
+    The executors write the tables' data files and the driver their logs: on a folder
+    they do not share, a batch commits files that only an executor's disk holds, and the
+    lake has lost them (measured: a worker in a mount namespace of its own, its batch 0
+    committed, its files then missing to every later read). A file the driver writes
+    there must be seen by every task of a small job, one per core the cluster gives; a
+    local master or a lake on other storage pass, and so does a folder not made yet
+    unless ``make`` (a run's, which would make it anyway) makes it first.
+
+    :raises ConfigError: naming the executors that do not see the folder.
+    """
+    if is_local_master(str(spark.sparkContext.master)):
+        return
+    local = local_path(folder)
+    if local is None or not (local.is_dir() or make):
+        return
+    local.mkdir(parents=True, exist_ok=True)
+    marker = local / f".sessionlake-shared-{uuid.uuid4().hex}"
+    marker.write_bytes(b"")
+    try:
+        tasks = max(2, spark.sparkContext.defaultParallelism)
+        path = str(marker)
+        seen = spark.sparkContext.parallelize(range(tasks), tasks).map(
+            lambda _: executor_sees(path)).collect()
+    finally:
+        marker.unlink(missing_ok=True)
+    blind = sorted({where for where, sees in seen if not sees})
+    if blind:
+        raise ConfigError(
+            f"the lake {folder} is a folder of this machine that the executors "
+            f"({', '.join(blind)}) do not see: a file written there is not there for them, "
+            "so the files they write would be lost. Give a folder every node mounts at the "
+            "same path, or object storage (docs/object-storage.md)")
+
+
+def executor_sees(path: str) -> tuple[str, bool]:
+    """Run on an executor: where it runs (host and process) and whether ``path`` exists."""
+    return f"{socket.gethostname()} pid {os.getpid()}", os.path.exists(path)
 
 
 def _python() -> str:

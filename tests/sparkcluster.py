@@ -128,6 +128,7 @@ def start_cluster(
     memory: str = "1g",
     python: str | None = None,
     timeout: float = 120.0,
+    hidden: Path | None = None,
 ) -> SparkCluster:
     """Start a master and ``workers`` workers under ``root``; wait until all are ALIVE.
 
@@ -135,6 +136,9 @@ def start_cluster(
     :param cores: cores each worker offers; with one, an app gets one executor per worker.
     :param memory: memory each worker offers to executors.
     :param python: the executors' Python; default the interpreter running this code.
+    :param hidden: a folder the workers (and so their executors) do not see: each runs in
+        a mount namespace of its own with an empty file system mounted there, as a node
+        without the driver's disk would (needs ``unshare``, as root).
     :raises RuntimeError: with the daemons' logs, when they are not all up in ``timeout``.
     """
     log_dir, conf_dir = root / "logs", root / "conf"
@@ -163,9 +167,12 @@ def start_cluster(
         for name, args in commands:
             log = open(log_dir / f"{name}.log", "w")  # noqa: SIM115 - closed by stop()
             cluster._logs.append(log)
+            hide = [] if hidden is None or name == "master" else [
+                "unshare", "--mount", "--propagation", "private", "sh", "-c",
+                'mount -t tmpfs none "$0" && exec "$@"', str(hidden)]
             cluster.processes.append(subprocess.Popen(
-                [str(SPARK_CLASS), *args], stdout=log, stderr=subprocess.STDOUT, env=env,
-                stdin=subprocess.DEVNULL, cwd=root,
+                [*hide, str(SPARK_CLASS), *args], stdout=log, stderr=subprocess.STDOUT,
+                env=env, stdin=subprocess.DEVNULL, cwd=root,
             ))
         _wait_until_alive(cluster, workers, timeout)
     except BaseException:

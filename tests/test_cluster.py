@@ -33,7 +33,7 @@ from sessionlake.stream import run_stream
 from sessionlake.tables import read_table
 from tests.conftest import REPO
 from tests.dags.conftest import DAGS, airflow_home  # noqa: F401 - the DAG test's fixture
-from tests.sparkcluster import SparkCluster
+from tests.sparkcluster import SparkCluster, start_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -109,6 +109,36 @@ def test_cli_run_on_the_cluster_gives_the_local_tables(
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-4000:]}\n{cluster_env.logs()}"
     assert_ran_on_both_workers(cluster_env, "sessionlake-run")
     assert_same_tables(spark, lake, reference_lake)
+
+
+def test_a_lake_the_executors_do_not_see_is_refused_before_a_batch(
+    tmp_path: Path, clickstream: Path
+) -> None:
+    """A ``file://`` lake on the driver's disk alone: the executors' data files would land
+    on theirs, and the lake would lose them once a batch committed (a walkthrough saw
+    batch 0 commit, then every read fail). Refused, naming the executors, before any
+    table is written."""
+    if subprocess.run(["unshare", "--mount", "true"], check=False,
+                      capture_output=True).returncode != 0:
+        pytest.skip("needs unshare --mount (root) to hide a folder from a worker")
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    cluster = start_cluster(tmp_path / "cluster", workers=1, hidden=hidden)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "sessionlake.cli", "run", "--source", str(clickstream),
+             "--lake", str(hidden / "lake"), "--master", cluster.master_url],
+            capture_output=True, text=True, cwd=REPO, timeout=600, check=False,
+            env={**os.environ, "SPARK_CONF_DIR": str(cluster.conf_dir),
+                 "SESSIONLAKE_DRIVER_MEMORY": "1g"},
+        )
+    finally:
+        cluster.stop()
+    assert done.returncode == 2, f"{done.stdout}\n{done.stderr[-4000:]}"
+    assert (f"sessionlake: error: the lake {hidden / 'lake'} is a folder of this machine "
+            "that the executors (") in done.stderr
+    assert ") do not see: a file written there is not there for them" in done.stderr
+    assert sorted(p.name for p in (hidden / "lake").iterdir()) == []
 
 
 def _executor_pids(app_id: str) -> list[int]:
