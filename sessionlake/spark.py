@@ -25,6 +25,9 @@ import time
 import uuid
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -32,7 +35,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from sessionlake.checkpoint import UnreadInput
-from sessionlake.config import ConfigError
+from sessionlake.config import ConfigError, format_duration
 from sessionlake.storage import local_path
 
 T = TypeVar("T")
@@ -900,10 +903,7 @@ def check_executors_see(spark: SparkSession, folder: str, *, make: bool = False)
     marker = local / f".sessionlake-shared-{uuid.uuid4().hex}"
     marker.write_bytes(b"")
     try:
-        tasks = max(2, spark.sparkContext.defaultParallelism)
-        path = str(marker)
-        seen = spark.sparkContext.parallelize(range(tasks), tasks).map(
-            lambda _: executor_sees(path)).collect()
+        seen = _on_every_core(spark, partial(executor_sees, str(marker)))
     finally:
         marker.unlink(missing_ok=True)
     blind = sorted({where for where, sees in seen if not sees})
@@ -913,6 +913,46 @@ def check_executors_see(spark: SparkSession, folder: str, *, make: bool = False)
             f"({', '.join(blind)}) do not see: a file written there is not there for them, "
             "so the files they write would be lost. Give a folder every node mounts at the "
             "same path, or object storage (docs/object-storage.md)")
+
+
+#: How long a command waits for the cluster's executors before it gives up
+#: (``SESSIONLAKE_EXECUTOR_WAIT``, a duration).
+ENV_EXECUTOR_WAIT = "SESSIONLAKE_EXECUTOR_WAIT"
+EXECUTOR_WAIT = "2m"
+
+
+def _on_every_core(spark: SparkSession, probe: Callable[[], T]) -> list[T]:
+    """``probe``'s answers from a job of one task per core the cluster gives, waited for
+    ``SESSIONLAKE_EXECUTOR_WAIT``: a cluster that gives no executor (workers too small
+    for ``spark.executor.memory``, or busy) would hold the job, and the command, without a
+    word, Spark's own warning being below the log level.
+
+    :raises ConfigError: when the job did not finish in time, its tasks cancelled.
+    """
+    from sessionlake.config import parse_duration
+
+    wait = parse_duration(os.environ.get(ENV_EXECUTOR_WAIT, EXECUTOR_WAIT), ENV_EXECUTOR_WAIT)
+    context = spark.sparkContext
+    tasks = max(2, context.defaultParallelism)
+    group = f"sessionlake-probe-{uuid.uuid4().hex}"
+
+    def run() -> list[T]:
+        context.setJobGroup(group, "sessionlake: do the executors see the lake?", True)
+        return context.parallelize(range(tasks), tasks).map(lambda _: probe()).collect()
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        return pool.submit(run).result(timeout=wait.total_seconds())
+    except FuturesTimeout:
+        context.cancelJobGroup(group)
+        executors = context._jsc.sc().getExecutorMemoryStatus().size() - 1  # but the driver
+        raise ConfigError(
+            f"the cluster ran no task of this command in {format_duration(wait)} "
+            f"({executors} executor(s) registered): its workers lack the free cores or the "
+            "memory an executor asks (spark.executor.memory, 1g unless set), or are busy; "
+            f"the master's page says which ({ENV_EXECUTOR_WAIT} sets the wait)") from None
+    finally:
+        pool.shutdown(wait=False)
 
 
 def executor_sees(path: str) -> tuple[str, bool]:

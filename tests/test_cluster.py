@@ -141,6 +141,33 @@ def test_a_lake_the_executors_do_not_see_is_refused_before_a_batch(
     assert sorted(p.name for p in (hidden / "lake").iterdir()) == []
 
 
+def test_a_cluster_that_gives_no_executor_is_told_in_one_line(
+    cluster_env: SparkCluster, clickstream: Path, tmp_path: Path
+) -> None:
+    """Executors that ask more memory than any worker offers: the application waits for
+    ever, and Spark's warning is below the log level. Told after the wait, nothing
+    written."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text(
+        (cluster_env.conf_dir / "spark-defaults.conf").read_text()
+        + "spark.executor.memory 64g\n")
+    lake = tmp_path / "lake"
+    done = subprocess.run(
+        [sys.executable, "-m", "sessionlake.cli", "run", "--source", str(clickstream),
+         "--lake", str(lake), "--master", cluster_env.master_url],
+        capture_output=True, text=True, cwd=REPO, timeout=600, check=False,
+        env={**os.environ, "SPARK_CONF_DIR": str(conf), "SESSIONLAKE_EXECUTOR_WAIT": "15s"},
+    )
+    assert done.returncode == 2, f"{done.stdout}\n{done.stderr[-4000:]}"
+    assert done.stderr.strip().splitlines()[-1] == (
+        "sessionlake: error: the cluster ran no task of this command in 15s (0 executor(s) "
+        "registered): its workers lack the free cores or the memory an executor asks "
+        "(spark.executor.memory, 1g unless set), or are busy; the master's page says which "
+        "(SESSIONLAKE_EXECUTOR_WAIT sets the wait)")
+    assert list(lake.iterdir()) == []
+
+
 def _executor_pids(app_id: str) -> list[int]:
     """The executor JVMs of application ``app_id`` on this machine."""
     found = subprocess.run(["pgrep", "-f", f"CoarseGrainedExecutorBackend.*{app_id}"],
