@@ -250,7 +250,7 @@ class BatchMonitor(StreamingQueryListener):
             unanswered = kafka_timeout(event.exception) if self.settings.reads_kafka else None
             if unanswered is None:
                 log.error("ALERT stream stopped on an error: %s",
-                          event.exception.splitlines()[0])
+                          error_summary(event.exception))
             else:
                 log.error("ALERT stream stopped: its Kafka brokers at %s did not answer (%s)",
                           self.settings.kafka_bootstrap, unanswered)
@@ -517,6 +517,24 @@ def lost_executor(error_text: str) -> str | None:
         return None
     said = re.search(r"Checkpoint block \S+ not found", error_text)
     return said.group(0) if said else LOST_ROWS_ERROR
+
+
+#: A Spark error condition and its message: ``[FAILED_READ_FILE.FILE_NOT_EXIST] Error ...``.
+_CONDITION = re.compile(r"\[([A-Z][A-Z0-9_]+(?:\.[A-Z0-9_]+)*)\] [^\n]*")
+#: Conditions that only wrap the error that stopped a query.
+_WRAPPING_CONDITIONS = frozenset({"STREAM_FAILED"})
+
+
+def error_summary(error_text: str, limit: int = 300) -> str:
+    """What stopped a query, in one line: the first Spark error condition in its text
+    with its message, else its first line. The first line of a batch's failure is py4j's
+    ("An exception was raised by the Python Proxy"), the cause a thousand lines further
+    (a walkthrough's lost executor: ``[CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND] ...``)."""
+    for found in _CONDITION.finditer(error_text):
+        if found.group(1) not in _WRAPPING_CONDITIONS:
+            return found.group(0)[:limit]
+    lines = error_text.strip().splitlines()
+    return lines[0][:limit] if lines else "no message"
 
 
 def rereads_lost_executor(settings: Settings, error_text: str) -> str | None:

@@ -25,6 +25,7 @@ from sessionlake.monitor import (
     RunningBatchWatch,
     batch_alerts,
     batch_record,
+    error_summary,
     rereads_after,
     spark_activity,
 )
@@ -396,3 +397,27 @@ def test_a_continuous_run_starts_again_after_a_lost_executor_only(
     assert ("ALERT a batch failed: an executor holding rows it had kept was lost (Checkpoint "
             "block rdd_293_1 not found). The stream starts again from its checkpoint in 5s"
             in caplog.text) == (wait is not None)
+
+
+PROXY = ("py4j.Py4JException: An exception was raised by the Python Proxy. Return Message: "
+         "Traceback (most recent call last):\n  File \"/x/py4j/clientserver.py\", line 644, "
+         "in _call_proxy\n    return_value = getattr(self.pool[obj_id], method)(*params)\n")
+
+
+@pytest.mark.parametrize(("text", "summary"), [
+    (PROXY + "pyspark.errors.exceptions.captured.SparkException: Job aborted due to stage "
+     "failure: Lost task 0.3 in stage 3.0 (TID 12) (127.0.0.1 executor 1): " + LOST_ROWS
+     + "\n\tat org.apache.spark.rdd.LocalCheckpointRDD.compute(LocalCheckpointRDD.scala:56)",
+     LOST_ROWS.removeprefix("org.apache.spark.SparkException: ")[:300]),
+    ("[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: " + PROXY
+     + "[FAILED_READ_FILE.FILE_NOT_EXIST] Error while reading file file:/l/events/a.parquet."
+     "\n\tat x", "[FAILED_READ_FILE.FILE_NOT_EXIST] Error while reading file "
+     "file:/l/events/a.parquet."),
+    ("java.lang.OutOfMemoryError: Java heap space\n\tat x",
+     "java.lang.OutOfMemoryError: Java heap space"),
+    ("", "no message"),
+])
+def test_a_stopped_query_is_summed_up_by_its_cause(text: str, summary: str) -> None:
+    """The ALERT of a query stopped on an error names the cause, not py4j's wrapper."""
+    assert error_summary(text) == summary
+
