@@ -35,7 +35,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from sessionlake.checkpoint import UnreadInput
-from sessionlake.config import ConfigError, format_duration
+from sessionlake.config import ConfigError, format_duration, parse_duration
 from sessionlake.storage import local_path
 
 T = TypeVar("T")
@@ -929,8 +929,6 @@ def _on_every_core(spark: SparkSession, probe: Callable[[], T]) -> list[T]:
 
     :raises ConfigError: when the job did not finish in time, its tasks cancelled.
     """
-    from sessionlake.config import parse_duration
-
     wait = parse_duration(os.environ.get(ENV_EXECUTOR_WAIT, EXECUTOR_WAIT), ENV_EXECUTOR_WAIT)
     context = spark.sparkContext
     tasks = max(2, context.defaultParallelism)
@@ -947,7 +945,7 @@ def _on_every_core(spark: SparkSession, probe: Callable[[], T]) -> list[T]:
         context.cancelJobGroup(group)
         executors = context._jsc.sc().getExecutorMemoryStatus().size() - 1  # but the driver
         raise ConfigError(
-            f"the cluster ran no task of this command in {format_duration(wait)} "
+            f"the cluster did not run this command's first job in {format_duration(wait)} "
             f"({executors} executor(s) registered): its workers lack the free cores or the "
             "memory an executor asks (spark.executor.memory, 1g unless set), or are busy; "
             f"the master's page says which ({ENV_EXECUTOR_WAIT} sets the wait)") from None

@@ -161,10 +161,10 @@ def test_a_cluster_that_gives_no_executor_is_told_in_one_line(
     )
     assert done.returncode == 2, f"{done.stdout}\n{done.stderr[-4000:]}"
     assert done.stderr.strip().splitlines()[-1] == (
-        "sessionlake: error: the cluster ran no task of this command in 15s (0 executor(s) "
-        "registered): its workers lack the free cores or the memory an executor asks "
-        "(spark.executor.memory, 1g unless set), or are busy; the master's page says which "
-        "(SESSIONLAKE_EXECUTOR_WAIT sets the wait)")
+        "sessionlake: error: the cluster did not run this command's first job in 15s (0 "
+        "executor(s) registered): its workers lack the free cores or the memory an executor "
+        "asks (spark.executor.memory, 1g unless set), or are busy; the master's page says "
+        "which (SESSIONLAKE_EXECUTOR_WAIT sets the wait)")
     assert list(lake.iterdir()) == []
 
 
