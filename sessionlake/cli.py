@@ -416,9 +416,10 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _spark(settings: Settings, app: str, *, kafka: bool = False,
-           quick_start: bool = False, makes_lake: bool = False) -> Any:
+           quick_start: bool = False, runs_stream: bool = False) -> Any:
     """The command's Spark session, once its master answers; on a cluster, only when
-    its executors see the lake's folder as the driver does."""
+    its executors see the lake's folder as the driver does (and, for a run, which makes
+    the lake's folder, its landing folder)."""
     from sessionlake.spark import (
         JarsMissingError,
         build_spark,
@@ -436,7 +437,8 @@ def _spark(settings: Settings, app: str, *, kafka: bool = False,
                             quick_start=quick_start)
     except JarsMissingError as error:
         raise UsageError(str(error)) from None
-    check_executors_see(spark, settings.lake, make=makes_lake)
+    check_executors_see(spark, settings.lake, make=runs_stream,
+                        source=None if not runs_stream or kafka else settings.source)
     return spark
 
 
@@ -458,7 +460,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     unread = unread_input(settings.source or "", settings.checkpoint)
     warn_of_read_files_left(unread, settings.source or "")
     spark = _spark(settings, "sessionlake-run", kafka=settings.reads_kafka,
-                   quick_start=_quick_start(settings, unread), makes_lake=True)
+                   quick_start=_quick_start(settings, unread), runs_stream=True)
     # A bar for runs that end (available-now); a continuous run is followed in its log.
     bar = progress("micro-batches") if settings.trigger == "available-now" else nullcontext()
     try:

@@ -36,7 +36,7 @@ from pyspark.sql import SparkSession
 
 from sessionlake.checkpoint import UnreadInput
 from sessionlake.config import ConfigError, format_duration, parse_duration
-from sessionlake.storage import local_path
+from sessionlake.storage import is_glob, local_path
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -879,10 +879,11 @@ def ship_package(spark: SparkSession) -> Path | None:
     return archive
 
 
-def check_executors_see(spark: SparkSession, folder: str, *, make: bool = False) -> None:
+def check_executors_see(spark: SparkSession, lake: str, *, source: str | None = None,
+                        make: bool = False) -> None:
     """Refuse a lake folder on this machine's file system that the cluster's executors do
     not see as the driver does (a ``file://`` lake on a disk of the driver's, not on a
-    volume every node mounts at the same path).
+    volume every node mounts at the same path), and a landing folder they do not see.
 
     The executors write the tables' data files and the driver their logs: on a folder
     they do not share, a batch commits files that only an executor's disk holds, and the
@@ -890,29 +891,43 @@ def check_executors_see(spark: SparkSession, folder: str, *, make: bool = False)
     committed, its files then missing to every later read). A file the driver writes
     there must be seen by every task of a small job, one per core the cluster gives; a
     local master or a lake on other storage pass, and so does a folder not made yet
-    unless ``make`` (a run's, which would make it anyway) makes it first.
+    unless ``make`` (a run's, which would make it anyway) makes it first. The landing
+    folder, which the executors read, is only looked for (nothing is written there: it
+    may be read-only); a batch on one they do not see fails, with nothing committed, in
+    a stack trace.
 
-    :raises ConfigError: naming the executors that do not see the folder.
+    :raises ConfigError: naming the folder and the executors that do not see it.
     """
     if is_local_master(str(spark.sparkContext.master)):
         return
-    local = local_path(folder)
-    if local is None or not (local.is_dir() or make):
+    local = local_path(lake)
+    if local is not None and make:
+        local.mkdir(parents=True, exist_ok=True)
+    folder = None if local is None or not local.is_dir() else local
+    landing = local_path(source) if source and not is_glob(source) else None
+    if landing is not None and not landing.is_dir():
+        landing = None
+    if folder is None and landing is None:
         return
-    local.mkdir(parents=True, exist_ok=True)
-    marker = local / f".sessionlake-shared-{uuid.uuid4().hex}"
-    marker.write_bytes(b"")
+    marker = None if folder is None else folder / f".sessionlake-shared-{uuid.uuid4().hex}"
+    if marker is not None:
+        marker.write_bytes(b"")
     try:
-        seen = _on_every_core(spark, partial(executor_sees, str(marker)))
+        seen = _on_every_core(spark, partial(executor_sees, str(marker or ""),
+                                             str(landing or "")))
     finally:
-        marker.unlink(missing_ok=True)
-    blind = sorted({where for where, sees in seen if not sees})
-    if blind:
-        raise ConfigError(
-            f"the lake {folder} is a folder of this machine that the executors "
-            f"({', '.join(blind)}) do not see: a file written there is not there for them, "
-            "so the files they write would be lost. Give a folder every node mounts at the "
-            "same path, or object storage (docs/object-storage.md)")
+        if marker is not None:
+            marker.unlink(missing_ok=True)
+    for name, what, index in ((lake, "lake", 1), (source, "landing folder", 2)):
+        blind = sorted({answer[0] for answer in seen if answer[index] is False})
+        if blind:
+            raise ConfigError(
+                f"the {what} {name} is a folder of this machine that the executors "
+                f"({', '.join(blind)}) do not see: "
+                + ("a file written there is not there for them, so the files they write "
+                   "would be lost" if index == 1 else "they read its files")
+                + ". Give a folder every node mounts at the same path, or object storage "
+                "(docs/object-storage.md)")
 
 
 #: How long a command waits for the cluster's executors before it gives up
@@ -953,9 +968,12 @@ def _on_every_core(spark: SparkSession, probe: Callable[[], T]) -> list[T]:
         pool.shutdown(wait=False)
 
 
-def executor_sees(path: str) -> tuple[str, bool]:
-    """Run on an executor: where it runs (host and process) and whether ``path`` exists."""
-    return f"{socket.gethostname()} pid {os.getpid()}", os.path.exists(path)
+def executor_sees(marker: str, folder: str) -> tuple[str, bool | None, bool | None]:
+    """Run on an executor: where it runs (host and process), whether the file ``marker``
+    exists and whether ``folder`` is a folder there (``None`` for either not asked)."""
+    return (f"{socket.gethostname()} pid {os.getpid()}",
+            os.path.exists(marker) if marker else None,
+            os.path.isdir(folder) if folder else None)
 
 
 def _python() -> str:

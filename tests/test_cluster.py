@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,28 +118,37 @@ def test_a_lake_the_executors_do_not_see_is_refused_before_a_batch(
     """A ``file://`` lake on the driver's disk alone: the executors' data files would land
     on theirs, and the lake would lose them once a batch committed (a walkthrough saw
     batch 0 commit, then every read fail). Refused, naming the executors, before any
-    table is written."""
+    table is written; and so is a landing folder they cannot read."""
     if subprocess.run(["unshare", "--mount", "true"], check=False,
                       capture_output=True).returncode != 0:
         pytest.skip("needs unshare --mount (root) to hide a folder from a worker")
     hidden = tmp_path / "hidden"
-    hidden.mkdir()
+    shutil.copytree(clickstream, hidden / "landing")
     cluster = start_cluster(tmp_path / "cluster", workers=1, hidden=hidden)
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "sessionlake.cli", "run", "--source", str(clickstream),
-             "--lake", str(hidden / "lake"), "--master", cluster.master_url],
+
+    def run(source: Path, lake: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sessionlake.cli", "run", "--source", str(source),
+             "--lake", str(lake), "--master", cluster.master_url],
             capture_output=True, text=True, cwd=REPO, timeout=600, check=False,
             env={**os.environ, "SPARK_CONF_DIR": str(cluster.conf_dir),
                  "SESSIONLAKE_DRIVER_MEMORY": "1g"},
         )
+
+    try:
+        lake_hidden = run(clickstream, hidden / "lake")
+        landing_hidden = run(hidden / "landing", tmp_path / "lake")
     finally:
         cluster.stop()
-    assert done.returncode == 2, f"{done.stdout}\n{done.stderr[-4000:]}"
-    assert (f"sessionlake: error: the lake {hidden / 'lake'} is a folder of this machine "
-            "that the executors (") in done.stderr
-    assert ") do not see: a file written there is not there for them" in done.stderr
-    assert sorted(p.name for p in (hidden / "lake").iterdir()) == []
+    for done, what, why in (
+        (lake_hidden, f"lake {hidden / 'lake'}", "a file written there is not there for them"),
+        (landing_hidden, f"landing folder {hidden / 'landing'}", "they read its files"),
+    ):
+        assert done.returncode == 2, f"{done.stdout}\n{done.stderr[-4000:]}"
+        assert (f"sessionlake: error: the {what} is a folder of this machine that the "
+                "executors (") in done.stderr
+        assert f") do not see: {why}" in done.stderr
+    assert list((hidden / "lake").iterdir()) == list((tmp_path / "lake").iterdir()) == []
 
 
 def test_a_cluster_that_gives_no_executor_is_told_in_one_line(
