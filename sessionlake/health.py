@@ -264,7 +264,10 @@ def collect_health(settings: Settings, now: datetime | None = None) -> Health:
     batches = _batches(states.get("batch_metrics"), problems)
     totals = {key: sum(getattr(b, key) for b in batches) for key in _COUNTED}
     running = running_stream(settings)
-    topics = _kafka_topics(settings, (running[1] if running else None) or settings.checkpoint)
+    # The running stream's checkpoint, whatever ``--checkpoint`` it was given, else the
+    # one ``settings`` name (as ``sessionlake run`` and ``archive`` take it).
+    checkpoint = (running[1] if running else None) or settings.checkpoint
+    topics = _kafka_topics(settings, checkpoint)
     return Health(
         lake=settings.lake,
         generated_at=now,
@@ -283,7 +286,7 @@ def collect_health(settings: Settings, now: datetime | None = None) -> Health:
         retention=_retention_runs(states.get("retention_audit"), problems),
         source=KAFKA_SOURCE if topics else settings.source,
         kafka_topics=topics,
-        input_waiting=_input_waiting(settings, running[1] if running else None, problems),
+        input_waiting=_input_waiting(settings, checkpoint, problems),
         problems=problems,
     )
 
@@ -300,11 +303,10 @@ def _kafka_topics(settings: Settings, checkpoint: str) -> list[str]:
     return [settings.kafka_topic] if settings.reads_kafka and settings.kafka_topic else []
 
 
-def _input_waiting(settings: Settings, running_checkpoint: str | None,
+def _input_waiting(settings: Settings, checkpoint: str,
                    problems: list[str]) -> UnreadInput | None:
-    """The landing folder's backlog against the checkpoint of the stream running on the
-    lake, whatever ``--checkpoint`` it was given, else against the one ``settings`` name
-    (as ``sessionlake run`` and ``archive`` take it); a missing folder is a problem."""
+    """The landing folder's backlog against the stream's ``checkpoint``; a missing folder
+    is a problem."""
     source = settings.source
     if not source:
         return None
@@ -312,7 +314,7 @@ def _input_waiting(settings: Settings, running_checkpoint: str | None,
     if folder is not None and not is_glob(source) and not folder.is_dir():
         problems.append(f"no landing folder at {source}: the stream has nothing to read")
         return None
-    return unread_input(source, running_checkpoint or settings.checkpoint)
+    return unread_input(source, checkpoint)
 
 
 def _is_lake(lake: Path) -> bool:
