@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from functools import partial
+from functools import partial, reduce
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
@@ -313,8 +313,9 @@ def _process_locked(
         open_before = read_table(spark, lake, OPEN_SESSIONS, state_version)
         state = _open_sessions_of(users, open_before, buckets, state_version)
         work.phase("lateness_and_state")
-        seen_before = _seen_before(spark, settings, inputs, events, dates,
-                                   (stats["first_event_id"], stats["last_event_id"]))
+        ids = (stats["first_event_id"], stats["last_event_id"])
+        searched = _recorded_to_search(inputs, dates, ids)
+        seen_before = _seen_before(spark, settings, inputs, events, dates, ids, searched)
         assigned, outcome, split_ids = _sessionize_cut_consistently(
             spark, settings, inputs, work, events, state, seen_before, near_closed, watermark)
         sessions = batch_sessions(assigned)
@@ -362,7 +363,7 @@ def _process_locked(
                      lake, BATCH_METRICS, key, inputs.written_after(BATCH_METRICS))
         faults.point("after_metrics")
         mark_done(spark, settings, identity, batch_id, inputs.entry, max_event_time,
-                  open_after, read_earlier_events=seen_before is not None)
+                  open_after, read_earlier_events=EVENTS in searched)
         work.phase("metrics")
         log.debug("batch %s phases (ms): %s", batch_id, work.phases_ms)
         return BatchReport(row=row, phases_ms=work.phases_ms, resumed=inputs.replay)
@@ -626,6 +627,25 @@ def _append_once(
                       f"append to {table}")
 
 
+#: Where a batch looks for copies of its events: the events earlier batches recorded,
+#: accepted or rejected as late. An event is recorded once; each copy of it counts as a
+#: duplicate, whichever batch it comes in.
+RECORDED: tuple[str, ...] = (EVENTS, LATE_EVENTS)
+
+
+def _recorded_to_search(inputs: BatchInputs, dates: list[date],
+                        ids: tuple[str | None, str | None]) -> list[str]:
+    """Those of :data:`RECORDED` that can hold a copy of one of the batch's events: not
+    those at version 0 (their creation, nothing recorded), nor those that hold no id from
+    the batch's least up (:meth:`BatchInputs.holds_no_id_from`). None for a batch without
+    a valid event."""
+    first, last = ids
+    if not dates or first is None or last is None:
+        return []
+    return [table for table in RECORDED if inputs.table_versions[table] > 0
+            and not inputs.holds_no_id_from(table, first)]
+
+
 def _seen_before(
     spark: SparkSession,
     settings: Settings,
@@ -633,10 +653,11 @@ def _seen_before(
     events: DataFrame,
     dates: list[date],
     ids: tuple[str | None, str | None],
+    tables: list[str],
 ) -> DataFrame | None:
-    """The ids of ``events`` already accepted by an earlier batch on the same day
-    (``user_id``, ``event_id``, ``event_date``), looked for among the accepted events of
-    the batch's days.
+    """The ids of ``events`` an earlier batch recorded on the same day (``user_id``,
+    ``event_id``, ``event_date``), looked for in ``tables`` (:func:`_recorded_to_search`)
+    among the events of the batch's days.
 
     Only events whose id lies between the batch's least and greatest ids (``ids``) can
     match, and saying so lets Delta skip every file whose ids lie outside: ids that sort
@@ -645,22 +666,32 @@ def _seen_before(
     the batch could repeat, not the whole day so far. Random ids skip nothing and cost
     nothing.
     Those days' events are scanned against the batch's ids shipped whole to every task,
-    so the earlier events are not shuffled; ``None`` while the table holds no event, or
-    no id from the batch's least up (:meth:`BatchInputs.no_earlier_event_from`): then the
-    table is not read at all.
+    so the earlier events are not shuffled; ``None`` when there is no table to search:
+    then none is read at all.
     """
-    version = inputs.table_versions[EVENTS]
-    first, last = ids
-    if not dates or version <= 0 or first is None or last is None:
-        return None  # no valid event, or version 0: the table's creation, nothing accepted
-    if inputs.no_earlier_event_from(first):
+    if not tables:
         return None
+    first, last = ids
+    assert first is not None and last is not None  # tables to search imply both
     key = ["user_id", "event_id", "event_date"]
-    earlier = read_table(spark, settings.lake, EVENTS, version).where(
-        F.col("event_date").isin(dates) & F.col("event_id").between(first, last)
-    ).select(*key)
+    earlier = reduce(DataFrame.unionByName, [
+        _recorded_on(spark, settings.lake, table, inputs.table_versions[table], dates)
+        .where(F.col("event_id").between(first, last)).select(*key) for table in tables])
     batch = events.select("user_id", "event_id", event_date().alias("event_date"))
     return earlier.join(F.broadcast(batch), key, "left_semi")
+
+
+def _recorded_on(spark: SparkSession, lake: str, table: str, version: int,
+                 dates: list[date]) -> DataFrame:
+    """The events ``table`` (of :data:`RECORDED`) holds at ``version`` on ``dates``, with
+    their ``event_date``."""
+    frame = read_table(spark, lake, table, version)
+    if table == EVENTS:
+        return frame.where(F.col("event_date").isin(dates))
+    # late_events is not partitioned by day: its files are skipped by their events' times.
+    first, last = (datetime(d.year, d.month, d.day, tzinfo=UTC) for d in (dates[0], dates[-1]))
+    return frame.where(F.col("event_time").between(first, last + timedelta(days=1))).withColumn(
+        "event_date", event_date()).where(F.col("event_date").isin(dates))
 
 
 def _state_cut_anew(

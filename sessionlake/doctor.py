@@ -190,8 +190,8 @@ def _json_problem(text: str | None, keys: Sequence[str]) -> str | None:
 _CHECKPOINT_LOST = (
     "the record of which landing files were processed is lost: a run on a "
     "fresh checkpoint (move the damaged one aside) reads every landing file again, in which "
-    "events already accepted count as duplicates but late and quarantined records are "
-    "recorded a second time"
+    "events already accepted or rejected as late count as duplicates but quarantined "
+    "records are recorded a second time"
 )
 
 

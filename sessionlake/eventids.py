@@ -1,12 +1,14 @@
-"""The largest event id ``events`` can hold, carried from batch to batch.
+"""The largest event id ``events`` (and ``late_events``) can hold, carried from batch to
+batch.
 
 A batch's duplicate check (``batch._seen_before``) looks for the batch's ids among the
-accepted events of the same days whose ids lie between the batch's least and greatest. When
+events earlier batches recorded, accepted (``events``) or rejected as late
+(``late_events``), on the same days and with ids between the batch's least and greatest. When
 ids grow with time (sequence numbers, UUIDv7, ULID, ``<file>#<line>``), a new batch's least
-id lies above every id already accepted, and the check finds nothing, yet it still cost
+id lies above every id already recorded, and the check finds nothing, yet it still cost
 Delta's resolution of the table's new version (Spark jobs that replay its log and list its
-files) and a query of it in every batch. Knowing an upper bound of the table's ids, the
-batch skips both when its least id lies above it.
+files) and a query of it in every batch. Knowing an upper bound of a table's ids, the
+batch skips both when its least id lies above it. Each table has its own bound.
 
 The bound is a fact about one version of the table, read from Delta's own log: each add
 action's statistics hold its file's greatest ``event_id`` (truncated strings are rounded
@@ -88,15 +90,16 @@ def file_largest_id(add: dict[str, Any]) -> tuple[bool, str | None]:
     return _largest_in(stats.get("numRecords"), stats.get("maxValues") or {})
 
 
-def carried_to(spark: SparkSession | None, lake: str, bound: IdBound, version: int
-               ) -> IdBound | None:
-    """``bound`` carried to ``version`` through the commits after its own: raised by the
-    greatest id of every file they add. ``None`` when it cannot be (see the module)."""
+def carried_to(spark: SparkSession | None, lake: str, bound: IdBound, version: int,
+               table: str = EVENTS) -> IdBound | None:
+    """``bound`` carried to ``version`` of ``table`` through the commits after its own:
+    raised by the greatest id of every file they add. ``None`` when it cannot be (see the
+    module)."""
     if version < bound.version or version - bound.version > CARRIED_COMMITS_MAX:
         return None
     largest = bound.largest
     for commit in range(bound.version + 1, version + 1):
-        text = storage.read_text(spark, f"{table_path(lake, EVENTS)}/{commit_file(commit)}")
+        text = storage.read_text(spark, f"{table_path(lake, table)}/{commit_file(commit)}")
         if text is None:
             return None
         for action in commit_actions(text):
@@ -108,12 +111,12 @@ def carried_to(spark: SparkSession | None, lake: str, bound: IdBound, version: i
     return IdBound(version, largest)
 
 
-def bound_from_log(lake: str) -> IdBound | None:
-    """The bound at the table's newest version, from its whole log (checkpoint and
+def bound_from_log(lake: str, table: str = EVENTS) -> IdBound | None:
+    """The bound at ``table``'s newest version, from its whole log (checkpoint and
     commits), for a local lake; ``None`` elsewhere or when a live file has no
     statistics of its ids."""
     try:
-        state = deltareader.read_state(table_path(lake, EVENTS))
+        state = deltareader.read_state(table_path(lake, table))
     except (deltareader.DeltaReadError, OSError):
         return None
     largest: str | None = None
@@ -125,11 +128,11 @@ def bound_from_log(lake: str) -> IdBound | None:
     return IdBound(state.version, largest)
 
 
-def events_id_bound(
+def id_bound(
     spark: SparkSession | None, lake: str, noted: IdBound | None, version: int,
-    from_log: bool,
+    from_log: bool, table: str = EVENTS,
 ) -> IdBound | None:
-    """A bound of the table's ids, for a batch that reads ``events`` at ``version``.
+    """A bound of ``table``'s ids, for a batch that reads it at ``version``.
 
     :param noted: the bound the previous batch of the stream noted, if any.
     :param from_log: whether, with no bound noted, to take one from the table's whole log:
@@ -145,7 +148,7 @@ def events_id_bound(
     if version <= 0:
         return IdBound(version, None)  # the table's creation: no event
     if noted is not None:
-        carried = carried_to(spark, lake, noted, version)
+        carried = carried_to(spark, lake, noted, version, table)
         if carried is not None:
             return carried
-    return bound_from_log(lake) if from_log or noted is not None else None
+    return bound_from_log(lake, table) if from_log or noted is not None else None

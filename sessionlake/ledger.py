@@ -29,6 +29,7 @@ from sessionlake.state import MergeResult
 from sessionlake.tables import (
     BATCH_METRICS,
     EVENTS,
+    LATE_EVENTS,
     OPEN_SESSIONS,
     SESSIONS,
     STREAM_TABLES,
@@ -106,11 +107,10 @@ class BatchInputs:
     #: when the batch finished.
     clock_read_at: float = 0.0
 
-    @property
-    def events_id_bound(self) -> eventids.IdBound | None:
-        """An upper bound of the ids in ``events`` (:mod:`sessionlake.eventids`), if the
-        batch recorded one."""
-        return eventids.from_json(self.entry.get(ID_BOUND_NOTE))
+    def id_bound(self, table: str) -> eventids.IdBound | None:
+        """An upper bound of the ids in ``table`` (``events`` or ``late_events``, see
+        :mod:`sessionlake.eventids`), if the batch recorded one."""
+        return eventids.from_json(self.entry.get(ID_BOUND_NOTES[table]))
 
     @property
     def earlier_events_read_before(self) -> bool:
@@ -122,11 +122,11 @@ class BatchInputs:
         """Where a replay looks for this batch's commit of ``table``; ``None``: not a replay."""
         return self.table_versions[table] if self.replay else None
 
-    def no_earlier_event_from(self, least_id: str | None) -> bool:
-        """Whether ``events``, at the version the batch reads, holds no id from
-        ``least_id`` up: then no event of the batch can repeat an earlier one."""
-        bound = self.events_id_bound
-        return (bound is not None and bound.version == self.table_versions[EVENTS]
+    def holds_no_id_from(self, table: str, least_id: str | None) -> bool:
+        """Whether ``table``, at the version the batch reads, holds no id from ``least_id``
+        up: then no event of the batch can repeat one of its events."""
+        bound = self.id_bound(table)
+        return (bound is not None and bound.version == self.table_versions[table]
                 and bound.excludes(least_id))
 
 
@@ -193,10 +193,10 @@ def record_inputs(
     if entry is None:
         versions = {table: table_version(spark, settings.lake, table) for table in STREAM_TABLES}
         max_before = max_event_time_before(spark, settings, previous, versions[BATCH_METRICS])
-        bound = eventids.events_id_bound(
-            spark, settings.lake, eventids.from_json(previous.get(ID_BOUND_NOTE)),
-            versions[EVENTS], from_log=ID_BOUND_NOTE not in previous,
-        )
+        bounds = {table: eventids.id_bound(
+            spark, settings.lake, eventids.from_json(previous.get(note)), versions[table],
+            from_log=note not in previous, table=table,
+        ) for table, note in ID_BOUND_NOTES.items()}
         clock_read_at = time.monotonic()
         entry = {
             "events_version": versions[EVENTS],
@@ -205,7 +205,8 @@ def record_inputs(
             "table_versions": versions,
             "max_event_time_before": None if max_before is None else max_before.isoformat(),
             "processing_time": clock().astimezone(UTC).isoformat(),
-            ID_BOUND_NOTE: None if bound is None else bound.as_json(),
+            **{ID_BOUND_NOTES[table]: None if bound is None else bound.as_json()
+               for table, bound in bounds.items()},
             "done": False,
         }
         write_ledger(spark, settings, identity, batch_id, entry)
@@ -221,9 +222,11 @@ def record_inputs(
     return inputs, bool(entry.get("done"))
 
 
-#: Ledger keys: the batch's bound of the ids in ``events`` at the version it reads
-#: (:mod:`sessionlake.eventids`), and whether its duplicate check read ``events``.
-ID_BOUND_NOTE = "events_id_bound"
+#: Ledger keys: the batch's bound of the ids in ``events`` and in ``late_events`` at the
+#: versions it reads (:mod:`sessionlake.eventids`), and whether its duplicate check read
+#: ``events``.
+ID_BOUND_NOTES = {EVENTS: "events_id_bound", LATE_EVENTS: "late_events_id_bound"}
+ID_BOUND_NOTE = ID_BOUND_NOTES[EVENTS]
 
 
 EVENTS_READ_NOTE = "read_earlier_events"

@@ -285,8 +285,8 @@ def sessionize_batch(
 
     :param events: the batch's valid events (:data:`SESSIONIZED_EVENT_COLUMNS`).
     :param open_sessions: the ``open_sessions`` rows of the batch's users (``None``: none).
-    :param seen: ``user_id``, ``event_id``, ``event_date`` of accepted events of earlier
-        batches that the batch's events repeat (``None``: none).
+    :param seen: ``user_id``, ``event_id``, ``event_date`` of events earlier batches
+        recorded (accepted or late) that the batch's events repeat (``None``: none).
     :param near_closed: rule 1's hits (:func:`closed_session_hits`), or ``None``.
     :return: one row per event and per open session (``is_state``): the fragment columns,
         ``is_duplicate``, ``late_reason`` (rule 1 or 2; set for events that are not

@@ -100,6 +100,36 @@ def test_event_near_a_closed_session_is_late(
         assert reasons["probe"].startswith("within the gap of closed session")
 
 
+@pytest.mark.parametrize("split", ["one batch", "two batches"])
+def test_a_late_event_is_recorded_once_however_its_copies_are_split(
+    spark: SparkSession, lake: str, split: str
+) -> None:
+    """A copy of an event already rejected as late counts as a duplicate, in its batch or
+    in a later one: ``late_events`` holds the event once."""
+    late = event("u", "10:00", event_id="e")  # alone it would end before W - gap
+    copies = [[late, late]] if split == "one batch" else [[late], [late]]
+    reports = run_batches(spark, settings(lake), [[event("x", "12:00")], *copies])
+    assert [event_id for event_id, _ in late_reasons(spark, lake)] == ["e"]
+    assert sum(r.row["duplicates"] for r in reports) == 1
+    assert sum(r.row["late"] for r in reports) == 1
+
+
+def test_a_late_event_s_copy_is_a_duplicate_even_where_it_would_now_be_accepted(
+    spark: SparkSession, lake: str
+) -> None:
+    """Later events can give a copy of a late event a run that reaches past the watermark;
+    the copy still counts as a duplicate, so the event is not both late and in a session."""
+    late = event("u", "10:00", event_id="e")
+    bridge = [event("u", at) for at in ("10:25", "10:50", "11:15", "11:40")]
+    reports = run_batches(spark, settings(lake), [[event("x", "12:00")], [late],
+                                                  [late, *bridge]])
+    assert [r.row["duplicates"] for r in reports] == [0, 0, 1]
+    assert [event_id for event_id, _ in late_reasons(spark, lake)] == ["e"]
+    assert rows(all_sessions(spark, lake).where("user_id = 'u'"),
+                "session_start", "event_count") == [(datetime(2026, 1, 5, 10, 25), 4)]
+    assert read_table(spark, lake, "events").where("event_id = 'e'").count() == 0
+
+
 @pytest.mark.parametrize("keys", ["named", "joined"])
 @pytest.mark.parametrize("merge_source", ["shipped to every task", "shuffled"])
 def test_late_event_bridges_two_open_sessions(
@@ -266,7 +296,8 @@ def test_the_duplicate_check_reads_only_files_whose_ids_reach_the_batchs(
     repeated = spark.createDataFrame([("u", "b1", datetime(2026, 1, 5, 10, 1))],
                                      "user_id string, event_id string, event_time timestamp")
 
-    seen = batch._seen_before(spark, cfg, inputs, repeated, [date(2026, 1, 5)], ("b1", "b1"))
+    seen = batch._seen_before(spark, cfg, inputs, repeated, [date(2026, 1, 5)], ("b1", "b1"),
+                              ["events"])
 
     assert seen is not None
     events = read_table(spark, lake, "events")

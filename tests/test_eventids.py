@@ -127,9 +127,9 @@ def test_a_new_epoch_takes_the_bound_from_the_log(spark: SparkSession, lake: str
                                                                          event_id="a7")],
                              [event("u", "10:01", event_id="a3")]])
     version = table_version(spark, lake, EVENTS)
-    assert eventids.events_id_bound(spark, lake, None, version, from_log=True) == IdBound(
+    assert eventids.id_bound(spark, lake, None, version, from_log=True) == IdBound(
         version, "a7")
-    assert eventids.events_id_bound(spark, lake, None, version, from_log=False) is None
+    assert eventids.id_bound(spark, lake, None, version, from_log=False) is None
     # A stream's first batch on an existing lake (no previous batch) notes it.
     run_batches(spark, cfg, [[event("u", "10:02", event_id="b1")]],
                 identity=StreamIdentity("restored", 1))
@@ -167,7 +167,7 @@ def test_a_bound_not_carried_is_taken_from_the_log_again(
     run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")],
                              [event("u", "10:01", event_id="b1")]], identity=identity)
     version = table_version(spark, lake, EVENTS)
-    assert eventids.events_id_bound(spark, lake, IdBound(0, None), version,
+    assert eventids.id_bound(spark, lake, IdBound(0, None), version,
                                     from_log=False) == IdBound(version, "b1")
     read: list[str] = []
     monkeypatch.setattr(batch, "resolve_snapshot",
@@ -194,10 +194,10 @@ def test_without_a_noted_bound_the_log_is_read_only_in_a_new_epoch(
     run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")]])
     version = table_version(spark, lake, EVENTS)
     replays: list[str] = []
-    monkeypatch.setattr(eventids, "bound_from_log", lambda lake: replays.append(lake))
-    assert eventids.events_id_bound(spark, lake, None, version, from_log=False) is None
+    monkeypatch.setattr(eventids, "bound_from_log", lambda lake, table: replays.append(lake))
+    assert eventids.id_bound(spark, lake, None, version, from_log=False) is None
     assert replays == []
-    assert eventids.events_id_bound(spark, lake, None, version, from_log=True) is None
+    assert eventids.id_bound(spark, lake, None, version, from_log=True) is None
     assert replays == [lake]
 
 

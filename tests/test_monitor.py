@@ -316,8 +316,8 @@ def test_a_batch_finishes_before_its_metrics_row_commits(
         time.sleep(3)
         return bound(*args, **kwargs)
 
-    bound = eventids.events_id_bound
-    monkeypatch.setattr(eventids, "events_id_bound", slow_bound)
+    bound = eventids.id_bound
+    monkeypatch.setattr(eventids, "id_bound", slow_bound)
     landing = tmp_path / "in"
     landing.mkdir()
     (landing / "a.jsonl").write_text(json.dumps(
