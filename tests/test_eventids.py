@@ -13,8 +13,8 @@ from sessionlake import batch, eventids
 from sessionlake.config import Settings, settings_from
 from sessionlake.deltalog import commit_file
 from sessionlake.eventids import IdBound
-from sessionlake.ledger import ID_BOUND_NOTE, StreamIdentity, read_ledger
-from sessionlake.tables import EVENTS, read_table, table_path, table_version
+from sessionlake.ledger import ID_BOUND_NOTE, ID_BOUND_NOTES, StreamIdentity, read_ledger
+from sessionlake.tables import EVENTS, LATE_EVENTS, read_table, table_path, table_version
 from tests.helpers import event, run_batches
 
 
@@ -101,6 +101,36 @@ def test_a_batch_above_the_bound_does_not_read_events(
                            identity=identity, first_batch_id=3)
     assert report.row["duplicates"] == 1
     assert EVENTS in read
+
+
+def test_late_events_has_a_bound_of_its_own(
+    spark: SparkSession, lake: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy of a late event is a duplicate too, so ``late_events`` is searched as well,
+    and skipped as ``events`` is when the batch's ids lie above every id it holds."""
+    cfg = settings(lake)
+    identity = StreamIdentity("ids", 0)
+    run_batches(spark, cfg, [[event("x", "12:00", event_id="a1")],
+                             [event("u", "10:00", event_id="b5")]],  # late (rule 2)
+                identity=identity)
+    read: list[str] = []
+
+    def recording(spark: SparkSession, lake: str, table: str, *args: Any) -> Any:
+        read.append(table)
+        return read_table(spark, lake, table, *args)
+
+    monkeypatch.setattr(batch, "read_table", recording)
+    [report] = run_batches(spark, cfg, [[event("u", "12:01", event_id="c1")]],
+                           identity=identity, first_batch_id=2)
+    entry = read_ledger(spark, cfg, identity, 2) or {}
+    assert eventids.from_json(entry.get(ID_BOUND_NOTES[LATE_EVENTS])) == IdBound(
+        table_version(spark, lake, LATE_EVENTS), "b5")
+    assert report.row["accepted"] == 1
+    assert LATE_EVENTS not in read and EVENTS not in read
+    [report] = run_batches(spark, cfg, [[event("u", "10:00", event_id="b5")]],
+                           identity=identity, first_batch_id=3)
+    assert (report.row["duplicates"], report.row["late"]) == (1, 0)
+    assert LATE_EVENTS in read
 
 
 def test_the_bound_counts_other_writers_commits(spark: SparkSession, lake: str) -> None:
