@@ -12,6 +12,10 @@ Spark commits the batch to the checkpoint).
 With ``SESSIONLAKE_FAULT_PAUSE=<file>`` the point pauses instead of crashing: it creates
 ``<file>`` and waits until it is removed, then goes on. A test changes the world in that
 pause (it freezes a Kafka broker, say) exactly where the batch stands.
+
+With ``SESSIONLAKE_FAULT_STALL=<file>`` the point creates ``<file>`` and starts a Spark job
+that never ends (its one task sleeps): a batch stuck in Spark, as one waiting for
+executors that never come, which only a cancellation of its jobs ends.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ def point(name: str) -> None:
     if pause := os.environ.get("SESSIONLAKE_FAULT_PAUSE"):
         _pause(Path(pause))
         return
+    if stall := os.environ.get("SESSIONLAKE_FAULT_STALL"):
+        _stall(Path(stall))
+        return
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -54,3 +61,12 @@ def _pause(marker: Path) -> None:
     marker.touch()
     while marker.exists():
         time.sleep(0.1)
+
+
+def _stall(marker: Path) -> None:
+    """Create ``marker``, then run a Spark job whose one task sleeps for a day."""
+    from pyspark.sql import SparkSession
+
+    marker.touch()
+    SparkSession.builder.getOrCreate().sparkContext.parallelize([0], 1).foreach(
+        lambda _: time.sleep(86_400))

@@ -385,8 +385,9 @@ class RunningBatchWatch:
         doing = self.activity() if self.activity is not None else ""
         log.warning("ALERT batch %s has been running for %.0fs, over the %s limit "
                     "(--alert-batch-duration, SESSIONLAKE_ALERT_BATCH_DURATION)%s%s. It goes "
-                    "on; SIGTERM stops the run once it ends, and a run killed now replays "
-                    "the batch on restart, exactly once", batch_id, running,
+                    "on; SIGTERM stops the run once it ends, a second SIGTERM cancels it, and "
+                    "a run cancelled or killed now replays the batch on restart, exactly once",
+                    batch_id, running,
                     format_duration(self.limit), f", in phase {phase}" if phase else "",
                     f"; Spark: {doing}" if doing else "")
         self.next_alert = running + self.repeat_s

@@ -481,7 +481,9 @@ def run_stream(
     """Run the stream until the source is drained (available-now) or it is stopped.
 
     A continuous run stops gracefully on SIGTERM or SIGINT: the batch in flight finishes
-    and is committed, then the query stops.
+    and is committed, then the query stops. A second signal, from
+    :data:`SECOND_SIGNAL_AFTER_S` after the first, stops it at once: the batch in flight is
+    cancelled before its commit and runs again on restart.
 
     :param clock: the batch clock (tests pass a fixed one).
     :param on_batch: called with every batch's report, after its commit.
@@ -507,7 +509,8 @@ def run_stream(
         _PY4J_LOG.addFilter(quiet_after_stop)
         try:
             error = run.to_its_end()
-            _end_of_run(error, handler.not_begun, monitor.stop_requested, run.forced)
+            _end_of_run(error, handler.not_begun, monitor.stop_requested, run.forced,
+                        run.cancelled)
             monitor.wait_for(handler.reports)
         finally:
             if run.query is not None:
@@ -532,6 +535,7 @@ class _BatchHandler:
         self.monitor = BatchMonitor(settings, self.reports)
         self.in_flight = _BatchInFlight()
         self.stop = threading.Event()  # a graceful stop requested (SIGTERM, SIGINT)
+        self.stop_now = threading.Event()  # a second signal: cancel the batch in flight
         self.quiet_on_stop = contextlib.ExitStack()
         self.not_begun: list[int] = []  # the batch a stop kept from beginning, if any
 
@@ -578,7 +582,7 @@ class _Supervision:
 
     def __init__(self, spark: SparkSession, settings: Settings, topic: KafkaTopic | None,
                  writer: DataStreamWriter, handler: _BatchHandler) -> None:
-        self.settings, self.writer, self.handler = settings, writer, handler
+        self.spark, self.settings, self.writer, self.handler = spark, settings, writer, handler
         self.monitor, self.in_flight, self.stop = handler.monitor, handler.in_flight, \
             handler.stop
         self.planning = PlanningWatch(settings, diagnose=kafka_topic_gone(
@@ -602,11 +606,13 @@ class _Supervision:
         self.ended: StreamingQueryException | None = None  # raised by awaitTermination
         self.give_up_waiting: float | None = None  # when a stop stops waiting to be quiet
         self.forced = False  # the stop gave up waiting for a quiet moment
+        self.cancelled: int | None = None  # the batch a second signal cancelled
 
     def to_its_end(self) -> BaseException | None:
         """Start the query and watch it until it ends; the error it ended on, if any."""
         query = self.query = self.writer.start()
-        with _stop_on_signals(self.stop), self.quiet, self.handler.quiet_on_stop:
+        with _stop_on_signals(self.stop, self.handler.stop_now), self.quiet, \
+                self.handler.quiet_on_stop:
             while True:
                 if not query.isActive:
                     error, self.ended = self.ended or query.exception(), None
@@ -669,6 +675,9 @@ class _Supervision:
         flight, and no trigger active or none worth waiting for any longer."""
         if not self.stop.is_set():
             return False
+        if self.handler.stop_now.is_set():
+            self._cancel_the_batch_in_flight()
+            return True
         if self.give_up_waiting is None:
             # A trigger stuck on its source will not reach a quiet moment.
             self.give_up_waiting = now + (0.0 if self.planning.stuck(now)
@@ -677,6 +686,21 @@ class _Supervision:
             return False
         self.forced = time.monotonic() > self.give_up_waiting
         return self.forced or _between_triggers(status)
+
+    def _cancel_the_batch_in_flight(self) -> None:
+        """Cancel the Spark jobs of the batch in flight, if any, so that a batch stuck in
+        Spark (waiting for executors, say) ends: it commits nothing more and, as after a
+        crash, runs again on restart. Spark's reports of the cancelled tasks are not
+        logged: the run says what happened in one line."""
+        self.forced = True
+        self.monitor.stop_requested = True
+        batch, _ = self.in_flight.seen()
+        if batch is None:
+            return
+        self.cancelled = batch
+        self.handler.quiet_on_stop.enter_context(
+            quiet_task_failures(self.spark, also=(QUERY_FAILURE_LOGGER,)))
+        self.spark.sparkContext.cancelAllJobs()
 
     def _asked_to_forget(self, status: Mapping[str, Any]) -> bool:
         """Whether an archive asked a continuous run on files to forget the files it moved,
@@ -687,10 +711,13 @@ class _Supervision:
 
 
 def _end_of_run(error: BaseException | None, not_begun: list[int], stop_requested: bool,
-                forced: bool) -> None:
+                forced: bool, cancelled: int | None = None) -> None:
     """Say which batch a stop left for the restart, or raise the ``error`` that ended the
     query when the run did not stop it."""
-    if not_begun:
+    if cancelled is not None:
+        log.warning("stopped at once, as a second signal asked: batch %s was cancelled "
+                    "before its commit and runs again on restart", cancelled)
+    elif not_begun:
         log.warning("stopped before batch %s began (it was planned: it runs on restart)",
                     not_begun[0])
     elif error is not None and stop_requested:
@@ -822,16 +849,29 @@ def _between_triggers(status: Mapping[str, Any]) -> bool:
     return not status.get("isTriggerActive", False)
 
 
+#: A signal that comes this long after the first or later stops the run at once. Sooner,
+#: it is the same request again: a supervisor that signals the run and its process group.
+SECOND_SIGNAL_AFTER_S = 2.0
+
+
 @contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """Turn SIGTERM and SIGINT into a graceful-stop request while the query runs."""
+def _stop_on_signals(stop: threading.Event, stop_now: threading.Event) -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into a graceful-stop request while the query runs, and a
+    second one (:data:`SECOND_SIGNAL_AFTER_S` later or more) into a request to stop now."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    first: list[float] = []
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
-        log.warning("signal %s received: stopping after the batch in flight", signum)
-        stop.set()
+        if not first:
+            first.append(time.monotonic())
+            log.warning("signal %s received: stopping after the batch in flight (a second "
+                        "signal cancels it, and it runs again on restart)", signum)
+            stop.set()
+        elif time.monotonic() - first[0] >= SECOND_SIGNAL_AFTER_S and not stop_now.is_set():
+            log.warning("signal %s received again: stopping now", signum)
+            stop_now.set()
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

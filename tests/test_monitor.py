@@ -265,7 +265,8 @@ def test_a_batch_running_past_the_limit_alerts_while_it_runs_then_again(
         "ALERT batch 3 has been running for 120s, over the 2m limit (--alert-batch-duration, "
         "SESSIONLAKE_ALERT_BATCH_DURATION), in phase merge_wait; Spark: stage 7 (collect at "
         "batch.py:1): 1 of 4 tasks done, 3 running. It goes on; SIGTERM stops the run once it "
-        "ends, and a run killed now replays the batch on restart, exactly once")
+        "ends, a second SIGTERM cancels it, and a run cancelled or killed now replays the "
+        "batch on restart, exactly once")
     assert caplog.records[1].getMessage().startswith("ALERT batch 3 has been running for 420s")
     assert caplog.records[2].getMessage().startswith("ALERT batch 4 has been running for 120s")
 

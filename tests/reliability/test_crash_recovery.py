@@ -132,6 +132,43 @@ def test_kill_at_a_random_moment_then_restart(
     assert outcome(spark, lake) == expected, f"killed after {delay:.1f}s"
 
 
+def test_a_second_sigterm_cancels_a_batch_stuck_in_spark(
+    spark: SparkSession, landing: Path, expected: dict, tmp_path: Path
+) -> None:
+    """A batch that never ends (here a Spark job of batch 1 that sleeps, beside its
+    appends: a batch waiting for executors that never come) holds a SIGTERM's graceful
+    stop up; a second one cancels the batch: the run exits 0, saying so in one line,
+    without Spark's stack traces, and a restart ends as an uninterrupted run."""
+    lake, stalled, log_file = tmp_path / "lake", tmp_path / "stalled", tmp_path / "run.log"
+    with log_file.open("w") as log_out:
+        process = subprocess.Popen(
+            _command(landing, lake), cwd=REPO, stdout=subprocess.DEVNULL, stderr=log_out,
+            env=_env(SESSIONLAKE_FAULT="before_merge@1", SESSIONLAKE_FAULT_STALL=str(stalled)),
+            start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while not stalled.exists() and process.poll() is None \
+                    and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert stalled.exists(), log_file.read_text()[-3000:]
+            os.killpg(process.pid, signal.SIGTERM)
+            time.sleep(5)
+            assert process.poll() is None, "the first SIGTERM waits for the batch"
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=120)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    log = log_file.read_text()
+    assert process.returncode == 0, log[-3000:]
+    assert "stopped at once, as a second signal asked: batch 1 was cancelled before its " \
+        "commit and runs again on restart" in log, log[-3000:]
+    assert "\tat org.apache." not in log and "Traceback" not in log, log[-3000:]
+    assert rows(read_table(spark, str(lake), "batch_metrics").select("batch_id")) == [(0,)]
+    run_here(spark, landing, lake)  # the restart replays batch 1
+    assert outcome(spark, lake) == expected
+
+
 def test_sigterm_stops_an_available_now_run_after_its_batch_in_flight(
     spark: SparkSession, landing: Path, expected: dict, tmp_path: Path
 ) -> None:
