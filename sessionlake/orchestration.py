@@ -696,7 +696,8 @@ def stop_continuous_run(checkpoint: str, timeout: float = 300.0) -> int | None:
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"sessionlake run pid {pid} still holds {checkpoint} {timeout:.0f}s after "
-                "SIGTERM: check its batch, or stop it with SIGKILL and restart"
+                "SIGTERM: check its batch, or stop it at once (a second SIGTERM cancels "
+                "the batch, which replays on restart) and restart"
             )
         time.sleep(1)
     return pid
