@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from datetime import date
@@ -871,11 +872,28 @@ def _run(argv: Sequence[str] | None) -> int:
             return EXIT_USAGE
         unreadable = _unreadable_file(error)
         if unreadable is None:
-            raise
+            return _failed(args.command, error)
         print(f"sessionlake: error: a data file of the lake cannot be read ({unreadable}): "
               "`sessionlake doctor` names the damage and how to recover from it",
               file=sys.stderr)
         return EXIT_DAMAGED
+
+
+#: A command that failed on an error it has no words of its own for.
+EXIT_FAILED = 1
+
+
+def _failed(command: str, error: Exception) -> int:
+    """Print ``error``'s trace, then its cause in one line, last: a Spark failure's trace
+    runs to thousands of lines of Java frames, and the tail of a log (Airflow's task error
+    quotes its last lines) should say what went wrong, not where in the JVM."""
+    from sessionlake.monitor import error_summary
+
+    traceback.print_exc()
+    print(f"sessionlake: error: {command} failed: "
+          f"{error_summary(f'{type(error).__name__}: {error}')} (its trace is above)",
+          file=sys.stderr)
+    return EXIT_FAILED
 
 
 def _kafka_data_lost(error: BaseException) -> str | None:

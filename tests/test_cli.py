@@ -117,6 +117,32 @@ def test_bad_arguments_exit_2_with_one_line(
     assert not (tmp_path / "L").exists()
 
 
+@pytest.mark.parametrize(("raised", "said"), [
+    (RuntimeError("An exception was raised by the Python Proxy. Return Message: Traceback\n"
+                  + "\tat org.apache.spark.Frame.call(Frame.java:1)\n" * 2000
+                  + "org.apache.spark.SparkException: [CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND] "
+                  "Checkpoint block rdd_12_0 not found!\n"),
+     "[CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND] Checkpoint block rdd_12_0 not found!"),
+    (KeyError("session_id"), "KeyError: 'session_id'"),
+])
+def test_an_unforeseen_failure_ends_with_its_cause_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    raised: Exception, said: str
+) -> None:
+    """The trace is kept, above; the last line says what failed (Airflow quotes a failed
+    task's last lines, which were Java frames)."""
+    from sessionlake import cli
+
+    def failing(args: argparse.Namespace) -> int:
+        raise raised
+
+    monkeypatch.setitem(cli.COMMANDS, "report", failing)
+    assert main(["report", "--lake", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err
+    assert err.splitlines()[-1] == f"sessionlake: error: report failed: {said} (its trace is above)"
+
+
 def test_a_standalone_master_that_does_not_answer_is_told_before_spark_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
