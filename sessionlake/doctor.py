@@ -46,14 +46,18 @@ from sessionlake.snapshots import Snapshot, list_snapshots, snapshots_root
 from sessionlake.stream import MOVED_SOURCE_WHY, source_moved_from
 from sessionlake.tables import (
     BATCH_METRICS,
+    EVENTS,
     OPEN_SESSIONS,
     RETENTION_AUDIT,
+    SESSIONS,
     STREAM_TABLES,
     table_path,
 )
 
 CHECKPOINT = "checkpoint"
 SNAPSHOTS = "snapshots"
+#: The tables ``rebuild-state`` recomputes ``open_sessions`` from: they must be whole.
+STATE_SOURCES: tuple[str, ...] = (EVENTS, SESSIONS, BATCH_METRICS)
 #: A checkpoint missing where the lake's streams (its register) say they ran elsewhere.
 OTHER_CHECKPOINT_WHY = "is not here; the lake's stream ran on"
 #: Spark's own checkpoint parts that a stream which has run cannot do without.
@@ -490,6 +494,12 @@ def advise(
                         f"{finding.lost}; the erasures themselves stay done. Move "
                         f"{table_path(settings.lake, RETENTION_AUDIT)} aside, and the next "
                         "`sessionlake run` creates it anew, empty")
+        elif finding.subject == OPEN_SESSIONS and target is None and (broken_sources := [
+                f.subject for f in findings if not f.ok and f.subject in STATE_SOURCES]):
+            # rebuild-state would refuse, sending the user back here.
+            recovery = (f"`{_command(settings, 'rebuild-state')}` recomputes it once "
+                        f"{', '.join(dict.fromkeys(broken_sources))} is whole again, which no "
+                        "command here can make it (above)")
         elif finding.subject == OPEN_SESSIONS:
             recovery = (f"recover: `{_command(settings, 'rebuild-state')}` (recomputes it "
                         "from events and sessions)")

@@ -52,7 +52,7 @@ from sessionlake.checkpoint import RESTORING_MARKER
 from sessionlake.config import Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltalog import clear_delta_cache, inspect_table
-from sessionlake.doctor import unfinished_batch
+from sessionlake.doctor import STATE_SOURCES, unfinished_batch
 from sessionlake.ledger import Clock, utc_now
 from sessionlake.locks import StreamAlreadyRunning, checkpoint_lock, lake_lock
 from sessionlake.sessionize import (
@@ -80,7 +80,7 @@ from sessionlake.tables import (
 log = logging.getLogger("sessionlake.rebuild")
 
 #: The tables the rebuild reads: they must be whole.
-SOURCE_TABLES: tuple[str, ...] = (EVENTS, SESSIONS, BATCH_METRICS)
+SOURCE_TABLES = STATE_SOURCES
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 

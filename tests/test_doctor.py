@@ -315,6 +315,19 @@ def test_damage_before_every_snapshot_says_what_is_lost(copy: Settings) -> None:
     assert "events from version 1 on cannot be read" in finding.line()
 
 
+def test_rebuild_state_is_not_advised_while_a_table_it_reads_is_lost(copy: Settings) -> None:
+    """rebuild-state refuses while events is damaged (naming the doctor): the doctor must
+    not send the user to it then, round and round."""
+    (Path(table_path(copy.lake, "events")) / "_delta_log" / f"{1:020d}.json").unlink()
+    truncate_state_file(copy)
+    report = check_lake(None, copy)
+    [state] = [f for f in report.findings if not f.ok and f.subject == OPEN_SESSIONS]
+    assert "recover:" not in (state.recovery or "")
+    assert "recomputes it once events is whole again, which no command here can make it" \
+        in state.line()
+    assert report.lines()[-1] == "damaged: 2 problem(s); no command recovers it"
+
+
 # --- rebuild-state --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("damage", ["log entry missing", "file truncated"])
