@@ -427,6 +427,7 @@ def _spark(settings: Settings, app: str, *, kafka: bool = False,
         check_executors_see,
         check_kafka_jars,
         check_master_answers,
+        warn_of_many_shuffle_partitions,
     )
 
     check_master_answers(settings.master)
@@ -440,6 +441,7 @@ def _spark(settings: Settings, app: str, *, kafka: bool = False,
         raise UsageError(str(error)) from None
     check_executors_see(spark, settings.lake, make=runs_stream,
                         source=None if not runs_stream or kafka else settings.source)
+    warn_of_many_shuffle_partitions(spark, settings.shuffle_partitions)
     return spark
 
 

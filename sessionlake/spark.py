@@ -968,6 +968,23 @@ def _on_every_core(spark: SparkSession, probe: Callable[[], T]) -> list[T]:
         pool.shutdown(wait=False)
 
 
+#: Shuffle partitions per core Spark runs tasks on beyond which a command warns.
+SHUFFLE_PARTITIONS_PER_CORE_MAX = 50
+
+
+def warn_of_many_shuffle_partitions(spark: SparkSession, partitions: int) -> None:
+    """Warn when ``--shuffle-partitions`` asks for many more tasks than the cores Spark
+    runs them on: every shuffle of every batch schedules that many, each a fixed cost even
+    when it has no row, so a small batch crawls (a walkthrough's 1,218 lines over 150 s at
+    100,000 on two cores). Warned, not refused: the setting is Spark's to honour."""
+    cores = spark.sparkContext.defaultParallelism
+    if partitions > SHUFFLE_PARTITIONS_PER_CORE_MAX * cores:
+        log.warning("--shuffle-partitions %d is %d tasks for each of the %d core(s) Spark "
+                    "runs on, in every shuffle of every batch, each a fixed cost even with no "
+                    "row: a few per core is usual (the default is 4)", partitions,
+                    partitions // cores, cores)
+
+
 def executor_sees(marker: str, folder: str) -> tuple[str, bool | None, bool | None]:
     """Run on an executor: where it runs (host and process), whether the file ``marker``
     exists and whether ``folder`` is a folder there (``None`` for either not asked)."""

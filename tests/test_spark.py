@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
@@ -59,6 +60,7 @@ from sessionlake.spark import (
     ship_package,
     spark_jars,
     ui_conf,
+    warn_of_many_shuffle_partitions,
 )
 from tests.conftest import REPO
 from tests.helpers import first
@@ -644,3 +646,17 @@ def test_a_standalone_master_must_answer_at_one_of_its_addresses() -> None:
         with pytest.raises(ConfigError, match=rf"^the Spark master spark://{down} does not "
                            rf"answer \({down}: Connection refused\): start it"):
             check_master_answers(f"spark://{down}")
+
+
+@pytest.mark.parametrize(("per_core", "warned"), [(50, False), (51, True)])
+def test_many_more_shuffle_partitions_than_cores_are_warned_of(
+    spark: SparkSession, caplog: pytest.LogCaptureFixture, per_core: int, warned: bool
+) -> None:
+    cores = spark.sparkContext.defaultParallelism
+    with caplog.at_level(logging.WARNING, logger="sessionlake.spark"):
+        warn_of_many_shuffle_partitions(spark, per_core * cores)
+    assert bool(caplog.records) is warned
+    if warned:
+        assert caplog.records[0].getMessage().startswith(
+            f"--shuffle-partitions {per_core * cores} is {per_core} tasks for each of the "
+            f"{cores} core(s)")
