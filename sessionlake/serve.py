@@ -6,13 +6,23 @@ own. The server is a local Spark driver with Spark's Connect plugin (shipped wit
 the tables and the param-free named queries are registered in its session catalog, which
 every Connect session shares, so a client can ``SELECT * FROM sessions`` or
 ``SELECT * FROM bounce_rate`` right away.
+
+A Connect client runs SQL and Python (UDFs) as the server's account, so the server asks
+every client for a token (Spark's ``spark.connect.authenticate.token``):
+``$SESSIONLAKE_CONNECT_TOKEN``, else a random one, written to a file only its owner can
+read (``--token-file``). A client sends it as ``sc://localhost:PORT/;token=...``. Spark
+Connect serves plain gRPC, and a client sends a token to any host but ``localhost`` over
+TLS only: clients on other machines go through a TLS proxy in front of the server.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import signal
 import threading
+from pathlib import Path
 from types import FrameType
 
 from py4j.protocol import Py4JError
@@ -28,13 +38,37 @@ log = logging.getLogger(__name__)
 CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 
 
-def connect_conf(host: str, port: int) -> dict[str, str]:
-    """Spark settings that start the Connect gRPC server inside the driver."""
+#: A token every client must send (else one is made up per server).
+ENV_CONNECT_TOKEN = "SESSIONLAKE_CONNECT_TOKEN"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def connect_conf(host: str, port: int, token: str) -> dict[str, str]:
+    """Spark settings that start the Connect gRPC server inside the driver, asking every
+    client for ``token``."""
     return {
         "spark.plugins": CONNECT_PLUGIN,
         "spark.connect.grpc.binding.address": host,
         "spark.connect.grpc.binding.port": str(port),
+        "spark.connect.authenticate.token": token,
     }
+
+
+def default_token_file(port: int) -> Path:
+    """Where ``serve`` writes its token unless told: in the user's home, per port."""
+    return Path.home() / ".sessionlake" / f"connect-{port}.token"
+
+
+def write_token(path: Path) -> str:
+    """The token (``$SESSIONLAKE_CONNECT_TOKEN``, else a new random one), written to
+    ``path`` readable by its owner alone (its folder made so too, when new)."""
+    token = os.environ.get(ENV_CONNECT_TOKEN) or secrets.token_urlsafe(32)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # a file someone else made is not written through
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        out.write(token)
+    return token
 
 
 def register_catalog(spark: SparkSession, lake: str) -> list[str]:
@@ -59,11 +93,15 @@ def register_catalog(spark: SparkSession, lake: str) -> list[str]:
     return tables + list(views)
 
 
-def serve_lake(settings: Settings, host: str = "127.0.0.1", port: int = 15002) -> None:
-    """Serve the lake over Spark Connect until SIGTERM or SIGINT."""
+def serve_lake(settings: Settings, host: str = "127.0.0.1", port: int = 15002,
+               token_file: Path | None = None) -> None:
+    """Serve the lake over Spark Connect until SIGTERM or SIGINT, to clients that send the
+    token written to ``token_file`` (:func:`default_token_file` when ``None``)."""
+    token_file = token_file or default_token_file(port)
+    token = write_token(token_file)
     spark = build_spark(settings.master, app_name="sessionlake-serve",
                         shuffle_partitions=settings.shuffle_partitions,
-                        conf=connect_conf(host, port))
+                        conf=connect_conf(host, port, token))
     names = register_catalog(spark, settings.lake)
     stop = threading.Event()
 
@@ -73,8 +111,11 @@ def serve_lake(settings: Settings, host: str = "127.0.0.1", port: int = 15002) -
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, request_stop)
-    print(f"serving {len(names)} tables and views of {settings.lake} on sc://{host}:{port}",
-          flush=True)
+    if host not in LOOPBACK:
+        log.warning("listening on %s: a client elsewhere sends its token over TLS only, "
+                    "which Spark Connect does not serve: put a TLS proxy in front", host)
+    print(f"serving {len(names)} tables and views of {settings.lake} on "
+          f"sc://localhost:{port}/;token=<the text of {token_file}>", flush=True)
     stop.wait()
     try:
         spark.stop()

@@ -45,11 +45,13 @@ def test_a_spark_connect_client_queries_the_lake(
         event("u3", "12:00", "/"),  # moves the watermark past u1's and u2's sessions
     ]])
     port = _free_port()
-    env = {**os.environ, "SESSIONLAKE_DRIVER_MEMORY": "1g"}
+    token_file = tmp_path / "private" / "token"
+    env = {k: v for k, v in os.environ.items() if k != "SESSIONLAKE_CONNECT_TOKEN"}
+    env["SESSIONLAKE_DRIVER_MEMORY"] = "1g"
     log = (tmp_path / "serve.log").open("w")
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "sessionlake"), "serve", "--lake", lake,
-         "--port", str(port), "--master", "local[1]"],
+         "--port", str(port), "--master", "local[1]", "--token-file", str(token_file)],
         stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=REPO,
         start_new_session=True,
     )
@@ -60,17 +62,28 @@ def test_a_spark_connect_client_queries_the_lake(
         ready, _, _ = select.select([server.stdout], [], [], 300)
         assert ready, (tmp_path / "serve.log").read_text()[-2000:]
         banner = server.stdout.readline()
-        assert f"sc://127.0.0.1:{port}" in banner, (tmp_path / "serve.log").read_text()[-2000:]
+        assert f"sc://localhost:{port}/;token=<the text of {token_file}>" in banner, \
+            (tmp_path / "serve.log").read_text()[-2000:]
+        # A client runs SQL and Python as the server's account: only the token's holder.
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        assert token_file.parent.stat().st_mode & 0o777 == 0o700
+        token = token_file.read_text()
         deadline = time.monotonic() + 120
         while True:
-            client = subprocess.run([sys.executable, "-c", CLIENT, f"sc://127.0.0.1:{port}"],
-                                    capture_output=True, text=True, timeout=180)
+            client = subprocess.run(
+                [sys.executable, "-c", CLIENT, f"sc://localhost:{port}/;token={token}"],
+                capture_output=True, text=True, timeout=180)
             if client.returncode == 0 or time.monotonic() > deadline:
                 break
             time.sleep(2)
         assert client.returncode == 0, client.stderr[-2000:]
         answer = json.loads(client.stdout.strip().splitlines()[-1])
         assert answer == {"sessions": [["u1", 2], ["u2", 1]], "bounces": [1]}
+        for url in (f"sc://127.0.0.1:{port}", f"sc://localhost:{port}/;token=wrong"):
+            refused = subprocess.run([sys.executable, "-c", CLIENT, url],
+                                     capture_output=True, text=True, timeout=180)
+            assert refused.returncode != 0 and "UNAUTHENTICATED" in refused.stderr, \
+                (url, refused.stdout[-1000:], refused.stderr[-2000:])
     finally:
         # To the whole process group, as systemd stops a service: the JVM gets it too.
         os.killpg(server.pid, signal.SIGTERM)
