@@ -242,7 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=_at_least(1), default=15002,
                        help="Spark Connect port (15002)")
     serve.add_argument("--host", default="127.0.0.1",
-                       help="address to listen on (127.0.0.1; 0.0.0.0 for every interface)")
+                       help="address to listen on (127.0.0.1; 0.0.0.0 for every interface, "
+                            "behind a TLS proxy)")
+    serve.add_argument("--token-file", type=Path, dest="token_file", metavar="FILE",
+                       help="where to write the token clients must send, readable by its "
+                            "owner alone (~/.sessionlake/connect-PORT.token; the token is "
+                            "$SESSIONLAKE_CONNECT_TOKEN, else a new random one)")
     _common_spark(serve)
 
     gen = commands.add_parser("generate", help="write a synthetic clickstream (jsonl)")
@@ -594,7 +599,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     try:
-        serve_lake(settings, host=args.host, port=args.port)
+        serve_lake(settings, host=args.host, port=args.port, token_file=args.token_file)
     except LakeNotFound as error:
         raise UsageError(str(error)) from None
     return 0
@@ -857,6 +862,8 @@ def _run(argv: Sequence[str] | None) -> int:
     except (UsageError, ConfigError) as error:
         print(f"sessionlake: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        raise  # the output's reader went away: see main
     except Exception as error:
         from sessionlake.kafkaadmin import kafka_timeout
 
