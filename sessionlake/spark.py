@@ -814,6 +814,21 @@ def package_files(package_dir: Path = PACKAGE_DIR) -> list[Path]:
     )
 
 
+def _own_folder(folder: Path) -> Path:
+    """``folder``, made when missing (for its owner alone); refused when another account
+    owns it or others may write in it. A predictable folder under ``/tmp`` that another
+    user made first would let them plant the zip every executor imports."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    status = folder.stat()
+    wrong = ("owned by another account" if status.st_uid != os.getuid()
+             else "writable by others" if status.st_mode & 0o022 else None)
+    if wrong is not None:
+        raise ConfigError(
+            f"{folder} is {wrong}: the package zip kept there runs on every executor; set "
+            "SESSIONLAKE_PYFILES_DIR to a folder of this account's own")
+    return folder
+
+
 def package_zip(target_dir: Path | None = None, package_dir: Path = PACKAGE_DIR) -> Path:
     """A zip of the ``sessionlake`` package named after a hash of its content.
 
@@ -826,7 +841,9 @@ def package_zip(target_dir: Path | None = None, package_dir: Path = PACKAGE_DIR)
         spark.sparkContext.addPyFile(str(package_zip()))
 
     :param target_dir: where to keep it; default ``$SESSIONLAKE_PYFILES_DIR`` or
-        ``<tmp>/sessionlake-pyfiles``.
+        ``<tmp>/sessionlake-pyfiles-<uid>``. A folder that another account owns, or that
+        others may write in, is refused (:func:`_own_folder`): a zip found there runs on
+        every executor.
     :param package_dir: the package to zip (default: the one running this code).
     :return: the zip's path.
     """
@@ -835,12 +852,12 @@ def package_zip(target_dir: Path | None = None, package_dir: Path = PACKAGE_DIR)
     for path in files:
         name = path.relative_to(package_dir.parent).as_posix()
         digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
-    folder = Path(target_dir or os.environ.get("SESSIONLAKE_PYFILES_DIR")
-                  or Path(tempfile.gettempdir()) / "sessionlake-pyfiles")
+    default = Path(tempfile.gettempdir()) / f"sessionlake-pyfiles-{os.getuid()}"
+    folder = _own_folder(Path(target_dir or os.environ.get("SESSIONLAKE_PYFILES_DIR")
+                              or default))
     target = folder / f"{package_dir.name}-{digest.hexdigest()[:16]}.zip"
     if target.exists():
         return target
-    folder.mkdir(parents=True, exist_ok=True)
     # Written beside the target and renamed into place: a reader never sees half a zip.
     handle, partial = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".tmp")
     try:

@@ -86,6 +86,26 @@ def test_is_local_master(master: str, local: bool) -> None:
     assert is_local_master(master) is local
 
 
+@pytest.mark.parametrize("whose", ["writable by others", "owned by another account"])
+def test_package_zip_refuses_a_folder_others_could_plant_a_zip_in(
+    tmp_path: Path, whose: str
+) -> None:
+    """The zip runs on every executor: one planted where the driver looks (a predictable
+    folder under /tmp another user made first) must not be shipped."""
+    folder = tmp_path / "zips"
+    folder.mkdir()
+    planted = folder / package_zip(tmp_path / "mine").name  # the name anyone can compute
+    planted.write_bytes(b"not ours")
+    if whose == "writable by others":
+        folder.chmod(0o777)
+    elif os.getuid() != 0:
+        pytest.skip("giving a folder to another account takes root")
+    else:
+        os.chown(folder, 1, -1)
+    with pytest.raises(ConfigError, match=f"{folder} is {whose}: .*SESSIONLAKE_PYFILES_DIR"):
+        package_zip(folder)
+
+
 def test_package_zip_holds_every_module_and_is_named_by_content(tmp_path: Path) -> None:
     archive = package_zip(tmp_path)
     names = zipfile.ZipFile(archive).namelist()
