@@ -73,6 +73,17 @@ def test_compose_has_the_deployment_and_every_long_running_service_a_healthcheck
         assert services[worker]["depends_on"]["spark-master"]["condition"] == "service_healthy"
 
 
+def test_published_pages_listen_on_this_machine_only(compose: dict[str, Any]) -> None:
+    """Airflow's simple auth manager and Spark's master page (no login) are not for other
+    machines; the master's page may not kill applications."""
+    published = {name: service.get("ports", []) for name, service in _services(compose).items()
+                 if service.get("ports")}
+    assert published == {"airflow-api-server": ["127.0.0.1:8080:8080"],
+                         "spark-master": ["127.0.0.1:8081:8080"]}
+    assert "-Dspark.ui.killEnabled=false" in (
+        _services(compose)["spark-master"]["environment"]["SPARK_MASTER_OPTS"])
+
+
 def test_airflow_runs_on_postgres_after_the_init_and_submits_to_the_cluster(
     compose: dict[str, Any],
 ) -> None:
