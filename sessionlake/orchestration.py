@@ -126,8 +126,11 @@ def _bad(name: str, value: Any, why: str) -> ValueError:
 
 
 def unknown_param(name: str, value: Any, declared: Sequence[str]) -> ValueError:
-    """The error for a key of a DAG run's conf that is none of the DAG's params."""
-    return _bad(name, value, f"no such param (this DAG's: {', '.join(declared) or 'none'})")
+    """The error for a key of a DAG run's conf that is none of the DAG's params. Its value
+    is not repeated: a misspelt ``erase_user_ids`` holds the ids of people being erased,
+    and the error goes to the task's log."""
+    return ValueError(f"param {name} is invalid: no such param (this DAG's: "
+                      f"{', '.join(declared) or 'none'})")
 
 
 def _whole(params: Mapping[str, Any], name: str, minimum: int) -> int:
@@ -322,11 +325,14 @@ def validate_retention_params(params: Mapping[str, Any]) -> RetentionParams:
             raise _bad("erase_user_ids", f"[{len(users)} ids]",
                        f"{user!r} is not a non-empty string")
     hashes = params.get("erase_user_sha256") or []
+    # Nor are these repeated: a user id given here by mistake would go to the task's log.
     if not isinstance(hashes, list | tuple):
-        raise _bad("erase_user_sha256", hashes, "must be a list of SHA-256 hex digests")
-    for digest in hashes:
+        raise _bad("erase_user_sha256", "...", "must be a list of SHA-256 hex digests")
+    for number, digest in enumerate(hashes, start=1):
         if not isinstance(digest, str) or not USER_HASH.match(digest.lower()):
-            raise _bad("erase_user_sha256", digest, "is not a SHA-256 (64 hex digits)")
+            raise _bad("erase_user_sha256", f"[{len(hashes)} entries]",
+                       f"entry {number} is not a SHA-256 (64 hex digits); ids go in "
+                       "erase_user_ids")
     checked = RetentionParams(
         erase_user_sha256=tuple(dict.fromkeys(
             [*(user_hash(u) for u in users), *(d.lower() for d in hashes)])),

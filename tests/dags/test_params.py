@@ -76,6 +76,27 @@ def test_restart_without_a_master_runs_where_the_connection_points(master: str |
         orch.validate_restart_params(params)  # no connection either
 
 
+@pytest.mark.parametrize("params", [
+    {"erase_user_sha256": ["alice@example.com"]},
+    {"erase_user_sha256": "alice@example.com"},
+    {"erase_user_ids": ["alice@example.com", ""]},
+])
+def test_params_that_may_hold_a_user_id_are_not_repeated_in_their_error(
+    params: dict[str, Any]
+) -> None:
+    """The error goes to the task's log; a person being erased must not."""
+    with pytest.raises(ValueError, match=r"param erase_user_\w+=.* is invalid") as error:
+        orch.validate_retention_params(params)
+    assert "alice" not in str(error.value)
+
+
+def test_an_unknown_param_s_value_is_not_repeated() -> None:
+    """A misspelt erase_user_ids holds the ids of people being erased."""
+    error = orch.unknown_param("erase_users", ["alice@example.com"], ["erase_user_ids"])
+    assert str(error) == ("param erase_users is invalid: no such param (this DAG's: "
+                          "erase_user_ids)")
+
+
 @pytest.mark.parametrize(
     ("validate", "params", "message"),
     [
