@@ -19,6 +19,7 @@ batches if it runs continuously, else at its next start.
 
 from __future__ import annotations
 
+import filecmp
 import logging
 import os
 import shutil
@@ -259,11 +260,11 @@ def _move(source: Path, destination: Path) -> bool:
     """Move one file, keeping its modification time; ``False`` when another file of its
     name is already there."""
     if destination.exists():
-        if destination.stat().st_size != source.stat().st_size:
+        if not filecmp.cmp(source, destination, shallow=False):
             log.warning("not archived: %s, another file of its name is in %s", source,
                         destination.parent)
             return False
-        source.unlink()  # the copy of a move cut off before its delete
+        source.unlink()  # the copy of a move cut off before its delete (byte for byte)
         return True
     destination.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(source, destination)

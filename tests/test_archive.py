@@ -117,15 +117,17 @@ def test_files_a_snapshot_has_not_read_stay(
 
 
 def test_a_move_cut_off_is_finished_and_a_clash_is_left(tmp_path: Path) -> None:
-    landing = landing_with(tmp_path, "a.jsonl", "b.jsonl")
+    landing = landing_with(tmp_path, "a.jsonl", "b.jsonl", "c.jsonl")
     archive = tmp_path / "archive"
     archive.mkdir()
     (archive / "a.jsonl").write_text('{"user_id": "u"}\n')  # copied, not yet deleted
     (archive / "b.jsonl").write_text("another file\n")
+    (archive / "c.jsonl").write_text('{"user_id": "v"}\n')  # another file of the same size
     report = archive_read_files(settings(tmp_path), str(archive))
     assert report.moved == 1
     assert not (landing / "a.jsonl").exists()
     assert (landing / "b.jsonl").exists() and (archive / "b.jsonl").read_text() == "another file\n"
+    assert (landing / "c.jsonl").read_text() == '{"user_id": "u"}\n'
 
 
 @pytest.mark.parametrize(("source", "target", "message"), [
