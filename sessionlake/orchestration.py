@@ -63,6 +63,7 @@ from sessionlake.spark import (
     PROJECT_ROOT,
     default_conf,
     driver_memory,
+    is_local_master,
     java_options,
     quick_start_for,
     spark_jars,
@@ -377,6 +378,11 @@ def validate_restart_params(
     the other DAGs submit to (the ``spark_default`` connection's), so that a restart with
     the defaults keeps the stream where the DAGs run it: on a cluster, on the cluster.
 
+    A master that is neither local, nor the connection's, nor listed in
+    ``$SESSIONLAKE_RESTART_MASTERS`` is refused: whoever may trigger the DAG could
+    otherwise move the stream, with its Kafka credentials and its data, to a cluster of
+    their own.
+
     :raises ValueError: naming the param, its value and why it is wrong.
     """
     master = params.get("master")
@@ -384,7 +390,18 @@ def validate_restart_params(
         master = connection_master
     if not isinstance(master, str) or not SPARK_MASTER.match(master.strip()):
         raise _bad("master", master, f"must be {SPARK_MASTER_FORMS}")
-    return RestartParams(_whole(params, "shuffle_partitions", 1), master.strip())
+    master = master.strip()
+    allowed = {connection_master, *os.environ.get(RESTART_MASTERS_ENV, "").split()}
+    if not is_local_master(master) and master not in allowed:
+        raise _bad("master", master, "is neither local nor the spark_default connection's "
+                   f"master; list the masters the stream may move to in {RESTART_MASTERS_ENV} "
+                   "(whitespace-separated) in the Airflow workers' environment")
+    return RestartParams(_whole(params, "shuffle_partitions", 1), master)
+
+
+#: Masters, besides local ones and the ``spark_default`` connection's, that the restart DAG
+#: may move the stream to (whitespace-separated).
+RESTART_MASTERS_ENV = "SESSIONLAKE_RESTART_MASTERS"
 
 
 # --- command lines ---------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import date, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ WHERE = orch.Locations(lake="/l", source="/in", checkpoint="/l/_checkpoints/stre
          orch.RestartParams(2, "local[2]")),
         (orch.validate_restart_params, {"shuffle_partitions": 2, "master": "local[*]"},
          orch.RestartParams(2, "local[*]")),
-        (orch.validate_restart_params,
+        (partial(orch.validate_restart_params, connection_master="spark://m1:7077,m2:7077"),
          {"shuffle_partitions": 64, "master": "spark://m1:7077,m2:7077"},
          orch.RestartParams(64, "spark://m1:7077,m2:7077")),
     ],
@@ -65,6 +66,22 @@ def test_good_params_are_typed(
     validate: Callable[[dict[str, Any]], Any], params: dict[str, Any], expected: Any
 ) -> None:
     assert validate(params) == expected
+
+
+def test_restart_moves_the_stream_only_to_a_master_its_operators_named(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever may trigger the DAG must not send the stream, with its Kafka credentials,
+    to a cluster of their own."""
+    params = {"shuffle_partitions": 2, "master": "spark://elsewhere:7077"}
+    with pytest.raises(ValueError, match=r"master='spark://elsewhere:7077' is invalid: is "
+                       r"neither local nor the spark_default connection's master; list .*"
+                       r"SESSIONLAKE_RESTART_MASTERS"):
+        orch.validate_restart_params(params, "spark://m:7077")
+    monkeypatch.setenv("SESSIONLAKE_RESTART_MASTERS",
+                       "spark://other:7077 spark://elsewhere:7077")
+    assert orch.validate_restart_params(params, "spark://m:7077") == orch.RestartParams(
+        2, "spark://elsewhere:7077")
 
 
 @pytest.mark.parametrize("master", ["", "  ", None])
