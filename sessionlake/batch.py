@@ -637,7 +637,7 @@ def _recorded_to_search(inputs: BatchInputs, dates: list[date],
                         ids: tuple[str | None, str | None]) -> list[str]:
     """Those of :data:`RECORDED` that can hold a copy of one of the batch's events: not
     those at version 0 (their creation, nothing recorded), nor those that hold no id from
-    the batch's least up (:meth:`BatchInputs.holds_no_id_from`). None for a batch without
+    the batch's least up (:meth:`BatchInputs.holds_no_id_from`); none for a batch without
     a valid event."""
     first, last = ids
     if not dates or first is None or last is None:
