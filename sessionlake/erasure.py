@@ -17,8 +17,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, SparkSession
@@ -101,43 +102,61 @@ def erase(spark: SparkSession, lake: str, condition: Column) -> dict[str, int]:
     return each_table(erase_from, USER_TABLES)
 
 
-def erasures_since(spark: SparkSession | None, lake: str, since: datetime) -> list[str]:
-    """Hashes of the users erased by retention runs that started at or after ``since``.
+def erasures_not_in(spark: SparkSession | None, lake: str, taken: datetime,
+                    versions: Mapping[str, int]) -> list[str]:
+    """Hashes of the users erased by retention runs that a snapshot, taken at ``taken``
+    with these table ``versions``, may not hold: runs that finished at or after it was
+    taken, or that committed a version of a table after the snapshot's.
 
+    A run's ``started_at`` is stamped before it waits for the batch locks, and a snapshot
+    takes none: one taken while an erasure waited holds the users, though the run
+    "started" before it. Re-applying an erasure the snapshot does hold deletes nothing.
     A local lake's audit is read without Spark (:mod:`sessionlake.deltareader`): a restore
     asks this before it knows whether it needs a JVM at all.
     """
     if not table_exists(spark, lake, RETENTION_AUDIT):
         return []
+    columns = ["finished_at", "versions_after", "erased_user_sha256"]
     if storage.local_path(lake) is not None:
-        audit = read_rows(read_state(table_path(lake, RETENTION_AUDIT)),
-                          ["started_at", "erased_user_sha256"])
-        since_utc = since if since.tzinfo else since.replace(tzinfo=UTC)
-        runs = zip(audit["started_at"].to_pylist(), audit["erased_user_sha256"].to_pylist(),
-                   strict=True)
-        return sorted({h for started, hashes in runs if started >= since_utc
-                       for h in hashes or ()})
-    if spark is None:
+        audit = read_rows(read_state(table_path(lake, RETENTION_AUDIT)), columns)
+        runs = list(zip(*(audit[c].to_pylist() for c in columns), strict=True))
+    elif spark is None:
         raise ValueError(f"{lake} is not a local path: a Spark session is needed to reach it")
-    rows = read_table(spark, lake, RETENTION_AUDIT).where(
-        F.col("started_at") >= F.lit(since).cast("timestamp")
-    ).select(F.explode("erased_user_sha256").alias("hash")).distinct().collect()
-    return sorted(row["hash"] for row in rows)
+    else:
+        runs = [tuple(r) for r in read_table(spark, lake, RETENTION_AUDIT).where(
+            F.size("erased_user_sha256") > 0).select(*columns).collect()]
+    taken_utc = _utc(taken)
+
+    def not_held(finished: datetime, after: Any) -> bool:
+        committed = dict(after or {})
+        return _utc(finished) >= taken_utc or any(
+            versions.get(table, -1) < version for table, version in committed.items()
+            if table in USER_TABLES)
+
+    return sorted({h for finished, after, hashes in runs if hashes and not_held(finished, after)
+                   for h in hashes})
 
 
-def reapply_erasures(spark: SparkOnDemand, lake: str, since: datetime) -> dict[str, int]:
-    """Erase again every user erased since ``since`` (after a restore to before then).
+def _utc(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def reapply_erasures(spark: SparkOnDemand, lake: str, taken: datetime,
+                     versions: Mapping[str, int]) -> dict[str, int]:
+    """Erase again every user erased by a run the restored snapshot (taken at ``taken``,
+    with these table ``versions``) may not hold (:func:`erasures_not_in`).
 
     :param spark: started only when someone was erased (or the lake is not local).
-    :return: rows deleted per table (empty when nobody was erased since).
+    :return: rows deleted per table (empty when nobody needs erasing again).
     """
-    hashes = erasures_since(None if storage.local_path(lake) else spark(), lake, since)
+    hashes = erasures_not_in(None if storage.local_path(lake) else spark(), lake, taken,
+                             versions)
     if not hashes:
         return {}
     # Told before: the erasure starts Spark and reads every user table (half a minute on
     # a small lake), a wait a restore from its logs alone does not have.
-    log.warning("re-applying %d erasure(s) made since %s, when the snapshot was taken",
-                len(hashes), since.isoformat(timespec="seconds"))
+    log.warning("re-applying %d erasure(s) the snapshot may not hold (it was taken %s)",
+                len(hashes), taken.isoformat(timespec="seconds"))
     deleted = erase(spark(), lake, users_hashed(hashes))
     log.warning("re-applied %d erasure(s): rows deleted %s", len(hashes),
                 ", ".join(f"{t} {n}" for t, n in deleted.items() if n) or "none")

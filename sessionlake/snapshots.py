@@ -546,7 +546,7 @@ def _restore_locked(
         files, checkpoint, _snapshot_dir(lake, snapshot.snapshot_id), snapshot
     )
     # Whoever was erased after the snapshot was taken stays erased.
-    reapply_erasures(spark, lake, snapshot.created)
+    reapply_erasures(spark, lake, snapshot.created, snapshot.table_versions)
     # Delta's RESTORE returns the tables' properties to the snapshot's too (checked with
     # Delta 4.4): the next run looks at them again.
     storage.delete(files, f"{lake.rstrip('/')}/{PROPERTIES_NOTE}")
