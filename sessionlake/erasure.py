@@ -49,11 +49,6 @@ def user_hash(user_id: str) -> str:
     return hashlib.sha256(user_id.encode("utf-8")).hexdigest()
 
 
-def users_named(user_ids: Iterable[str]) -> Column:
-    """Rows of exactly these user ids (bound as literals)."""
-    return F.col("user_id").isin([F.lit(u) for u in user_ids])
-
-
 #: A user id's SHA-256, as :func:`user_hash` writes it: 64 lowercase hex digits.
 USER_HASH = re.compile(r"^[0-9a-f]{64}$")
 

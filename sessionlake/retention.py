@@ -26,8 +26,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from functools import partial, reduce
-from operator import or_
+from functools import partial
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, SparkSession
@@ -42,7 +41,6 @@ from sessionlake.erasure import (
     erase,
     user_hash,
     users_hashed,
-    users_named,
 )
 from sessionlake.locks import checkpoint_in_use, lake_in_use
 from sessionlake.registry import checkpoint_key, lake_streams, unfinished_batch_since
@@ -103,10 +101,12 @@ class RetentionRequest:
                                    *self.erase_user_sha256]))
 
     def users_to_erase(self) -> Column | None:
-        """The rows of the users to erase, by id or by hash; ``None``: no erasure asked."""
-        conditions = ([users_named(self.erase_users)] if self.erase_users else []) + \
-            ([users_hashed(self.erase_user_sha256)] if self.erase_user_sha256 else [])
-        return reduce(or_, conditions) if conditions else None
+        """The rows of the users to erase, found by the SHA-256 of their id whether they
+        were named by id or by hash; ``None``: no erasure asked. Delta writes a DELETE's
+        condition into the table's log, which every reader of its history sees for as long
+        as the log keeps that commit: an id there would outlive the erasure of its rows."""
+        hashes = self.erased_hashes
+        return users_hashed(hashes) if hashes else None
 
 
 @dataclass(frozen=True)

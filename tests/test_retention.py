@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from sessionlake import faults
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
-from sessionlake.erasure import user_hash, users_named
+from sessionlake.erasure import user_hash, users_hashed
 from sessionlake.ledger import stream_identity
 from sessionlake.locks import lake_lock
 from sessionlake.registry import register_stream
@@ -102,6 +102,12 @@ def test_erasure_reaches_every_table_and_every_file(
     assert report.rows_deleted == before
     assert report.time_travel_purged
     assert user_rows(spark, settings.lake, "u2") == dict.fromkeys(USER_TABLES, 0)
+    # Delta keeps each DELETE's condition in the table's history: the id is not in it.
+    for table in USER_TABLES:
+        predicates = [str(r["operationParameters"].get("predicate")) for r in spark.sql(
+            f"DESCRIBE HISTORY delta.`{settings.lake}/{table}`").where(
+            "operation = 'DELETE'").collect()]
+        assert predicates and not any("u2" in p for p in predicates), (table, predicates)
     assert user_rows(spark, settings.lake, "u1") == others
     for table in USER_TABLES:
         # No data file on disk holds u2, deletion vectors or not: so no version, old or
@@ -116,7 +122,8 @@ def test_erasure_reaches_every_table_and_every_file(
 @pytest.mark.parametrize("user_id", INJECTION_IDS)
 def test_an_injection_shaped_id_matches_only_itself(spark: SparkSession, user_id: str) -> None:
     users = spark.createDataFrame([(u,) for u in ["u1", "u2", "x", user_id]], "user_id string")
-    assert [r["user_id"] for r in users.where(users_named([user_id])).collect()] == [user_id]
+    assert [r["user_id"] for r in users.where(users_hashed([user_hash(user_id)])).collect()] \
+        == [user_id]
 
 
 def test_injection_shaped_ids_erase_nothing(spark: SparkSession, settings: Settings) -> None:
