@@ -1,7 +1,9 @@
 """Erasing users: deleting their rows from every table and purging them from the files.
 
-User ids reach Delta only inside DataFrame filters built from literals, never as SQL text,
-so an id such as ``x' OR '1'='1`` matches the user of that exact id and nobody else.
+Users are found by the SHA-256 of their id (:func:`users_hashed`), a literal in a
+DataFrame filter, never SQL text: an id such as ``x' OR '1'='1`` matches the user of that
+exact id and nobody else, and the condition Delta keeps in each table's history holds no
+id.
 
 A Delta DELETE on a table with deletion vectors does not rewrite the data files: it marks
 rows as deleted, and the files, still part of the current version, keep the rows. An
