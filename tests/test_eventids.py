@@ -61,6 +61,15 @@ def ledger_bound(spark: SparkSession, cfg: Settings, identity: StreamIdentity,
     return eventids.from_json(entry.get(ID_BOUND_NOTE))
 
 
+def recording_into(read: list[str]) -> Any:
+    """``read_table`` that also notes in ``read`` each table a batch reads."""
+    def recording(spark: SparkSession, lake: str, table: str, *args: Any) -> Any:
+        read.append(table)
+        return read_table(spark, lake, table, *args)
+
+    return recording
+
+
 def test_each_batch_notes_the_bound_at_the_version_it_reads(
     spark: SparkSession, lake: str
 ) -> None:
@@ -84,12 +93,7 @@ def test_a_batch_above_the_bound_does_not_read_events(
     run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")],
                              [event("u", "10:01", event_id="b1")]], identity=identity)
     read: list[str] = []
-
-    def recording(spark: SparkSession, lake: str, table: str, *args: Any) -> Any:
-        read.append(table)
-        return read_table(spark, lake, table, *args)
-
-    monkeypatch.setattr(batch, "read_table", recording)
+    monkeypatch.setattr(batch, "read_table", recording_into(read))
     monkeypatch.setattr(batch, "resolve_snapshot",
                         lambda spark, lake, table, version: read.append(table))
     [report] = run_batches(spark, cfg, [[event("u", "10:02", event_id="c1")]],
@@ -114,12 +118,7 @@ def test_late_events_has_a_bound_of_its_own(
                              [event("u", "10:00", event_id="b5")]],  # late (rule 2)
                 identity=identity)
     read: list[str] = []
-
-    def recording(spark: SparkSession, lake: str, table: str, *args: Any) -> Any:
-        read.append(table)
-        return read_table(spark, lake, table, *args)
-
-    monkeypatch.setattr(batch, "read_table", recording)
+    monkeypatch.setattr(batch, "read_table", recording_into(read))
     [report] = run_batches(spark, cfg, [[event("u", "12:01", event_id="c1")]],
                            identity=identity, first_batch_id=2)
     entry = read_ledger(spark, cfg, identity, 2) or {}
@@ -202,12 +201,7 @@ def test_a_bound_not_carried_is_taken_from_the_log_again(
     read: list[str] = []
     monkeypatch.setattr(batch, "resolve_snapshot",
                         lambda spark, lake, table, version: read.append(table))
-
-    def recording(spark: SparkSession, lake: str, table: str, *args: Any) -> Any:
-        read.append(table)
-        return read_table(spark, lake, table, *args)
-
-    monkeypatch.setattr(batch, "read_table", recording)
+    monkeypatch.setattr(batch, "read_table", recording_into(read))
     [report] = run_batches(spark, cfg, [[event("u", "10:02", event_id="c1")]],
                            identity=identity, first_batch_id=2)
     assert report.row["accepted"] == 1
