@@ -3,9 +3,13 @@
 
 Daily `sessionlake snapshot`: a consistent restore point, the version of every table
 together with the streaming checkpoint. The job prints the snapshot id (see the task log);
-give it to `sessionlake_restore`.
+give it to `sessionlake_restore`. Then it expires the snapshots taken more than
+`max_age_days` ago, but for the `keep_last` newest: VACUUM keeps every file the oldest kept
+snapshot needs, so rows deleted since (aged out, erased) stay readable by time travel
+until it expires.
 
-Params: `name` (optional label: letters, digits, `_ . : -`).
+Params: `name` (optional label: letters, digits, `_ . : -`), `max_age_days` (days >= 1,
+null: no age limit), `keep_last` (>= 1, null: no count limit; both null: nothing expires).
 """
 
 from __future__ import annotations
@@ -27,6 +31,12 @@ with DAG(
     params={
         "name": Param(None, type=["null", "string"], maxLength=128,
                       description="optional label of the restore point"),
+        "max_age_days": Param(30, type=["null", "integer"], minimum=1,
+                              description="expire snapshots taken more than this many days "
+                                          "ago (null: no age limit)"),
+        "keep_last": Param(3, type=["null", "integer"], minimum=1,
+                           description="keep this many newest snapshots, however old "
+                                       "(null: no count limit)"),
     },
 ):
 

@@ -60,6 +60,9 @@ RESTORING_MARKER = "sessionlake-restoring.json"
 #: ``sessionlake.snapshots``).
 SNAPSHOTS_DIR = "_snapshots"
 MANIFEST = "snapshot.json"
+#: In the catalog folder: held by a restore throughout and by an expiry while it deletes,
+#: so that no expiry removes the snapshot a restore is reading.
+CATALOG_LOCK_FILE = ".catalog.lock"
 
 #: Spark's own checkpoint, inside sessionlake's.
 SPARK_CHECKPOINT = "spark"
@@ -117,8 +120,10 @@ class LockTimeout(TimeoutError):
 
 
 @contextmanager
-def batch_lock(folder: Path | None, timeout: float | None = None) -> Iterator[None]:
-    """Hold the batch lock of the local checkpoint ``folder`` (``None``: remote, no lock).
+def batch_lock(folder: Path | None, timeout: float | None = None,
+               lock_file: str = BATCH_LOCK_FILE) -> Iterator[None]:
+    """Hold the batch lock of the local checkpoint ``folder`` (``None``: remote, no lock),
+    or another lock of a folder that is waited for the same way (``lock_file``).
 
     Without ``timeout`` this waits as long as it takes (a batch waiting for an erasure);
     with one it raises :class:`LockTimeout` when the lock stays taken that long.
@@ -127,7 +132,7 @@ def batch_lock(folder: Path | None, timeout: float | None = None) -> Iterator[No
         yield
         return
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / BATCH_LOCK_FILE, "a+") as lock:
+    with open(folder / lock_file, "a+") as lock:
         if timeout is None:
             fcntl.flock(lock, fcntl.LOCK_EX)
         else:
@@ -139,12 +144,13 @@ def batch_lock(folder: Path | None, timeout: float | None = None) -> Iterator[No
                     break
                 except BlockingIOError:
                     if not waited:
-                        log.info("waiting up to %g s for the batch in flight on %s",
-                                 timeout, folder)
+                        log.info("waiting up to %g s for %s of %s", timeout,
+                                 "the batch in flight" if lock_file == BATCH_LOCK_FILE
+                                 else lock_file, folder)
                         waited = True
                     if time.monotonic() > deadline:
                         raise LockTimeout(
-                            f"the batch lock of {folder} stayed taken for {timeout:g} s"
+                            f"the lock {folder / lock_file} stayed taken for {timeout:g} s"
                         ) from None
                     time.sleep(0.2)
         try:

@@ -327,6 +327,15 @@ def _add_maintenance(commands: Any) -> None:
     snap.add_argument("--checkpoint", help=checkpoint_help)
     snap.add_argument("--name", help="a label for the restore point")
     snap.add_argument("--list", action="store_true", help="list the restore points instead")
+    snap.add_argument("--max-age-days", dest="max_age_days", type=_at_least(1), metavar="N",
+                      help="then expire the snapshots taken more than N days ago (the "
+                           "--keep-last newest stay, one at least); VACUUM no longer keeps "
+                           "files for them")
+    snap.add_argument("--keep-last", dest="keep_last", type=_at_least(1), metavar="N",
+                      help="then expire all but the N newest (with --max-age-days: keep "
+                           "them, however old)")
+    snap.add_argument("--expire-only", dest="expire_only", action="store_true",
+                      help="expire as asked, take no new snapshot")
     _common_spark(snap)
 
     restore = commands.add_parser("restore", help="return the tables and checkpoint to a snapshot")
@@ -628,13 +637,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    """``sessionlake snapshot``: record a restore point and print its id (or list them)."""
+    """``sessionlake snapshot``: record a restore point and print its id (or list them),
+    then expire the snapshots the rules name."""
     from sessionlake.health import unrestorable_versions
-    from sessionlake.snapshots import SnapshotError, create_snapshot, list_snapshots
+    from sessionlake.snapshots import (
+        SnapshotError,
+        create_snapshot,
+        expire_snapshots,
+        list_snapshots,
+    )
     from sessionlake.storage import local_path
     from sessionlake.tables import no_lake_at
 
     settings = _settings(args)
+    expires = args.max_age_days is not None or args.keep_last is not None
+    if args.list and (expires or args.expire_only):
+        raise UsageError("--list changes nothing: give it without --max-age-days, "
+                         "--keep-last or --expire-only")
+    if args.expire_only and not expires:
+        raise UsageError("--expire-only needs --max-age-days N or --keep-last N: which "
+                         "snapshots to expire")
     if args.list:
         if (no_lake := no_lake_at(None, settings.lake)) is not None:
             raise UsageError(no_lake)
@@ -647,11 +669,20 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     local = all(local_path(p) is not None for p in (settings.lake, settings.checkpoint))
     spark = None if local else _spark(settings, "sessionlake-snapshot")
     try:
-        snapshot = create_snapshot(spark, settings, name=args.name)
+        if args.expire_only:
+            if (no_lake := no_lake_at(spark, settings.lake)) is not None:
+                raise UsageError(no_lake)
+        else:
+            snapshot = create_snapshot(spark, settings, name=args.name)
+            print(snapshot.summary())
+            print(f"snapshot {snapshot.snapshot_id}")
+        if expires:
+            # After the new snapshot is written: it is among the newest an expiry keeps.
+            for line in expire_snapshots(spark, settings, args.max_age_days,
+                                         args.keep_last).lines():
+                print(line)
     except SnapshotError as error:
         raise UsageError(str(error)) from None
-    print(snapshot.summary())
-    print(f"snapshot {snapshot.snapshot_id}")
     return 0
 
 

@@ -196,9 +196,13 @@ class CompactionParams:
 
 @dataclass(frozen=True)
 class SnapshotParams:
-    """``sessionlake_snapshot``: a restore point, optionally named."""
+    """``sessionlake_snapshot``: a restore point, optionally named, then the expiry of the
+    snapshots older than ``max_age_days`` but for the ``keep_last`` newest (``None``: no
+    such rule)."""
 
     name: str | None
+    max_age_days: int | None = None
+    keep_last: int | None = None
 
 
 @dataclass(frozen=True)
@@ -282,13 +286,14 @@ def validate_compaction_params(params: Mapping[str, Any]) -> CompactionParams:
 
 
 def validate_snapshot_params(params: Mapping[str, Any]) -> SnapshotParams:
-    """Check the snapshot DAG's params: an optional name made of safe characters.
+    """Check the snapshot DAG's params: an optional name made of safe characters, and the
+    expiry's ``max_age_days`` and ``keep_last`` (whole numbers >= 1, or ``None``).
 
     :raises ValueError: naming the param, its value and why it is wrong.
     """
-    if params.get("name") in (None, ""):
-        return SnapshotParams(None)
-    return SnapshotParams(_identifier(params, "name"))
+    name = None if params.get("name") in (None, "") else _identifier(params, "name")
+    return SnapshotParams(name, _optional_whole(params, "max_age_days", 1),
+                          _optional_whole(params, "keep_last", 1))
 
 
 def validate_restore_params(params: Mapping[str, Any]) -> RestoreParams:
@@ -466,9 +471,12 @@ def compaction_args(locations: Locations, params: CompactionParams) -> list[str]
 
 
 def snapshot_args(locations: Locations, params: SnapshotParams) -> list[str]:
-    """``sessionlake snapshot`` of the tables with the checkpoint."""
+    """``sessionlake snapshot`` of the tables with the checkpoint, then its expiry."""
     name = [] if params.name is None else [f"--name={params.name}"]
-    return ["snapshot", "--lake", locations.lake, *_checkpoint(locations), *name]
+    expiry = [*([] if params.max_age_days is None else ["--max-age-days",
+                                                        str(params.max_age_days)]),
+              *([] if params.keep_last is None else ["--keep-last", str(params.keep_last)])]
+    return ["snapshot", "--lake", locations.lake, *_checkpoint(locations), *name, *expiry]
 
 
 def restore_args(locations: Locations, params: RestoreParams) -> list[str]:

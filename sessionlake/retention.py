@@ -44,7 +44,7 @@ from sessionlake.erasure import (
 )
 from sessionlake.locks import checkpoint_in_use, lake_in_use
 from sessionlake.registry import checkpoint_key, lake_streams, unfinished_batch_since
-from sessionlake.snapshots import kept_since
+from sessionlake.snapshots import oldest_kept
 from sessionlake.tables import (
     EVENTS,
     LATE_EVENTS,
@@ -254,12 +254,14 @@ def plan_vacuum(
         return None
     asked = float(request.vacuum_retain_hours)
     needs: list[tuple[float, str, str | None]] = []
-    snapshot_time = kept_since(settings.lake, spark)
-    if snapshot_time is not None:
-        needs.append((_hours_since(snapshot_time, now),
-                      f"the oldest kept snapshot, taken {snapshot_time.isoformat()}",
-                      "while that snapshot is kept (--force-vacuum removes them, and the "
-                      "snapshot can then not be restored)"))
+    snapshot = oldest_kept(settings.lake, spark)
+    if snapshot is not None:
+        needs.append((_hours_since(snapshot.created, now),
+                      f"the oldest kept snapshot, taken {snapshot.created.isoformat()}",
+                      f"while snapshot {snapshot.snapshot_id} is kept (expire it: `sessionlake "
+                      "snapshot --expire-only --max-age-days N`, or the snapshot DAG's "
+                      "max_age_days; --force-vacuum removes them, and the snapshot can then "
+                      "not be restored)"))
     pending, running = streams_need or streams_need_since(spark, settings)
     if pending is not None:
         needs.append((_hours_since(pending[0], now),

@@ -24,7 +24,9 @@ version it returns to from the log, so the batches run again after the restore w
 a new app id, and their tags cannot be mistaken for those of the batches undone.
 
 Snapshots are kept in ``<lake>/_snapshots/<id>/``: ``snapshot.json`` (the catalog entry)
-and ``checkpoint/`` (the copy).
+and ``checkpoint/`` (the copy). They are kept until expired (:func:`expire_snapshots`):
+VACUUM keeps every file the oldest kept snapshot needs, so that rows deleted since (aged
+out, or erased) stay readable by time travel for as long as it is kept.
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ import json
 import logging
 import secrets
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
@@ -43,6 +45,7 @@ from pyspark.sql import SparkSession
 from sessionlake import storage
 from sessionlake.checkpoint import (
     BATCH_LOCK_FILE,
+    CATALOG_LOCK_FILE,
     CONTINUOUS_LOG,
     CONTINUOUS_RUN,
     IDENTITY_FILE,
@@ -51,6 +54,8 @@ from sessionlake.checkpoint import (
     PID_FILE,
     RESTORING_MARKER,
     SNAPSHOTS_DIR,
+    LockTimeout,
+    batch_lock,
 )
 from sessionlake.config import Settings
 from sessionlake.deltalog import (
@@ -66,6 +71,7 @@ from sessionlake.erasure import reapply_erasures
 from sessionlake.health import running_stream
 from sessionlake.ledger import StreamIdentity, write_stream_identity
 from sessionlake.locks import StreamAlreadyRunning, stream_locks
+from sessionlake.registry import lake_streams
 from sessionlake.spark import SparkOnDemand
 from sessionlake.tables import (
     PROPERTIES_NOTE,
@@ -84,6 +90,12 @@ log = logging.getLogger("sessionlake.snapshots")
 _PROCESS_FILES = (LOCK_FILE, BATCH_LOCK_FILE, PID_FILE, RESTORING_MARKER, CONTINUOUS_LOG,
                   CONTINUOUS_RUN)
 _COPY_ATTEMPTS = 20
+#: How long an expiry waits for a restore to let go of the catalog before it gives up.
+EXPIRY_WAIT_S = 60.0
+#: A folder of the catalog without a manifest, named for a time longer ago than this, is
+#: what a snapshot or an expiry cut off left (a snapshot in progress writes its manifest
+#: last, within minutes): an expiry removes it.
+UNFINISHED_AFTER = timedelta(days=1)
 
 
 class SnapshotError(Exception):
@@ -500,8 +512,18 @@ def restore_snapshot(
     on_demand = spark if isinstance(spark, SparkOnDemand) else SparkOnDemand.of(spark)
     lake, checkpoint = settings.lake, settings.checkpoint.rstrip("/")
     files = _files(on_demand, lake, checkpoint)
-    snapshot = find_snapshot(lake, snapshot_id, files)
+    find_snapshot(lake, snapshot_id, files)  # refused before the catalog's lock is made
     _require_lake(files, lake)
+    with _catalog_lock(lake):  # no expiry removes the snapshot while it is being restored
+        snapshot = find_snapshot(lake, snapshot_id, files)
+        _restore_locked_streams(on_demand, files, settings, snapshot)
+    return snapshot
+
+
+def _restore_locked_streams(on_demand: SparkOnDemand, files: SparkSession | None,
+                            settings: Settings, snapshot: Snapshot) -> None:
+    """The restore under the stream locks: refused while a stream runs."""
+    lake, checkpoint = settings.lake, settings.checkpoint.rstrip("/")
     try:
         with stream_locks(lake, checkpoint):
             # Checked before anything changes: a refusal leaves no restore half done.
@@ -513,7 +535,6 @@ def restore_snapshot(
                 _restore_locked(on_demand, lake, checkpoint, snapshot, damaged)
     except StreamAlreadyRunning as error:
         raise SnapshotError(f"{error} (a restore needs the stream stopped)") from None
-    return snapshot
 
 
 def _files(spark: SparkOnDemand, *locations: str) -> SparkSession | None:
@@ -554,10 +575,143 @@ def _restore_locked(
              ", ".join(restored) or "none", identity)
 
 
-def kept_since(lake: str, spark: SparkSession | None = None) -> datetime | None:
-    """When the oldest kept snapshot was taken (``None`` without snapshots).
+def oldest_kept(lake: str, spark: SparkSession | None = None) -> Snapshot | None:
+    """The oldest kept snapshot (``None`` without snapshots).
 
-    VACUUM must keep every file removed since then, or that snapshot could not be restored.
+    VACUUM must keep every file removed since it was taken, or it could not be restored.
     """
     snapshots = list_snapshots(lake, spark)
-    return snapshots[0].created if snapshots else None
+    return snapshots[0] if snapshots else None
+
+
+def _catalog_lock(lake: str, timeout: float | None = None) -> AbstractContextManager[None]:
+    """The catalog's lock, waited for (local lakes; on object stores there is none, and the
+    snapshot a cut-off restore names is what an expiry keeps)."""
+    return batch_lock(storage.local_path(snapshots_root(lake)), timeout, CATALOG_LOCK_FILE)
+
+
+@dataclass(frozen=True)
+class Expiry:
+    """What an expiry removed, and what it kept."""
+
+    expired: tuple[Snapshot, ...]
+    kept: tuple[Snapshot, ...]
+    #: Kept although the rules would expire them: a cut-off restore must be run again to it.
+    held: tuple[Snapshot, ...] = ()
+    #: Folders without a manifest that a cut-off snapshot or expiry left, removed.
+    leftovers: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        """What the command line and the task log print."""
+        said = [f"expired {s.summary()}" for s in self.expired]
+        said += [f"kept {s.snapshot_id}, which a cut-off restore needs to be run again: "
+                 "`sessionlake doctor` says how" for s in self.held]
+        said += [f"removed {name}, a snapshot folder a cut-off snapshot or expiry left"
+                 for name in self.leftovers]
+        if self.kept:
+            oldest = self.kept[0]
+            said.append(f"{len(self.expired)} snapshot(s) expired, {len(self.kept)} kept; "
+                        f"VACUUM keeps the files the oldest, {oldest.snapshot_id} (taken "
+                        f"{oldest.created_at}), needs")
+        else:
+            said.append(f"{len(self.expired)} snapshot(s) expired, none kept")
+        return said
+
+
+def snapshots_to_expire(
+    snapshots: list[Snapshot], now: datetime, max_age_days: int | None,
+    keep_last: int | None, held: frozenset[str] = frozenset(),
+) -> list[Snapshot]:
+    """The snapshots an expiry removes, of ``snapshots`` (oldest first).
+
+    Those taken more than ``max_age_days`` ago, but never the ``keep_last`` newest (one
+    when only an age is given: the lake always keeps a restore point); with no age, all
+    but the ``keep_last`` newest. Neither given: none. A snapshot in ``held`` is kept.
+    """
+    if max_age_days is None and keep_last is None:
+        return []
+    keep = keep_last or 1
+    older = snapshots[:-keep] if len(snapshots) > keep else []
+    cutoff = None if max_age_days is None else now - timedelta(days=max_age_days)
+    return [s for s in older if (cutoff is None or s.created < cutoff)
+            and s.snapshot_id not in held]
+
+
+def _restores_pending(spark: SparkSession | None, settings: Settings) -> frozenset[str]:
+    """The snapshots that cut-off restores of the lake's checkpoints name: each must be
+    run again, and needs its snapshot for that."""
+    checkpoints = {settings.checkpoint.rstrip("/"),
+                   *(c.rstrip("/") for c in lake_streams(spark, settings.lake))}
+    named = set()
+    for checkpoint in checkpoints:
+        text = storage.read_text(spark, f"{checkpoint}/{RESTORING_MARKER}")
+        if text is not None:
+            try:
+                named.add(str(json.loads(text)["snapshot_id"]))
+            except (ValueError, KeyError, TypeError):
+                raise SnapshotError(
+                    f"{checkpoint}/{RESTORING_MARKER} does not read, so which snapshot a "
+                    "cut-off restore needs is unknown: nothing expired; `sessionlake "
+                    "doctor` says how to recover") from None
+    return frozenset(named)
+
+
+def _unfinished_folders(spark: SparkSession | None, lake: str, now: datetime) -> list[str]:
+    """Catalog folders without a manifest, named for a time over :data:`UNFINISHED_AFTER`
+    ago: a snapshot cut off before its manifest, or an expiry after it."""
+    root = snapshots_root(lake)
+    found = []
+    for name in storage.list_names(spark, root):
+        try:
+            taken = datetime.strptime(name.split("-", 1)[0], "%Y%m%dT%H%M%SZ")
+        except ValueError:
+            continue  # not a snapshot's folder (the catalog's lock, a folder put there)
+        if taken.replace(tzinfo=UTC) < now - UNFINISHED_AFTER and \
+                not storage.exists(spark, f"{root}/{name}/{MANIFEST}"):
+            found.append(name)
+    return found
+
+
+def expire_snapshots(
+    spark: SparkSession | None, settings: Settings, max_age_days: int | None,
+    keep_last: int | None, now: datetime | None = None,
+) -> Expiry:
+    """Remove the snapshots :func:`snapshots_to_expire` names, so that VACUUM no longer
+    keeps files for them.
+
+    Without expiry a lake snapshotted daily keeps every file ever removed, and every row
+    deleted since the oldest snapshot (aged out, or erased) readable by time travel. Each
+    expired snapshot leaves the catalog first (its manifest), then its folder goes; a
+    restore in progress is waited for (up to :data:`EXPIRY_WAIT_S`), and the snapshot a
+    cut-off restore names is kept.
+
+    :raises SnapshotError: a restore held the catalog that long, or a cut-off restore's
+        marker does not read.
+    """
+    lake = settings.lake
+    now = now or datetime.now(UTC)
+    try:
+        with _catalog_lock(lake, EXPIRY_WAIT_S):
+            snapshots = list_snapshots(lake, spark)
+            held = _restores_pending(spark, settings)
+            expired = snapshots_to_expire(snapshots, now, max_age_days, keep_last, held)
+            for snapshot in expired:
+                folder = _snapshot_dir(lake, snapshot.snapshot_id)
+                storage.delete(spark, f"{folder}/{MANIFEST}")  # out of the catalog first
+                storage.delete(spark, folder)
+                log.info("expired snapshot %s", snapshot.summary())
+            leftovers = _unfinished_folders(spark, lake, now)
+            for name in leftovers:
+                storage.delete(spark, _snapshot_dir(lake, name))
+    except LockTimeout:
+        raise SnapshotError(
+            f"a restore held the snapshot catalog of {lake} for {EXPIRY_WAIT_S:g} s: nothing "
+            "expired; expire once it is done") from None
+    gone = {s.snapshot_id for s in expired}
+    rules = snapshots_to_expire(snapshots, now, max_age_days, keep_last)
+    return Expiry(
+        expired=tuple(expired),
+        kept=tuple(s for s in snapshots if s.snapshot_id not in gone),
+        held=tuple(s for s in rules if s.snapshot_id in held),
+        leftovers=tuple(leftovers),
+    )

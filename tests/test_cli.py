@@ -92,6 +92,10 @@ def test_every_option_s_value_has_a_name_not_its_dest() -> None:
          "nothing to do: give --erase-user ID, --erase-user-sha256 HASH, "),
         (["retention", "--lake", "L", "--erase-user-sha256", "ABC"],
          "'ABC' is not a SHA-256 (64 hex digits)"),
+        (["snapshot", "--lake", "L", "--list", "--keep-last", "2"], "--list changes nothing"),
+        (["snapshot", "--lake", "L", "--expire-only"],
+         "--expire-only needs --max-age-days N or --keep-last N"),
+        (["snapshot", "--lake", "L", "--keep-last", "0"], "argument --keep-last: '0' must be"),
         (["frobnicate"], "invalid choice"),
     ],
 )
@@ -312,6 +316,7 @@ NO_LAKE = "no lake at {lake}: `sessionlake run` creates it (check --lake)"
 
 @pytest.mark.parametrize(("command", "said"), [
     (["snapshot", "--list"], NO_LAKE),
+    (["snapshot", "--expire-only", "--keep-last", "1"], NO_LAKE),
     (["rebuild-state"], NO_LAKE),
     (["compact"], NO_LAKE),
     (["doctor"], NO_LAKE),
@@ -319,7 +324,8 @@ NO_LAKE = "no lake at {lake}: `sessionlake run` creates it (check --lake)"
     (["archive", "--source", "{tmp}", "--to", "{tmp}/../archived", "--dry-run"],
      "no stream's checkpoint at {lake}/_checkpoints/stream: no file of the landing folder "
      "was read (check --lake and --checkpoint)"),
-], ids=["snapshot-list", "rebuild-state", "compact", "doctor", "report", "archive"])
+], ids=["snapshot-list", "snapshot-expire", "rebuild-state", "compact", "doctor", "report",
+       "archive"])
 @pytest.mark.parametrize("folder", ["missing", "empty"])
 def test_a_misspelt_lake_is_named_not_taken_for_an_empty_or_damaged_one(
     command: list[str], said: str, folder: str, tmp_path: Path, spark: SparkSession,

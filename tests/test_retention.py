@@ -32,7 +32,7 @@ from sessionlake.retention import (
     enforce_retention,
     plan_vacuum,
 )
-from sessionlake.snapshots import create_snapshot, restore_snapshot
+from sessionlake.snapshots import create_snapshot, list_snapshots, restore_snapshot
 from sessionlake.tables import (
     STREAM_TABLES,
     USER_TABLES,
@@ -169,8 +169,10 @@ def test_vacuum_keeps_what_a_snapshot_needs_and_a_restore_keeps_the_erasure(
     assert not report.time_travel_purged
     # Not "until" five hours from now: each later VACUUM keeps the snapshot's files too.
     assert report.note is not None and report.note.endswith(
-        "deleted rows stay readable by time travel while that snapshot is kept "
-        "(--force-vacuum removes them, and the snapshot can then not be restored)")
+        f"deleted rows stay readable by time travel while snapshot {snapshot.snapshot_id} "
+        "is kept (expire it: `sessionlake snapshot --expire-only --max-age-days N`, or the "
+        "snapshot DAG's max_age_days; --force-vacuum removes them, and the snapshot can "
+        "then not be restored)")
     assert "until" not in report.note
 
     with caplog.at_level(logging.WARNING, logger="sessionlake.erasure"):
@@ -184,6 +186,29 @@ def test_vacuum_keeps_what_a_snapshot_needs_and_a_restore_keeps_the_erasure(
     # The snapshot's files were kept, and the erasure made after it is applied again.
     assert read_table(spark, settings.lake, "events").where("user_id = 'u1'").count() == 2
     assert user_rows(spark, settings.lake, "u2") == dict.fromkeys(USER_TABLES, 0)
+
+
+def test_once_the_snapshot_expires_vacuum_no_longer_keeps_files_for_it(
+    spark: SparkSession, settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Daily snapshots kept for ever kept every erased row readable by time travel: VACUUM
+    keeps what the oldest needs. Once it expires, VACUUM keeps only what the newest needs.
+    (That the files then go is not shown here: the erasure's are seconds old, and the floor
+    is a whole hour at least.)"""
+    old = create_snapshot(None, settings, now=datetime.now(UTC) - timedelta(days=40))
+    erased = enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",),
+                                                                 vacuum_retain_hours=0))
+    assert erased.vacuum is not None and erased.vacuum.hours >= 40 * 24
+    assert rows_in_files(spark, settings.lake, "events", "u2") > 0  # kept for the snapshot
+    assert f"while snapshot {old.snapshot_id} is kept (expire it: " in (erased.note or "")
+
+    assert main(["snapshot", "--lake", settings.lake, "--max-age-days", "30"]) == 0
+    out = capsys.readouterr().out
+    assert f"expired {old.snapshot_id}" in out
+    [new] = list_snapshots(settings.lake)
+    report = enforce_retention(spark, settings, RetentionRequest(vacuum_retain_hours=0))
+    assert report.vacuum is not None and report.vacuum.hours == 1
+    assert (report.note or "").endswith(f"snapshot, taken {new.created.isoformat()}")
 
 
 def test_a_restore_keeps_an_erasure_that_started_before_the_snapshot_was_taken(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import html
+import json
 import os
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,12 @@ from pyspark.testing import assertDataFrameEqual
 
 from sessionlake import storage
 from sessionlake.archive import archive_read_files
-from sessionlake.checkpoint import CONTINUOUS_LOG, RESTORING_MARKER
+from sessionlake.checkpoint import (
+    CATALOG_LOCK_FILE,
+    CONTINUOUS_LOG,
+    RESTORING_MARKER,
+    batch_lock,
+)
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
 from sessionlake.doctor import check_lake
@@ -25,9 +32,13 @@ from sessionlake.snapshots import (
     Snapshot,
     SnapshotError,
     create_snapshot,
+    expire_snapshots,
     find_snapshot,
     list_snapshots,
+    new_snapshot_id,
     restore_snapshot,
+    snapshots_root,
+    snapshots_to_expire,
 )
 from sessionlake.spark import SparkOnDemand
 from sessionlake.stream import RestoreUnfinished, run_stream
@@ -220,13 +231,17 @@ def test_a_restore_whose_files_were_vacuumed_is_refused_before_anything_changes(
         ": `sessionlake snapshot --list` and `sessionlake doctor` say what can no longer "
         "be restored"), forced
     versions = {t: table_version(spark, config.lake, t) for t in STREAM_TABLES}
-    files = {p for p in Path(config.lake).rglob("*") if p.is_file()}
+    def lake_files() -> set[Path]:  # but the catalog's lock, which the restore takes
+        return {p for p in Path(config.lake).rglob("*")
+                if p.is_file() and p.name != CATALOG_LOCK_FILE}
+
+    files = lake_files()
 
     with pytest.raises(SnapshotError, match=r"cannot return to version .* nothing was restored"):
         restore_snapshot(spark, config, snapshot.snapshot_id)
 
     assert versions == {t: table_version(spark, config.lake, t) for t in STREAM_TABLES}
-    assert files == {p for p in Path(config.lake).rglob("*") if p.is_file()}  # none set aside
+    assert files == lake_files()  # none set aside
     assert not (Path(config.checkpoint) / RESTORING_MARKER).exists()
     # The doctor: not damage, but no restore point either.
     assert check_lake(None, config).lines()[-1] == (
@@ -333,3 +348,102 @@ def test_a_table_the_log_writer_cannot_restore_goes_through_deltas_restore(
     events = spark.sql(f"DESCRIBE HISTORY delta.`{config.lake}/events` LIMIT 1").head()
     assert events is not None and events["engineInfo"].startswith("sessionlake")
     assert_tables_at(spark, config.lake, snapshot.table_versions)
+
+
+def snapshot_at(created: str, snapshot_id: str | None = None) -> Snapshot:
+    """A catalog entry taken at ``created`` (an ISO time), for the expiry rules."""
+    return Snapshot(snapshot_id=snapshot_id or created, created_at=created, name=None,
+                    stream_id=None, epoch=None, last_batch_id=0)
+
+
+#: Four snapshots, one a week (the newest the day before EXPIRY_NOW).
+WEEKLY = [snapshot_at(f"2026-01-{day:02d}T00:00:00+00:00") for day in (7, 14, 21, 28)]
+EXPIRY_NOW = datetime(2026, 1, 29, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("max_age_days", "keep_last", "held", "expired"), [
+    (None, None, (), []),                 # no rule: nothing expires
+    (10, None, (), [7, 14]),              # older than 10 days (the 19th)
+    (100, None, (), []),
+    (1, None, (), [7, 14, 21]),           # the newest stays, however old
+    (None, 2, (), [7, 14]),               # all but the two newest
+    (None, 10, (), []),
+    (10, 3, (), [7]),                     # older than 10 days, and not of the three newest
+    (10, None, ("2026-01-07T00:00:00+00:00",), [14]),  # a cut-off restore needs the 7th
+], ids=["no rule", "age", "age keeps all", "age keeps one", "count", "count keeps all",
+        "both", "held"])
+def test_the_expiry_rules(max_age_days: int | None, keep_last: int | None,
+                          held: tuple[str, ...], expired: list[int]) -> None:
+    chosen = snapshots_to_expire(WEEKLY, EXPIRY_NOW, max_age_days, keep_last,
+                                 frozenset(held))
+    assert [s.created.day for s in chosen] == expired
+
+
+def test_expiry_removes_old_snapshots_and_keeps_what_a_cut_off_restore_needs(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = settings(tmp_path, "lake")
+    land(Path(config.source or ""), 0)
+    run(spark, config)
+    now = datetime.now(UTC)
+    old = [create_snapshot(None, config, now=now - timedelta(days=days))
+           for days in (60, 50, 40)]
+    recent = create_snapshot(None, config, now=now - timedelta(days=2))
+    root = Path(snapshots_root(config.lake))
+    # A cut-off snapshot's folder (no manifest) from long ago, and one being taken now.
+    stale, fresh = (root / new_snapshot_id(when) for when in (now - timedelta(days=3), now))
+    for folder in (stale, fresh):
+        (folder / "checkpoint").mkdir(parents=True)
+    # A restore to the oldest was cut off: that snapshot must stay until it is run again.
+    marker = Path(config.checkpoint) / RESTORING_MARKER
+    marker.write_text(json.dumps({"snapshot_id": old[0].snapshot_id}))
+
+    expiry = expire_snapshots(None, config, max_age_days=30, keep_last=None)
+
+    assert [s.snapshot_id for s in expiry.expired] == [s.snapshot_id for s in old[1:]]
+    assert [s.snapshot_id for s in expiry.held] == [old[0].snapshot_id]
+    assert [s.snapshot_id for s in list_snapshots(config.lake)] == [
+        old[0].snapshot_id, recent.snapshot_id]
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [old[0].snapshot_id, recent.snapshot_id, fresh.name, ".catalog.lock"])
+    assert expiry.leftovers == (stale.name,)
+    assert expiry.lines()[-1] == (
+        f"2 snapshot(s) expired, 2 kept; VACUUM keeps the files the oldest, "
+        f"{old[0].snapshot_id} (taken {old[0].created_at}), needs")
+
+    # Once the restore is run again (which removes its marker: above), the next expiry takes
+    # that snapshot too; the command line takes a new one first, kept as the newest.
+    marker.unlink()
+    monkeypatch.setattr("sessionlake.cli._spark",
+                        lambda *args, **kwargs: pytest.fail("Spark was started"))
+    assert main(["snapshot", "--lake", config.lake, "--keep-last", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    [newest] = list_snapshots(config.lake)
+    assert out[1] == f"snapshot {newest.snapshot_id}"
+    assert [line.split()[1] for line in out if line.startswith("expired ")] == [
+        old[0].snapshot_id, recent.snapshot_id]
+    # Expiring alone: nothing left to expire, the one restore point stays.
+    assert main(["snapshot", "--lake", config.lake, "--expire-only", "--max-age-days", "1"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"0 snapshot(s) expired, 1 kept; VACUUM keeps the files the oldest, "
+        f"{newest.snapshot_id} (taken {newest.created_at}), needs"]
+
+
+def test_an_expiry_waits_for_a_restore_and_then_gives_up(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore holds the catalog from its first look to its end: an expiry in between
+    would delete the copy of the checkpoint it is about to put in place."""
+    config = settings(tmp_path, "lake")
+    land(Path(config.source or ""), 0)
+    run(spark, config)
+    snapshot = create_snapshot(None, config, now=datetime.now(UTC) - timedelta(days=9))
+    create_snapshot(None, config)
+    monkeypatch.setattr("sessionlake.snapshots.EXPIRY_WAIT_S", 0.5)
+    with batch_lock(Path(snapshots_root(config.lake)), lock_file=CATALOG_LOCK_FILE), \
+            pytest.raises(SnapshotError, match=r"a restore held the snapshot catalog of .* "
+                                               r"for 0.5 s: nothing expired"):
+        expire_snapshots(None, config, max_age_days=1, keep_last=None)
+    assert find_snapshot(config.lake, snapshot.snapshot_id)
+

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,8 @@ def test_bad_params_fail_the_run_before_any_table_exists(
 
 
 MAINTENANCE = [
-    ("sessionlake_snapshot", "snapshot", {"name": "dag-test"}),
+    # Then expires a snapshot taken 60 days ago (the default keep_last of 3 would keep it).
+    ("sessionlake_snapshot", "snapshot", {"name": "dag-test", "keep_last": 1}),
     ("sessionlake_compaction", "compact", {"min_files": 1}),
     ("sessionlake_backfill", "backfill",
      {"from_date": "2026-01-05", "to_date": "2026-01-05", "gap_minutes": 30}),
@@ -159,6 +161,8 @@ def test_maintenance_dag_runs_its_cli_command(
     if conf is None:  # restore: to a snapshot taken by hand (in this process: no JVM start)
         snapshot = create_snapshot(spark, settings)
         conf = {"snapshot_id": snapshot.snapshot_id}
+    if command == "snapshot":
+        expiring = create_snapshot(None, settings, now=datetime.now(UTC) - timedelta(days=60))
     snapshots_before = {s.snapshot_id for s in list_snapshots(settings.lake)}
     run = run_dag(dag_id, conf)
     assert str(run.state) == "success", _task_states(run)
@@ -173,6 +177,8 @@ def test_maintenance_dag_runs_its_cli_command(
                    if s.snapshot_id not in snapshots_before]
         assert taken.name == "dag-test"
         assert f"snapshot {taken.snapshot_id}" in said  # the job's output, in the task log
+        assert f"expired {expiring.snapshot_id}" in said
+        assert expiring.snapshot_id not in {s.snapshot_id for s in list_snapshots(settings.lake)}
     if command == "restore":
         assert f"restored {conf['snapshot_id']}" in said
 

@@ -19,7 +19,7 @@ PARAMS = {
     "sessionlake_microbatch": {"shuffle_partitions"},
     "sessionlake_backfill": {"from_date", "to_date", "gap_minutes"},
     "sessionlake_compaction": {"min_files"},
-    "sessionlake_snapshot": {"name"},
+    "sessionlake_snapshot": {"name", "max_age_days", "keep_last"},
     "sessionlake_restore": {"snapshot_id"},
     "sessionlake_retention": {"erase_user_ids", "erase_user_sha256", "sessions_max_age_days",
                               "events_max_age_days", "vacuum_retain_hours", "dry_run"},

@@ -40,6 +40,10 @@ WHERE = orch.Locations(lake="/l", source="/in", checkpoint="/l/_checkpoints/stre
         (orch.validate_snapshot_params, {"name": None}, orch.SnapshotParams(None)),
         (orch.validate_snapshot_params, {"name": "before-upgrade_2.1"},
          orch.SnapshotParams("before-upgrade_2.1")),
+        (orch.validate_snapshot_params, {"name": None, "max_age_days": 30, "keep_last": "3"},
+         orch.SnapshotParams(None, 30, 3)),
+        (orch.validate_snapshot_params, {"max_age_days": None, "keep_last": None},
+         orch.SnapshotParams(None)),
         (orch.validate_restore_params, {"snapshot_id": "20260105T101500Z-3f2a"},
          orch.RestoreParams("20260105T101500Z-3f2a")),
         (orch.validate_retention_params,  # duplicates erased once; 0 hours is allowed;
@@ -138,6 +142,8 @@ def test_an_unknown_param_s_value_is_not_repeated() -> None:
         (orch.validate_compaction_params, {"min_files": -1}, "min_files=-1"),
         (orch.validate_snapshot_params, {"name": "../../etc"}, "name='../../etc'"),
         (orch.validate_snapshot_params, {"name": "--lake=/elsewhere"}, "starting with a letter"),
+        (orch.validate_snapshot_params, {"max_age_days": 0}, "max_age_days=0"),
+        (orch.validate_snapshot_params, {"keep_last": "all"}, "keep_last='all'"),
         (orch.validate_restore_params, {"snapshot_id": ""}, "snapshot_id=''"),
         (orch.validate_restore_params, {"snapshot_id": "x'; DROP TABLE sessions"},
          "snapshot_id"),
@@ -217,6 +223,9 @@ def test_command_lines_keep_every_value_its_own_argument() -> None:
         "continuous", "--shuffle-partitions", "8", "--master", "local[2]",
     ]
     assert orch.snapshot_args(WHERE, orch.SnapshotParams("n1"))[-1] == "--name=n1"
+    assert orch.snapshot_args(WHERE, orch.SnapshotParams(None, 30, 3))[-4:] == [
+        "--max-age-days", "30", "--keep-last", "3"]
+    assert "--keep-last" not in orch.snapshot_args(WHERE, orch.SnapshotParams(None, 30))
     assert orch.restore_args(WHERE, orch.RestoreParams("s1"))[-1] == "--snapshot=s1"
     assert orch.compaction_args(WHERE, orch.CompactionParams(5)) == [
         "compact", "--lake", "/l", "--min-files", "5",
