@@ -82,6 +82,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
+from sessionlake.checkpoint import lake_batch_lock
 from sessionlake.config import Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.ledger import Clock, utc_now
@@ -455,7 +456,28 @@ def _record_changelog(
     watermark: datetime | None,
     open_left: int,
 ) -> BackfillReport:
-    """Append the changelog rows of the replace (once), and build the report."""
+    """Append the changelog rows of the replace (once), and build the report.
+
+    The rows come from the version the replace wrote, read by time travel; those of a
+    session no longer in ``sessions`` (an erasure since, or an age limit) are left out,
+    and the lake's batch lock is held from that look to the append, so that no erasure
+    runs in between and finds nothing of a user the append then writes back.
+    """
+    with lake_batch_lock(settings.lake):
+        return _record_changelog_locked(spark, settings, first, last, replaced, watermark,
+                                        open_left)
+
+
+def _record_changelog_locked(
+    spark: SparkSession,
+    settings: Settings,
+    first: date,
+    last: date,
+    replaced: _Replaced,
+    watermark: datetime | None,
+    open_left: int,
+) -> BackfillReport:
+    """:func:`_record_changelog`, under the lock."""
     lake = settings.lake
     stamp = replaced.processing_time
     assert stamp is not None
@@ -485,7 +507,10 @@ def _record_changelog(
             )
         else:  # the commit left the log: its lineage is unknown
             old = new.limit(0)
-        rows = _changelog_rows(new, old, stamp)
+        still_there = read_table(spark, lake, SESSIONS).where(
+            in_range(first, last) | (F.col("session_date") > F.lit(_plain(last)))
+        ).select("session_id")
+        rows = _changelog_rows(new.join(still_there, "session_id", "left_semi"), old, stamp)
 
         def write() -> None:
             (rows.write.format("delta").mode("append")

@@ -15,7 +15,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -183,6 +183,13 @@ def batch_locks(lake: str, checkpoint: str, timeout: float | None = None) -> Ite
     lake_folder = local_path(lake_lock_folder(lake))
     with batch_lock(local_path(checkpoint), timeout), batch_lock(lake_folder, timeout):
         yield
+
+
+def lake_batch_lock(lake: str) -> AbstractContextManager[None]:
+    """The lake's batch lock alone, waited for: what a restore, a rebuild of the state
+    and a backfill's changelog hold so that no erasure (which takes it, see
+    :func:`batch_locks`) runs between what they read and what they write back."""
+    return batch_lock(local_path(lake_lock_folder(lake)))
 
 
 #: Read files left in the landing folder from which a run and the health page say to

@@ -48,7 +48,7 @@ from pyspark.sql import functions as F
 
 from sessionlake import storage
 from sessionlake.batch import watermark_of
-from sessionlake.checkpoint import RESTORING_MARKER
+from sessionlake.checkpoint import RESTORING_MARKER, lake_batch_lock
 from sessionlake.config import Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltalog import clear_delta_cache, inspect_table
@@ -264,7 +264,9 @@ def rebuild_open_sessions(
     # a stream on another checkpoint holds the lake's lock.
     guard = checkpoint_lock(checkpoint) if storage.exists(spark, checkpoint) else nullcontext()
     try:
-        with guard, lake_lock(settings.lake, checkpoint):
+        # And the lake's batch lock: an erasure between the rebuild's reads and its write
+        # would find the user's open sessions, which the write then puts back.
+        with guard, lake_lock(settings.lake, checkpoint), lake_batch_lock(settings.lake):
             report = _rebuild(spark, settings, clock)
     except StreamAlreadyRunning as error:
         raise RebuildError(f"{error} (rebuild-state needs the stream stopped)") from None

@@ -56,6 +56,7 @@ from sessionlake.checkpoint import (
     SNAPSHOTS_DIR,
     LockTimeout,
     batch_lock,
+    lake_batch_lock,
 )
 from sessionlake.config import Settings
 from sessionlake.deltalog import (
@@ -525,7 +526,9 @@ def _restore_locked_streams(on_demand: SparkOnDemand, files: SparkSession | None
     """The restore under the stream locks: refused while a stream runs."""
     lake, checkpoint = settings.lake, settings.checkpoint.rstrip("/")
     try:
-        with stream_locks(lake, checkpoint):
+        # The lake's batch lock: an erasure must not run between the restore's look at the
+        # audit (the erasures it re-applies) and its commits.
+        with stream_locks(lake, checkpoint), lake_batch_lock(lake):
             # Checked before anything changes: a refusal leaves no restore half done.
             damaged = {t: d for t, v in snapshot.table_versions.items()
                        if (d := _damage_to_set_aside(files, lake, t, v, snapshot)) is not None}

@@ -28,8 +28,9 @@ from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake import backfill
-from sessionlake.backfill import BackfillError, backfill_sessions
+from sessionlake.backfill import BACKFILL_STEPS, BackfillError, backfill_sessions
 from sessionlake.config import Settings, settings_from
+from sessionlake.retention import RetentionRequest, enforce_retention
 from sessionlake.tables import (
     EVENTS,
     OPEN_SESSIONS,
@@ -366,3 +367,34 @@ def test_a_crash_between_the_two_writes_is_repaired_by_running_again(
         (r["session_id"], overlapping(old, r["user_id"], r["session_start"], r["session_end"]))
         for r in replaced if in_range(r)
     )
+
+
+@pytest.mark.parametrize("when", ["between the two writes", "before a rerun after a crash"])
+def test_a_user_erased_during_a_backfill_gets_no_changelog_row_back(
+    spark: SparkSession, lake_copy: str, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """The changelog rows describe the version the replace wrote (time travel): a user
+    erased since must not be appended back from it."""
+    lake = lake_copy
+    cfg = settings(lake, gap="45m")
+
+    def erase_a() -> None:
+        enforce_retention(spark, cfg, RetentionRequest(erase_users=("a",)))
+
+    if when == "between the two writes":
+        report = backfill_sessions(spark, cfg, FIRST, LAST, on_step=lambda step: (
+            erase_a() if step == BACKFILL_STEPS[0] else None))
+    else:
+        def killed(*_: object) -> None:
+            raise RuntimeError("killed after the sessions commit")
+
+        monkeypatch.setattr(backfill, "_changelog_rows", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            backfill_sessions(spark, cfg, FIRST, LAST)
+        monkeypatch.undo()
+        erase_a()
+        report = backfill_sessions(spark, cfg, FIRST, LAST)
+
+    logged = [r for r in table(spark, lake, SESSION_CHANGELOG) if r["batch_id"] == -1]
+    assert sorted({r["user_id"] for r in logged}) == ["b", "c", "f"], report
+    assert not [r for r in table(spark, lake, SESSIONS) if r["user_id"] == "a"]

@@ -11,17 +11,20 @@ import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake import faults
+from sessionlake import faults, rebuild, snapshots
+from sessionlake.checkpoint import BATCH_LOCK_FILE, lake_lock_folder, lock_held
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
 from sessionlake.erasure import user_hash, users_hashed
 from sessionlake.ledger import stream_identity
 from sessionlake.locks import lake_lock
+from sessionlake.rebuild import rebuild_open_sessions
 from sessionlake.registry import register_stream
 from sessionlake.retention import (
     NO_ROW_TO_ERASE,
@@ -441,3 +444,28 @@ def test_vacuum_keeps_what_a_stream_on_another_checkpoint_may_still_read(
     plan = plan_vacuum(spark, settings, asked, now)
     assert plan is not None and plan.hours == 5 and plan.reason is not None
     assert f"an unfinished batch that started {started.isoformat()}" in plan.reason
+
+
+@pytest.mark.parametrize("what", ["restore", "rebuild-state"])
+def test_a_restore_or_a_rebuild_holds_off_erasures_while_it_works(
+    spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    """Either reads the lake, then writes back what it read (a snapshot's versions, open
+    sessions from events): an erasure in between would be undone. Their work runs under
+    the lake's batch lock, which an erasure takes (and waits for)."""
+    snapshot = create_snapshot(None, settings)
+    module, step = (snapshots, "_restore_locked") if what == "restore" else (
+        rebuild, "_rebuild")
+    real = getattr(module, step)
+    held: list[bool] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        held.append(lock_held(Path(lake_lock_folder(settings.lake)), BATCH_LOCK_FILE))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, step, spy)
+    if what == "restore":
+        restore_snapshot(spark, settings, snapshot.snapshot_id)
+    else:
+        rebuild_open_sessions(spark, settings)
+    assert held == [True]

@@ -2,12 +2,13 @@
 ``test_random_streams.py``.
 
 Each case lands a random stream's micro-batches one file at a time and runs the stream
-after each, and between runs does a few of: compaction of every table, a snapshot, a
-restore of an earlier snapshot (the next run then reads the files landed since, one batch
-each as before), a rebuild of ``open_sessions`` and a backfill of the closed sessions'
-dates with the stream's own gap. None of them may change a result: every closed and open
-session, every late event and every count must be what the model says for the stream
-alone, and ``doctor`` must find the lake whole at the end.
+after each, and between runs does a few of: compaction of every table, a snapshot (and
+the expiry of all but the three newest), a restore of one of those (the next run then
+reads the files landed since, one batch each as before), a rebuild of ``open_sessions``
+and a backfill of the closed sessions' dates with the stream's own gap. None of them may
+change a result: every closed and open session, every late event and every count must be
+what the model says for the stream alone, and ``doctor`` must find the lake whole at the
+end.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from sessionlake.compaction import compact_lake
 from sessionlake.config import Settings, settings_from
 from sessionlake.doctor import check_lake
 from sessionlake.rebuild import rebuild_open_sessions
-from sessionlake.snapshots import Snapshot, create_snapshot, restore_snapshot
+from sessionlake.snapshots import (
+    Snapshot,
+    create_snapshot,
+    expire_snapshots,
+    list_snapshots,
+    restore_snapshot,
+)
 from sessionlake.stream import run_stream
 from sessionlake.tables import read_table
 from tests.helpers import NOW
@@ -43,6 +50,8 @@ from tests.reliability.test_random_streams import (
 )
 
 OPERATIONS = ("compact", "snapshot", "restore", "rebuild", "backfill")
+#: The snapshots an expiry after each snapshot keeps.
+KEEP_LAST = 3
 
 #: Seed 9 does every operation, among them a restore after which the stream reads its last
 #: batch again, and backfills of sessions cut by a 40-minute maximum duration.
@@ -85,7 +94,11 @@ class Maintenance:
         if operation == "compact":
             compact_lake(spark, settings.lake, min_files=1)
         elif operation == "snapshot":
-            self.snapshots.append(create_snapshot(spark, settings))
+            # The DAG's way: a snapshot, then the expiry of all but the newest few (an
+            # expired one is no longer a restore's to choose).
+            create_snapshot(spark, settings)
+            expire_snapshots(spark, settings, max_age_days=None, keep_last=KEEP_LAST)
+            self.snapshots = list_snapshots(settings.lake)
         elif operation == "restore":
             if not self.snapshots:
                 return
