@@ -20,7 +20,8 @@ import hashlib
 import logging
 import re
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from typing import Any
 
 from delta.tables import DeltaTable
@@ -28,6 +29,7 @@ from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake import storage
+from sessionlake.agelimits import cutoff_conditions
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltareader import read_rows, read_state
 from sessionlake.spark import SparkOnDemand
@@ -99,29 +101,40 @@ def erase(spark: SparkSession, lake: str, condition: Column) -> dict[str, int]:
     return each_table(erase_from, USER_TABLES)
 
 
-def erasures_not_in(spark: SparkSession | None, lake: str, taken: datetime,
-                    versions: Mapping[str, int]) -> list[str]:
-    """Hashes of the users erased by retention runs that a snapshot, taken at ``taken``
-    with these table ``versions``, may not hold: runs that finished at or after it was
-    taken, or that committed a version of a table after the snapshot's.
+@dataclass(frozen=True)
+class NotHeld:
+    """What retention runs did that a snapshot may not hold (:func:`runs_not_in`): the users
+    they erased, and the newest cut-offs of their age limits (``None``: none)."""
+
+    erased: list[str]
+    sessions_cutoff: date | None = None
+    events_cutoff: date | None = None
+
+
+def runs_not_in(spark: SparkSession | None, lake: str, taken: datetime,
+                versions: Mapping[str, int]) -> NotHeld:
+    """What the retention runs that a snapshot, taken at ``taken`` with these table
+    ``versions``, may not hold did: runs that finished at or after it was taken, or that
+    committed a version of a table after the snapshot's.
 
     A run's ``started_at`` is stamped before it waits for the batch locks, and a snapshot
     takes none: one taken while an erasure waited holds the users, though the run
-    "started" before it. Re-applying an erasure the snapshot does hold deletes nothing.
+    "started" before it. Re-applying what the snapshot does hold deletes nothing.
     A local lake's audit is read without Spark (:mod:`sessionlake.deltareader`): a restore
     asks this before it knows whether it needs a JVM at all.
     """
     if not table_exists(spark, lake, RETENTION_AUDIT):
-        return []
-    columns = ["finished_at", "versions_after", "erased_user_sha256"]
+        return NotHeld([])
+    columns = ["finished_at", "versions_after", "erased_user_sha256", "sessions_cutoff",
+               "events_cutoff"]
     if storage.local_path(lake) is not None:
         audit = read_rows(read_state(table_path(lake, RETENTION_AUDIT)), columns)
         runs = list(zip(*(audit[c].to_pylist() for c in columns), strict=True))
     elif spark is None:
         raise ValueError(f"{lake} is not a local path: a Spark session is needed to reach it")
     else:
-        runs = [tuple(r) for r in read_table(spark, lake, RETENTION_AUDIT).where(
-            F.size("erased_user_sha256") > 0).select(*columns).collect()]
+        runs = [tuple(r) for r in read_table(spark, lake, RETENTION_AUDIT).select(
+            *columns).collect()]
     taken_utc = _utc(taken)
 
     def not_held(finished: datetime, after: Any) -> bool:
@@ -130,31 +143,45 @@ def erasures_not_in(spark: SparkSession | None, lake: str, taken: datetime,
             versions.get(table, -1) < version for table, version in committed.items()
             if table in USER_TABLES)
 
-    return sorted({h for finished, after, hashes in runs if hashes and not_held(finished, after)
-                   for h in hashes})
+    since = [run for run in runs if not_held(run[0], run[1])]
+    return NotHeld(
+        erased=sorted({h for run in since for h in run[2] or ()}),
+        sessions_cutoff=max((run[3] for run in since if run[3] is not None), default=None),
+        events_cutoff=max((run[4] for run in since if run[4] is not None), default=None),
+    )
 
 
 def _utc(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def reapply_erasures(spark: SparkOnDemand, lake: str, taken: datetime,
-                     versions: Mapping[str, int]) -> dict[str, int]:
-    """Erase again every user erased by a run the restored snapshot (taken at ``taken``,
-    with these table ``versions``) may not hold (:func:`erasures_not_in`).
+def reapply_retention(spark: SparkOnDemand, lake: str, taken: datetime,
+                      versions: Mapping[str, int]) -> dict[str, int]:
+    """Erase again every user erased, and delete again by the age limits applied, by the
+    retention runs the restored snapshot (taken at ``taken``, with these table
+    ``versions``) may not hold (:func:`runs_not_in`): a restore must not bring back what
+    they deleted. The caller holds the batch locks (open sessions are among the rows).
 
-    :param spark: started only when someone was erased (or the lake is not local).
-    :return: rows deleted per table (empty when nobody needs erasing again).
+    :param spark: started only when there is something to apply again (or the lake is
+        not local).
+    :return: rows deleted per table (empty when nothing needs applying again).
     """
-    hashes = erasures_not_in(None if storage.local_path(lake) else spark(), lake, taken,
-                             versions)
-    if not hashes:
+    since = runs_not_in(None if storage.local_path(lake) else spark(), lake, taken, versions)
+    limits = cutoff_conditions(since.sessions_cutoff, since.events_cutoff)
+    if not since.erased and not limits:
         return {}
-    # Told before: the erasure starts Spark and reads every user table (half a minute on
-    # a small lake), a wait a restore from its logs alone does not have.
-    log.warning("re-applying %d erasure(s) the snapshot may not hold (it was taken %s)",
-                len(hashes), taken.isoformat(timespec="seconds"))
-    deleted = erase(spark(), lake, users_hashed(hashes))
-    log.warning("re-applied %d erasure(s): rows deleted %s", len(hashes),
+    # Told before: it starts Spark and reads the user tables (half a minute on a small
+    # lake), a wait a restore from its logs alone does not have.
+    what = [f"{len(since.erased)} erasure(s)"] if since.erased else []
+    what += [f"the age limits (sessions before {since.sessions_cutoff}, events before "
+             f"{since.events_cutoff})"] if limits else []
+    log.warning("re-applying %s the snapshot may not hold (it was taken %s)",
+                " and ".join(what), taken.isoformat(timespec="seconds"))
+    deleted = erase(spark(), lake, users_hashed(since.erased)) if since.erased else {}
+    if limits:
+        aged = each_table(lambda t: delete_rows(spark(), lake, t, limits[t]), limits)
+        for table, rows in aged.items():
+            deleted[table] = deleted.get(table, 0) + rows
+    log.warning("re-applied %s: rows deleted %s", " and ".join(what),
                 ", ".join(f"{t} {n}" for t, n in deleted.items() if n) or "none")
     return deleted

@@ -32,6 +32,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
+from sessionlake.agelimits import cutoff_conditions
 from sessionlake.checkpoint import LockTimeout, batch_locks
 from sessionlake.config import Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
@@ -46,12 +47,8 @@ from sessionlake.locks import checkpoint_in_use, lake_in_use
 from sessionlake.registry import checkpoint_key, lake_streams, unfinished_batch_since
 from sessionlake.snapshots import oldest_kept
 from sessionlake.tables import (
-    EVENTS,
-    LATE_EVENTS,
-    QUARANTINE,
+    OPEN_SESSIONS,
     RETENTION_AUDIT,
-    SESSION_CHANGELOG,
-    SESSIONS,
     STREAM_TABLES,
     USER_TABLES,
     append,
@@ -229,13 +226,13 @@ def batches_held(
                 raise RetentionError(
                     f"a batch of the stream on {checkpoint} started {started.isoformat()} "
                     "and did not finish (its run was cut off): run the stream once, so "
-                    "that it replays that batch, then erase"
+                    "that it replays that batch, then run retention again"
                 )
             yield
     except LockTimeout:
         raise RetentionError(
             f"the stream's batch in flight on {settings.checkpoint} did not finish within "
-            f"{format_duration(timeout)}: erase again when it has"
+            f"{format_duration(timeout)}: run retention again when it has"
         ) from None
 
 
@@ -342,39 +339,41 @@ def files_to_vacuum(spark: SparkSession, lake: str, hours: float) -> int:
 def age_conditions(
     request: RetentionRequest, today: date
 ) -> tuple[dict[str, Column], date | None, date | None]:
-    """The rows each age limit reaches, by table, and the two cut-off dates (``None``: no
-    limit).
-
-    Sessions go by start date (with their changelog rows); events by event date, together
-    with the late and quarantined records, which are events too. Open sessions are state in
-    use and never aged out here (the maximum session duration bounds them).
-    """
-    limits: dict[str, Column] = {}
-    sessions_cutoff = events_cutoff = None
-    if request.sessions_max_age_days is not None:
-        sessions_cutoff = today - timedelta(days=request.sessions_max_age_days)
-        cutoff = F.lit(sessions_cutoff)
-        limits[SESSIONS] = F.col("session_date") < cutoff
-        limits[SESSION_CHANGELOG] = F.to_date("session_start") < cutoff
-    if request.events_max_age_days is not None:
-        events_cutoff = today - timedelta(days=request.events_max_age_days)
-        cutoff = F.lit(events_cutoff)
-        limits[EVENTS] = F.col("event_date") < cutoff
-        limits[LATE_EVENTS] = F.to_date("event_time") < cutoff
-        limits[QUARANTINE] = F.to_date("quarantined_at") < cutoff
-    return limits, sessions_cutoff, events_cutoff
+    """The rows each age limit reaches, by table (:func:`cutoff_conditions`), and the two
+    cut-off dates (``None``: no limit)."""
+    sessions_cutoff = None if request.sessions_max_age_days is None else \
+        today - timedelta(days=request.sessions_max_age_days)
+    events_cutoff = None if request.events_max_age_days is None else \
+        today - timedelta(days=request.events_max_age_days)
+    return cutoff_conditions(sessions_cutoff, events_cutoff), sessions_cutoff, events_cutoff
 
 
 def age_limits(
-    spark: SparkSession, lake: str, request: RetentionRequest, today: date
-) -> tuple[dict[str, int], date | None, date | None]:
+    spark: SparkSession, settings: Settings, request: RetentionRequest, today: date
+) -> tuple[dict[str, int], date | None, date | None, str | None]:
     """Delete sessions and events older than their limits (:func:`age_conditions`).
 
-    :return: rows deleted per table, and the two cut-off dates (``None``: no limit).
+    Open sessions are the stream's state: a batch writes back the state it read when it
+    started, so they are deleted only between batches (:func:`batches_held`). When no
+    such moment comes (a batch in flight too long, or one cut off and not replayed), they
+    are left for the next run, and the note says so.
+
+    :return: rows deleted per table, the two cut-off dates (``None``: no limit), and the
+        note when open sessions were left.
     """
+    lake = settings.lake
     limits, sessions_cutoff, events_cutoff = age_conditions(request, today)
+    state_limit = limits.pop(OPEN_SESSIONS, None)
     deleted = each_table(lambda table: delete_rows(spark, lake, table, limits[table]), limits)
-    return deleted, sessions_cutoff, events_cutoff
+    note = None
+    if state_limit is not None:
+        try:
+            with batches_held(spark, settings):
+                deleted[OPEN_SESSIONS] = delete_rows(spark, lake, OPEN_SESSIONS, state_limit)
+        except RetentionError as error:
+            note = f"open sessions were not aged out ({error})"
+            log.warning("%s", note)
+    return deleted, sessions_cutoff, events_cutoff, note
 
 
 def rows_to_delete(
@@ -447,7 +446,8 @@ def enforce_retention(
             erased = erase(spark, lake, to_erase)
         for table, rows in erased.items():
             deleted[table] = deleted.get(table, 0) + rows
-    aged, sessions_cutoff, events_cutoff = age_limits(spark, lake, request, started.date())
+    aged, sessions_cutoff, events_cutoff, state_left = age_limits(
+        spark, settings, request, started.date())
     for table, rows in aged.items():
         deleted[table] = deleted.get(table, 0) + rows
 
@@ -455,6 +455,8 @@ def enforce_retention(
     files = vacuum_tables(spark, lake, plan.hours) if plan is not None else 0
     purged = plan is not None and plan.hours == 0
     notes = [plan.reason] if plan is not None and plan.reason else []
+    if state_left is not None:
+        notes.append(state_left)
     if to_erase is not None and not any(erased.values()):
         notes.append(NO_ROW_TO_ERASE)
     if not purged and any(deleted.values()):

@@ -68,7 +68,7 @@ from sessionlake.deltalog import (
     set_aside_log_from,
 )
 from sessionlake.deltarestore import ConcurrentCommit, is_at, needs_delta, restore_commit
-from sessionlake.erasure import reapply_erasures
+from sessionlake.erasure import reapply_retention
 from sessionlake.health import running_stream
 from sessionlake.ledger import StreamIdentity, write_stream_identity
 from sessionlake.locks import StreamAlreadyRunning, stream_locks
@@ -569,8 +569,8 @@ def _restore_locked(
     identity = _replace_checkpoint(
         files, checkpoint, _snapshot_dir(lake, snapshot.snapshot_id), snapshot
     )
-    # Whoever was erased after the snapshot was taken stays erased.
-    reapply_erasures(spark, lake, snapshot.created, snapshot.table_versions)
+    # Whoever was erased, and whatever aged out, after the snapshot was taken stays deleted.
+    reapply_retention(spark, lake, snapshot.created, snapshot.table_versions)
     # Delta's RESTORE returns the tables' properties to the snapshot's too (checked with
     # Delta 4.4): the next run looks at them again.
     storage.delete(files, f"{lake.rstrip('/')}/{PROPERTIES_NOTE}")

@@ -469,3 +469,62 @@ def test_a_restore_or_a_rebuild_holds_off_erasures_while_it_works(
     else:
         rebuild_open_sessions(spark, settings)
     assert held == [True]
+
+
+@pytest.mark.parametrize("batch", ["none unfinished", "one cut off"])
+def test_open_sessions_past_the_age_limit_are_deleted_between_batches(
+    spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch, batch: str
+) -> None:
+    """A stream whose input stalls keeps its sessions open: they age out like closed ones,
+    but never under a batch that would write them back (one cut off is replayed first)."""
+    later = datetime(2026, 3, 1, tzinfo=UTC)  # every session of the fixture is 30+ days old
+    request = RetentionRequest(sessions_max_age_days=30)
+    open_before = read_table(spark, settings.lake, "open_sessions").count()
+    assert open_before > 0
+    register_stream(spark, settings.lake, settings.checkpoint)  # as a run does
+    identity = stream_identity(spark, settings.checkpoint)
+    if batch == "one cut off":
+        def crash_after_merge(name: str) -> None:
+            if name == "after_merge":
+                raise RuntimeError("cut off")
+
+        monkeypatch.setattr(faults, "point", crash_after_merge)
+        with pytest.raises(RuntimeError, match="cut off"):
+            run_batches(spark, settings, [CLOSING_BATCH], identity, len(BATCHES))
+        monkeypatch.undo()
+        left = enforce_retention(spark, settings, request, now=later)
+        assert "open_sessions" not in left.rows_deleted
+        assert (left.note or "").startswith(
+            "open sessions were not aged out (a batch of the stream on "), left.note
+        assert read_table(spark, settings.lake, "sessions").count() == 0  # closed: aged out
+
+    run_batches(spark, settings, [CLOSING_BATCH], identity, len(BATCHES))
+    report = enforce_retention(spark, settings, request, now=later)
+    assert report.rows_deleted.get("open_sessions", 0) > 0
+    assert read_table(spark, settings.lake, "open_sessions").count() == 0
+    assert read_table(spark, settings.lake, "sessions").count() == 0
+    # The next batch finds no old state to close or extend, and writes none back.
+    run_batches(spark, settings, [[event("u3", "16:30", "/")]], identity, len(BATCHES) + 1)
+    assert read_table(spark, settings.lake, "sessions").count() == 0
+    assert [r["user_id"] for r in read_table(spark, settings.lake, "open_sessions").collect()
+            ] == ["u3"]
+
+
+def test_a_restore_deletes_again_what_age_limits_deleted_since_the_snapshot(
+    spark: SparkSession, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The snapshot still holds x's old day: returned to it, the tables would show rows the
+    retention promised were gone."""
+    snapshot = create_snapshot(None, settings)
+    now = datetime(2026, 1, 6, tzinfo=UTC)  # cut-off 2026-01-03: x's day (01-01) goes
+    report = enforce_retention(spark, settings, RetentionRequest(
+        sessions_max_age_days=3, events_max_age_days=3), now=now)
+    assert report.rows_deleted["events"] == report.rows_deleted["sessions"] == 1
+
+    with caplog.at_level(logging.WARNING, logger="sessionlake.erasure"):
+        restore_snapshot(spark, settings, snapshot.snapshot_id)
+    assert user_rows(spark, settings.lake, "x") == dict.fromkeys(USER_TABLES, 0)
+    assert read_table(spark, settings.lake, "events").where("user_id = 'u1'").count() == 2
+    assert next(r.getMessage() for r in caplog.records if r.name == "sessionlake.erasure") == (
+        "re-applying the age limits (sessions before 2026-01-03, events before 2026-01-03) "
+        f"the snapshot may not hold (it was taken {snapshot.created.isoformat('T', 'seconds')})")
