@@ -35,9 +35,12 @@ from sessionlake.deltareader import read_rows, read_state
 from sessionlake.spark import SparkOnDemand
 from sessionlake.tables import (
     RETENTION_AUDIT,
+    STREAM_TABLES,
     USER_TABLES,
+    append,
     commit_metrics_since,
     each_table,
+    literal_row,
     path_identifier,
     read_table,
     table_exists,
@@ -156,11 +159,13 @@ def _utc(moment: datetime) -> datetime:
 
 
 def reapply_retention(spark: SparkOnDemand, lake: str, taken: datetime,
-                      versions: Mapping[str, int]) -> dict[str, int]:
+                      versions: Mapping[str, int], snapshot_id: str) -> dict[str, int]:
     """Erase again every user erased, and delete again by the age limits applied, by the
     retention runs the restored snapshot (taken at ``taken``, with these table
     ``versions``) may not hold (:func:`runs_not_in`): a restore must not bring back what
     they deleted. The caller holds the batch locks (open sessions are among the rows).
+    What it did goes into the retention audit, as a run of its own, since the audit is
+    the record of every deletion it promised.
 
     :param spark: started only when there is something to apply again (or the lake is
         not local).
@@ -177,6 +182,8 @@ def reapply_retention(spark: SparkOnDemand, lake: str, taken: datetime,
              f"{since.events_cutoff})"] if limits else []
     log.warning("re-applying %s the snapshot may not hold (it was taken %s)",
                 " and ".join(what), taken.isoformat(timespec="seconds"))
+    started = datetime.now(UTC)
+    before = {t: table_version(spark(), lake, t) for t in STREAM_TABLES}
     deleted = erase(spark(), lake, users_hashed(since.erased)) if since.erased else {}
     if limits:
         aged = each_table(lambda t: delete_rows(spark(), lake, t, limits[t]), limits)
@@ -184,4 +191,20 @@ def reapply_retention(spark: SparkOnDemand, lake: str, taken: datetime,
             deleted[table] = deleted.get(table, 0) + rows
     log.warning("re-applied %s: rows deleted %s", " and ".join(what),
                 ", ".join(f"{t} {n}" for t, n in deleted.items() if n) or "none")
+    append(literal_row(spark(), {
+        "run_id": f"{started.strftime('%Y%m%dT%H%M%SZ')}-restore",
+        "started_at": started,
+        "finished_at": datetime.now(UTC),
+        "erased_users": len(since.erased),
+        "erased_user_sha256": since.erased,
+        "sessions_cutoff": since.sessions_cutoff,
+        "events_cutoff": since.events_cutoff,
+        "rows_deleted": deleted,
+        "versions_before": before,
+        "versions_after": {t: table_version(spark(), lake, t) for t in STREAM_TABLES},
+        "files_vacuumed": 0,
+        "time_travel_purged": False,
+        "note": f"re-applied by the restore to snapshot {snapshot_id}: deleted rows stay "
+                "readable by time travel until a retention run with VACUUM removes them",
+    }, read_table(spark(), lake, RETENTION_AUDIT).schema), lake, RETENTION_AUDIT)
     return deleted

@@ -570,7 +570,8 @@ def _restore_locked(
         files, checkpoint, _snapshot_dir(lake, snapshot.snapshot_id), snapshot
     )
     # Whoever was erased, and whatever aged out, after the snapshot was taken stays deleted.
-    reapply_retention(spark, lake, snapshot.created, snapshot.table_versions)
+    reapply_retention(spark, lake, snapshot.created, snapshot.table_versions,
+                      snapshot.snapshot_id)
     # Delta's RESTORE returns the tables' properties to the snapshot's too (checked with
     # Delta 4.4): the next run looks at them again.
     storage.delete(files, f"{lake.rstrip('/')}/{PROPERTIES_NOTE}")

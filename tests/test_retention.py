@@ -9,7 +9,7 @@ import shutil
 import threading
 import time
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -528,3 +528,10 @@ def test_a_restore_deletes_again_what_age_limits_deleted_since_the_snapshot(
     assert next(r.getMessage() for r in caplog.records if r.name == "sessionlake.erasure") == (
         "re-applying the age limits (sessions before 2026-01-03, events before 2026-01-03) "
         f"the snapshot may not hold (it was taken {snapshot.created.isoformat('T', 'seconds')})")
+    # The audit, the record of every deletion, has the restore's as a run of its own.
+    last = read_table(spark, settings.lake, "retention_audit").orderBy(
+        F.desc("finished_at")).head()
+    assert last is not None and last["run_id"].endswith("-restore")
+    assert (last["sessions_cutoff"], last["events_cutoff"]) == (date(2026, 1, 3),) * 2
+    assert last["rows_deleted"]["events"] == last["rows_deleted"]["sessions"] == 1
+    assert last["note"].startswith(f"re-applied by the restore to snapshot {snapshot.snapshot_id}")
