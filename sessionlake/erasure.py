@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
@@ -34,6 +34,7 @@ from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltareader import read_rows, read_state
 from sessionlake.spark import SparkOnDemand
 from sessionlake.tables import (
+    QUARANTINE,
     RETENTION_AUDIT,
     STREAM_TABLES,
     USER_TABLES,
@@ -65,6 +66,36 @@ def users_hashed(hashes: Iterable[str]) -> Column:
     return F.sha2(F.col("user_id"), 256).isin([F.lit(h) for h in hashes])
 
 
+#: A JSON string literal in a record's text: its content, escapes as written.
+_JSON_STRING = r'"((?:[^"\\]|\\.)*)"'
+#: Quotes, brackets and separators around a word of a record's text.
+_AROUND_WORD = r'^["\[\](){},;:]+|["\[\](){},;:]+$'
+
+
+def words_of(text: Column) -> Column:
+    """The words a record's raw text may name a user by: its JSON string values (where
+    a record that was quarantined keeps an id under another key, or in a line that did not
+    parse) and its whitespace-separated words, quotes and brackets around them taken off
+    (an Apache log line's fields)."""
+    strings = F.regexp_extract_all(text, F.lit(_JSON_STRING), F.lit(1))
+    words = F.transform(F.split(text, r"\s+"),
+                        lambda word: F.regexp_replace(word, _AROUND_WORD, ""))
+    return F.array_union(strings, words)
+
+
+def users_named(table: str, hashes: Sequence[str]) -> Column:
+    """The rows of ``table`` that hold one of these users (by the SHA-256 of their id): its
+    ``user_id``, and in ``quarantine`` also a word of the raw text (:func:`words_of`), since
+    a record quarantined before its user was read names the user only there. Each word is
+    hashed, so the condition Delta keeps in the table's history holds no id either."""
+    named = users_hashed(hashes)
+    if table != QUARANTINE:
+        return named
+    listed = [F.lit(h) for h in hashes]
+    in_text = F.exists(words_of(F.col("raw")), lambda word: F.sha2(word, 256).isin(listed))
+    return named | F.coalesce(in_text, F.lit(False))
+
+
 def delete_rows(spark: SparkSession, lake: str, table: str, condition: Column) -> int:
     """DELETE the rows of ``table`` matching ``condition``; how many rows it deleted.
 
@@ -88,15 +119,16 @@ def purge_deleted_rows(spark: SparkSession, lake: str, table: str) -> None:
                       f"REORG {table}")
 
 
-def erase(spark: SparkSession, lake: str, condition: Column) -> dict[str, int]:
-    """Delete the matching users' rows from every table that holds user data, and purge them.
+def erase(spark: SparkSession, lake: str, hashes: Sequence[str]) -> dict[str, int]:
+    """Delete the rows of these users (by the SHA-256 of their id, :func:`users_named`) from
+    every table that holds user data, and purge them.
 
     The tables are independent, so they are erased side by side.
 
     :return: rows deleted per table.
     """
     def erase_from(table: str) -> int:
-        deleted = delete_rows(spark, lake, table, condition)
+        deleted = delete_rows(spark, lake, table, users_named(table, hashes))
         if deleted:
             purge_deleted_rows(spark, lake, table)
         return deleted
@@ -184,7 +216,7 @@ def reapply_retention(spark: SparkOnDemand, lake: str, taken: datetime,
                 " and ".join(what), taken.isoformat(timespec="seconds"))
     started = datetime.now(UTC)
     before = {t: table_version(spark(), lake, t) for t in STREAM_TABLES}
-    deleted = erase(spark(), lake, users_hashed(since.erased)) if since.erased else {}
+    deleted = erase(spark(), lake, since.erased) if since.erased else {}
     if limits:
         aged = each_table(lambda t: delete_rows(spark(), lake, t, limits[t]), limits)
         for table, rows in aged.items():

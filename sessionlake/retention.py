@@ -41,7 +41,7 @@ from sessionlake.erasure import (
     delete_rows,
     erase,
     user_hash,
-    users_hashed,
+    users_named,
 )
 from sessionlake.locks import checkpoint_in_use, lake_in_use
 from sessionlake.registry import checkpoint_key, lake_streams, unfinished_batch_since
@@ -97,13 +97,14 @@ class RetentionRequest:
         return list(dict.fromkeys([*(user_hash(u) for u in self.erase_users),
                                    *self.erase_user_sha256]))
 
-    def users_to_erase(self) -> Column | None:
-        """The rows of the users to erase, found by the SHA-256 of their id whether they
-        were named by id or by hash; ``None``: no erasure asked. Delta writes a DELETE's
-        condition into the table's log, which every reader of its history sees for as long
-        as the log keeps that commit: an id there would outlive the erasure of its rows."""
+    def users_to_erase(self, table: str) -> Column | None:
+        """The rows of ``table`` of the users to erase, found by the SHA-256 of their id
+        whether they were named by id or by hash (:func:`users_named`); ``None``: no
+        erasure asked. Delta writes a DELETE's condition into the table's log, which every
+        reader of its history sees for as long as the log keeps that commit: an id there
+        would outlive the erasure of its rows."""
         hashes = self.erased_hashes
-        return users_hashed(hashes) if hashes else None
+        return users_named(table, hashes) if hashes else None
 
 
 @dataclass(frozen=True)
@@ -387,15 +388,14 @@ def rows_to_delete(
     A row that both rules reach counts once, as the run deletes it once.
     """
     reached, _, _ = age_conditions(request, today)
-    named = request.users_to_erase()
-    if named is not None:
-        for table in USER_TABLES:
-            reached[table] = reached[table] | named if table in reached else named
+    named = {t: c for t in USER_TABLES if (c := request.users_to_erase(t)) is not None}
+    for table, users in named.items():
+        reached[table] = reached[table] | users if table in reached else users
     at = versions or {}
 
     def count(table: str) -> tuple[int, int]:
         """The rows of ``table`` either rule reaches, and of those the erasures'."""
-        by_erasure = named if named is not None and table in USER_TABLES else F.lit(False)
+        by_erasure = named.get(table, F.lit(False))
         row = read_table(spark, lake, table, at.get(table)).where(reached[table]).agg(
             F.count(F.lit(1)), F.count(F.when(by_erasure, 1))).head()
         assert row is not None  # an aggregate without grouping has one row
@@ -441,7 +441,7 @@ def enforce_retention(
 
     deleted: dict[str, int] = {}
     erased: dict[str, int] = {}
-    if (to_erase := request.users_to_erase()) is not None:
+    if to_erase := request.erased_hashes:
         with batches_held(spark, settings):
             erased = erase(spark, lake, to_erase)
         for table, rows in erased.items():
@@ -457,7 +457,7 @@ def enforce_retention(
     notes = [plan.reason] if plan is not None and plan.reason else []
     if state_left is not None:
         notes.append(state_left)
-    if to_erase is not None and not any(erased.values()):
+    if to_erase and not any(erased.values()):
         notes.append(NO_ROW_TO_ERASE)
     if not purged and any(deleted.values()):
         notes.append(still_readable(started, plan))
@@ -491,7 +491,7 @@ def preview_retention(
     files = files_to_vacuum(spark, settings.lake, plan.hours) if plan is not None else 0
     notes = [plan.reason] if plan is not None and plan.reason else []
     pending = streams_need[0]
-    erasing = request.users_to_erase() is not None
+    erasing = bool(request.erased_hashes)
     if erasing and pending is not None:
         notes.append(f"the erasure would be refused now: a batch of the stream on "
                      f"{pending[1]} was cut off and is to be replayed first")

@@ -535,3 +535,24 @@ def test_a_restore_deletes_again_what_age_limits_deleted_since_the_snapshot(
     assert (last["sessions_cutoff"], last["events_cutoff"]) == (date(2026, 1, 3),) * 2
     assert last["rows_deleted"]["events"] == last["rows_deleted"]["sessions"] == 1
     assert last["note"].startswith(f"re-applied by the restore to snapshot {snapshot.snapshot_id}")
+
+
+def test_an_erasure_finds_the_user_named_only_in_quarantined_text(
+    spark: SparkSession, settings: Settings
+) -> None:
+    """A record quarantined before its user was read (a line that did not parse, the id
+    under another key) names the user in its raw text only; another user's stays."""
+    naming = ["{not json u2 /a", json.dumps({"who": "u2", "event_time": "10:00"}),
+              '10.0.0.9 - u2 [05/Jan/2026:10:00:00 +0000] "GET / HTTP/1.1" 200 5']
+    others = ["{not json u22 /b", json.dumps({"who": "u2x"})]
+    run_batches(spark, settings, [naming + others], first_batch_id=len(BATCHES))
+
+    report = enforce_retention(spark, settings, RetentionRequest(
+        erase_user_sha256=(user_hash("u2"),), vacuum_retain_hours=0))
+
+    assert report.rows_deleted["quarantine"] == 1 + len(naming)  # and u2's own record
+    left = read_table(spark, settings.lake, "quarantine").select("raw").collect()
+    assert sorted(r["raw"] for r in left) == sorted(others)
+    files = [str(p) for p in Path(table_path(settings.lake, "quarantine")).rglob("*.parquet")
+             if "_delta_log" not in p.parts]
+    assert sorted(r["raw"] for r in spark.read.parquet(*files).collect()) == sorted(others)
