@@ -10,8 +10,9 @@ While no stream runs, the checkpoint's file source log then forgets the files ar
 start); that writes the checkpoint, so the task runs in
 the one-slot pool `sessionlake_checkpoint`, never beside a micro-batch run.
 
-Params: `archive_to` (a folder outside the landing folder; empty: `SESSIONLAKE_ARCHIVE`
-of the workers' environment), `dry_run` (only count what would move).
+Params: `archive_to` (a folder outside the landing folder, inside `SESSIONLAKE_ARCHIVE` or
+a folder listed in `SESSIONLAKE_ARCHIVE_ROOTS` of the workers' environment; empty:
+`SESSIONLAKE_ARCHIVE` itself), `dry_run` (only count what would move).
 """
 
 from __future__ import annotations

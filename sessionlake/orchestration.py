@@ -68,12 +68,14 @@ from sessionlake.spark import (
     quick_start_for,
     spark_jars,
 )
-from sessionlake.storage import local_path
+from sessionlake.storage import local_path, within
 
 #: The spark-submit entry point every Spark task runs.
 JOB_SCRIPT = PROJECT_ROOT / "jobs" / "sessionlake_job.py"
 #: Where the archive DAG moves read landing files when its ``archive_to`` param is empty.
 ARCHIVE_ENV = "SESSIONLAKE_ARCHIVE"
+#: Folders, besides ``SESSIONLAKE_ARCHIVE``, that a trigger's ``archive_to`` may lie in.
+ARCHIVE_ROOTS_ENV = "SESSIONLAKE_ARCHIVE_ROOTS"
 #: The Airflow pool of the tasks that write the streaming checkpoint (micro-batch run,
 #: restore, restart, retention's erasure, the archive's trim of the source log): one
 #: slot, so that Airflow never runs two of them at once, across DAGs. ``make airflow``
@@ -358,9 +360,15 @@ def validate_archive_params(
     params: Mapping[str, Any], env: Mapping[str, str] | None = None
 ) -> ArchiveParams:
     """``archive_to`` (else ``SESSIONLAKE_ARCHIVE`` of the workers' environment) and
-    ``dry_run``; where the folder may lie is checked by :func:`check_archive_possible`."""
-    value = params.get("archive_to") or (os.environ if env is None else env).get(
-        ARCHIVE_ENV)
+    ``dry_run``; where the folder may lie is checked by :func:`check_archive_possible`.
+
+    A folder the trigger names must lie inside ``$SESSIONLAKE_ARCHIVE`` or inside one of
+    the folders listed in ``$SESSIONLAKE_ARCHIVE_ROOTS``: whoever may trigger the DAG
+    could otherwise move the landing files anywhere the workers may write.
+    """
+    environ = os.environ if env is None else env
+    named = params.get("archive_to")
+    value = named or environ.get(ARCHIVE_ENV)
     if not isinstance(value, str) or not value.strip():
         raise _bad("archive_to", params.get("archive_to"),
                    f"name the folder to move read files to, or set {ARCHIVE_ENV} in the "
@@ -370,6 +378,14 @@ def validate_archive_params(
         # A worker resolves a relative path against its own working directory.
         raise _bad("archive_to", value, "must be an absolute path (a relative one would "
                    "land in the Airflow worker's working directory)")
+    roots = [r for r in [environ.get(ARCHIVE_ENV, ""), *environ.get(
+        ARCHIVE_ROOTS_ENV, "").split()] if r.strip()]
+    if named and not any(within(value.strip(), root.strip()) for root in roots):
+        raise _bad("archive_to", value, f"must lie inside {ARCHIVE_ENV} or a folder listed "
+                   f"in {ARCHIVE_ROOTS_ENV} (whitespace-separated) of the workers' "
+                   "environment, so that whoever may trigger the DAG cannot move the "
+                   "landing files anywhere the workers may write"
+                   + ("" if roots else "; neither is set"))
     return ArchiveParams(value.strip(), _flag(params, "dry_run"))
 
 

@@ -229,6 +229,7 @@ def test_archive_dag_moves_the_read_file_out_of_the_landing_folder(
     monkeypatch.setenv("SESSIONLAKE_LAKE", str(lake["lake"]))
     monkeypatch.setenv("SESSIONLAKE_SOURCE", str(lake["root"] / "landing"))
     archive = lake["root"] / "archive"
+    monkeypatch.setenv("SESSIONLAKE_ARCHIVE_ROOTS", str(lake["root"]))
     run = run_dag("sessionlake_archive", {"archive_to": str(archive)})
     assert str(run.state) == "success", _task_states(run)
     assert not list((lake["root"] / "landing").iterdir())

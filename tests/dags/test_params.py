@@ -176,17 +176,29 @@ def test_bad_params_name_the_param_value_and_reason(
 
 
 @pytest.mark.parametrize(("params", "env", "expected"), [
-    ({"archive_to": " /archive ", "dry_run": True}, {}, orch.ArchiveParams("/archive", True)),
+    ({"archive_to": " /archive ", "dry_run": True}, {orch.ARCHIVE_ROOTS_ENV: "/archive"},
+     orch.ArchiveParams("/archive", True)),
     ({"archive_to": None}, {orch.ARCHIVE_ENV: "/from-env"},
      orch.ArchiveParams("/from-env", False)),
+    ({"archive_to": "/from-env/2026"}, {orch.ARCHIVE_ENV: "/from-env"},
+     orch.ArchiveParams("/from-env/2026", False)),
+    ({"archive_to": "/b/old"}, {orch.ARCHIVE_ROOTS_ENV: "/a  /b"},
+     orch.ArchiveParams("/b/old", False)),
+    # A trigger may not send the landing files anywhere the workers may write.
     ({"archive_to": "/param"}, {orch.ARCHIVE_ENV: "/from-env"},
-     orch.ArchiveParams("/param", False)),
+     "param archive_to='/param' is invalid: must lie inside SESSIONLAKE_ARCHIVE or a folder "
+     "listed in SESSIONLAKE_ARCHIVE_ROOTS"),
+    ({"archive_to": "/from-env/../elsewhere"}, {orch.ARCHIVE_ENV: "/from-env"},
+     "must lie inside"),
+    ({"archive_to": "/from-envy"}, {orch.ARCHIVE_ENV: "/from-env"}, "must lie inside"),
+    ({"archive_to": "/a"}, {}, "; neither is set"),
     ({"archive_to": None}, {}, "param archive_to=None is invalid: name the folder"),
     ({"archive_to": "  "}, {}, "archive_to='  '"),
     ({"archive_to": "relative/dir"}, {}, "param archive_to='relative/dir' is invalid: must be "
                                          "an absolute path"),
     ({"archive_to": None}, {orch.ARCHIVE_ENV: "archive"}, "archive_to='archive'"),
-    ({"archive_to": "/a", "dry_run": "yes"}, {}, "param dry_run='yes' is invalid"),
+    ({"archive_to": "/a", "dry_run": "yes"}, {orch.ARCHIVE_ROOTS_ENV: "/"},
+     "param dry_run='yes' is invalid"),
 ])
 def test_the_archive_folder_comes_from_the_param_else_the_environment(
     params: dict[str, Any], env: dict[str, str], expected: orch.ArchiveParams | str
