@@ -6,10 +6,12 @@
 * ``GET /sessionlake/api/health`` — the same as JSON (:meth:`Health.as_json`).
 
 Airflow does not protect plugin apps: anyone who reaches the API server reaches them. So
-every route depends on :func:`airflow_ui_user`, Airflow's own check of the caller: the
+every route depends on :func:`airflow_guards`, Airflow's own checks of the caller: the
 API's JWT (``Authorization: Bearer``) or the UI's ``_token`` cookie, validated by the
-configured auth manager, and the user must be allowed to use the Airflow UI. A request
-without a token gets 401, one with a bad token 403.
+configured auth manager; the user must be allowed to use the Airflow UI and to read the
+DAG :data:`HEALTH_DAG` (the page shows the lake's paths, its runs' pids, its snapshots
+and retention runs: what that DAG's readers may see). A request without a token gets
+401, one with a bad token, or from a user without those rights, 403.
 
 The lake is ``SESSIONLAKE_LAKE`` (and the checkpoint ``SESSIONLAKE_CHECKPOINT``) in the
 API server's environment, read on every request through :func:`sessionlake.config.settings_from`.
@@ -42,30 +44,38 @@ def lake_settings() -> Settings:
 LakeSettings = Annotated[Settings, Depends(lake_settings)]
 
 
-def airflow_ui_user() -> Callable[..., Any]:
-    """A FastAPI dependency: the logged-in Airflow user who may use the UI.
+#: The DAG whose readers may see the health page: the micro-batch DAG, whose runs write
+#: what the page shows.
+HEALTH_DAG = "sessionlake_microbatch"
 
-    Airflow's ``requires_access_view``: the user comes from the bearer token or the
-    ``_token`` cookie through the auth manager (401 without a token, 403 for a bad or
-    expired one), then the auth manager must allow the ``WEBSITE`` view (403 otherwise).
+
+def airflow_guards() -> list[Callable[..., Any]]:
+    """FastAPI dependencies: the logged-in Airflow user who may use the UI and read
+    :data:`HEALTH_DAG`.
+
+    Airflow's ``requires_access_view`` and ``requires_access_dag``: the user comes from the
+    bearer token or the ``_token`` cookie through the auth manager (401 without a token,
+    403 for a bad or expired one), then the auth manager must allow the ``WEBSITE`` view
+    and a ``GET`` of the DAG (403 otherwise).
     """
     from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
-    from airflow.api_fastapi.core_api.security import requires_access_view
+    from airflow.api_fastapi.core_api.security import requires_access_dag, requires_access_view
 
-    return requires_access_view(AccessView.WEBSITE)
+    return [requires_access_view(AccessView.WEBSITE),
+            requires_access_dag("GET", param_dag_id=HEALTH_DAG)]
 
 
 def create_app(authorize: Callable[..., Any] | None = None) -> FastAPI:
-    """The app; every route depends on ``authorize`` (default :func:`airflow_ui_user`).
+    """The app; every route depends on ``authorize`` (default :func:`airflow_guards`).
 
     :param authorize: a FastAPI dependency that raises for a caller who may not see the
         page. Tests pass another one only to check the app without Airflow.
     """
-    guard = authorize or airflow_ui_user()
+    guards = [authorize] if authorize else airflow_guards()
     app = FastAPI(
         title="sessionlake health",
         description="Pipeline health of the sessionlake lake: the page and its JSON.",
-        dependencies=[Depends(guard)],
+        dependencies=[Depends(guard) for guard in guards],
         docs_url=None,
         redoc_url=None,
         openapi_url=None,

@@ -132,6 +132,32 @@ def test_callers_without_a_valid_token_are_refused(client: TestClient, path: str
     assert client.get(path, headers=_bearer(_token(None))).status_code == 403
 
 
+@pytest.mark.parametrize("path", ["/sessionlake/", "/sessionlake/api/health"])
+def test_a_user_who_may_not_read_the_pipeline_dag_is_refused(
+    client: TestClient, token: str, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """The page shows the lake's paths, pids, snapshots and retention runs: the UI's
+    WEBSITE view alone is not enough, the user must be allowed to read the micro-batch
+    DAG. The simple auth manager gives every viewer every DAG, so its answer is replaced
+    by a policy's that names the DAG asked for."""
+    from airflow.api_fastapi.app import get_auth_manager
+
+    manager = get_auth_manager()
+    asked: list[tuple[str, str | None]] = []
+    readable: set[str] = set()
+
+    def policy(*, method: str, user: Any, access_entity: Any = None,
+               details: Any = None) -> bool:
+        asked.append((method, details.id if details else None))
+        return details is not None and details.id in readable
+
+    monkeypatch.setattr(manager, "is_authorized_dag", policy)
+    assert client.get(path, headers=_bearer(token)).status_code == 403
+    readable.add("sessionlake_microbatch")
+    assert client.get(path, headers=_bearer(token)).status_code == 200
+    assert asked == [("GET", "sessionlake_microbatch")] * 2
+
+
 def test_the_ui_cookie_opens_the_page(client: TestClient, token: str) -> None:
     response = TestClient(client.app, cookies={"_token": token}).get("/sessionlake/")
     assert response.status_code == 200
