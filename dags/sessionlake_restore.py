@@ -28,7 +28,7 @@ from airflow.sdk import DAG, Param, chain, task
 from airflow.sdk.exceptions import AirflowSkipException
 
 from sessionlake import orchestration as orch
-from sessionlake.airflow_tasks import at_run_time, submit_job, trigger_params
+from sessionlake.airflow_tasks import at_run_time, connection_master, submit_job, trigger_params
 
 with DAG(
     dag_id="sessionlake_restore",
@@ -49,7 +49,7 @@ with DAG(
         """Check the params and build the job before any data is touched."""
         checked = orch.validate_restore_params(trigger_params())
         locations = orch.locations_from_env()
-        orch.check_restore_possible(locations, checked)
+        orch.check_restore_possible(locations, checked, connection_master())
         return orch.restore_job(locations, checked)
 
     @task(pool=orch.CHECKPOINT_POOL)
@@ -67,6 +67,7 @@ with DAG(
             raise AirflowSkipException("no continuous run was stopped: the next run resumes "
                                        "from the snapshot")
         where = orch.locations_from_env()
+        args = orch.checked_restart_args(where, args, connection_master())
         restored = orch.stream_position(where.lake, where.checkpoint)
         return {"pid": orch.start_continuous_run(args, where.checkpoint), **restored.as_xcom()}
 

@@ -663,11 +663,13 @@ def microbatch_skip_reason(locations: Locations) -> str | None:
             "this run has nothing to do")
 
 
-def check_restore_possible(locations: Locations, params: RestoreParams) -> None:
+def check_restore_possible(locations: Locations, params: RestoreParams,
+                           connection_master: str | None = None) -> None:
     """Refuse, before any job starts, a restore to a snapshot the lake lacks, or while a
-    run that Airflow cannot start again holds the checkpoint (one from the command line).
-    The restart DAG's continuous run is no obstacle: the restore DAG stops it first and
-    starts it again after (:func:`stop_for_restore`).
+    run that Airflow cannot start again holds the checkpoint (one from the command line,
+    or one whose noted command line :func:`checked_restart_args` refuses). The restart
+    DAG's continuous run is no obstacle: the restore DAG stops it first and starts it
+    again after (:func:`stop_for_restore`).
 
     :raises ValueError: naming the param and the snapshots there are, or the run and how to
         stop it.
@@ -680,12 +682,41 @@ def check_restore_possible(locations: Locations, params: RestoreParams) -> None:
         except SnapshotError as error:
             raise _bad("snapshot_id", params.snapshot_id, str(error)) from None
     pid = stream_holding(locations.checkpoint)
-    if pid is not None and _restart_dag_args(locations.checkpoint, pid) is None:
+    noted = None if pid is None else _restart_dag_args(locations.checkpoint, pid)
+    if noted is not None:
+        checked_restart_args(locations, noted, connection_master)
+    if pid is not None and noted is None:
         raise ValueError(
             f"sessionlake run pid {pid} holds checkpoint {locations.checkpoint}, and a restore "
             "needs the stream stopped. It was not started by the restart DAG, so this DAG "
             f"cannot start it again: `kill -TERM {pid}` stops it after its batch in flight; "
             "trigger the restore again, then start the run again as it was started")
+
+
+def checked_restart_args(locations: Locations, args: Sequence[str],
+                         connection_master: str | None) -> list[str]:
+    """The continuous run's command line noted in the checkpoint, to start it again after
+    a restore, once it is one the restart DAG writes for these locations at a parallelism
+    and a master it accepts (:func:`validate_restart_params`). The note lies in the
+    checkpoint folder, which whoever writes the lake's volume can write: it must not choose
+    what the restore DAG starts (another master, other files to read).
+
+    :raises ValueError: when it is not.
+    """
+    noted = [str(arg) for arg in args]
+    try:
+        params = validate_restart_params({
+            "shuffle_partitions": noted[noted.index("--shuffle-partitions") + 1],
+            "master": noted[noted.index("--master") + 1]}, connection_master)
+        expected = continuous_run_args(locations, params)
+    except (ValueError, IndexError):
+        expected = None
+    if noted != expected:
+        raise ValueError(
+            f"the continuous run's command line noted in {locations.checkpoint}/"
+            f"{CONTINUOUS_RUN} is not one the restart DAG starts for this lake, so the "
+            "restore DAG will not start it: start the stream with the restart DAG")
+    return noted
 
 
 def _restart_dag_args(checkpoint: str, pid: int) -> list[str] | None:

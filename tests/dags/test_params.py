@@ -391,3 +391,28 @@ def test_only_the_restart_dag_s_run_is_stopped_for_a_restore(tmp_path: Path) -> 
         assert orch.stop_for_restore(str(checkpoint), timeout=30) == args
         holder.wait(timeout=30)
     assert orch.running_pid(str(checkpoint)) is None
+
+
+@pytest.mark.parametrize(("tamper", "accepted"), [
+    (lambda args: args, True),
+    (lambda args: [*args[:-1], "local[4]"], True),  # another local parallelism
+    (lambda args: [*args[:-1], "spark://evil:7077"], False),  # a master nobody listed
+    (lambda args: [*args, "--kafka-properties", "/tmp/planted"], False),
+    (lambda args: [a.replace("/in", "/elsewhere") for a in args], False),  # another source
+    (lambda args: ["sql", *args[1:]], False),
+    (lambda args: args[:-2], False),  # no master
+], ids=["as written", "local master", "foreign master", "extra option", "other source",
+        "other command", "cut short"])
+def test_a_restore_starts_again_only_a_command_line_the_restart_dag_writes(
+    tamper: Callable[[list[str]], list[str]], accepted: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The continuous run's command line is noted in the checkpoint folder, which whoever
+    writes the lake's volume can write: the restore DAG must not start what they put there."""
+    monkeypatch.delenv(orch.RESTART_MASTERS_ENV, raising=False)
+    written = orch.continuous_run_args(WHERE, orch.RestartParams(3, "spark://cluster:7077"))
+    noted = tamper(list(written))
+    if accepted:
+        assert orch.checked_restart_args(WHERE, noted, "spark://cluster:7077") == noted
+    else:
+        with pytest.raises(ValueError, match="is not one the restart DAG starts"):
+            orch.checked_restart_args(WHERE, noted, "spark://cluster:7077")
