@@ -10,7 +10,6 @@ and the Spark jobs, run without Airflow.
 
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
 from collections import deque
@@ -22,7 +21,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import XComArg, get_current_context
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
-from sessionlake.orchestration import JOB_SCRIPT, python_executable, unknown_param
+from sessionlake.orchestration import JOB_SCRIPT, child_env, python_executable, unknown_param
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -109,7 +108,7 @@ class SessionlakeJobOperator(SparkSubmitOperator):
                       shlex.join(args))
         self._child = subprocess.Popen(
             [python_executable(), "-m", "sessionlake.cli", *args],
-            env={**os.environ, **(self.env_vars or {})}, stdout=subprocess.PIPE,
+            env={**child_env(), **(self.env_vars or {})}, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True)
         said: deque[str] = deque(maxlen=5)
         assert self._child.stdout is not None

@@ -554,6 +554,24 @@ def spark_submit_conf(quick_start: bool = False) -> dict[str, str]:
     }
 
 
+#: Environment variables of the Airflow worker that hold its configuration and secrets
+#: (``AIRFLOW__API_AUTH__JWT_SECRET``, the database URL, connections, variables).
+AIRFLOW_ENV_PREFIXES = ("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_")
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a ``sessionlake`` process a DAG task starts itself (a command on
+    a local lake, the restart DAG's detached continuous run): the worker's, without
+    Airflow's configuration and secrets, which sessionlake never reads and which a run
+    that lasts days would otherwise keep in its environment, plus
+    :func:`spark_submit_env`. (A spark-submit goes through the Spark provider's hook,
+    which passes on the whole environment.)
+    """
+    kept = {name: value for name, value in os.environ.items()
+            if not name.startswith(AIRFLOW_ENV_PREFIXES)}
+    return {**kept, **spark_submit_env()}
+
+
 def spark_submit_env() -> dict[str, str]:
     """Environment of ``spark-submit``: the project's interpreter and package.
 
@@ -815,7 +833,7 @@ def start_continuous_run(args: Sequence[str], checkpoint: str) -> int:
     folder = _local(checkpoint)
     folder.mkdir(parents=True, exist_ok=True)
     command = [str(Path(python_executable()).parent / "sessionlake"), *args]
-    env = {**os.environ, **spark_submit_env()}
+    env = child_env()
     with open(folder / CONTINUOUS_LOG, "ab") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    stdin=subprocess.DEVNULL, start_new_session=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from datetime import date, timedelta
 from functools import partial
@@ -416,3 +417,21 @@ def test_a_restore_starts_again_only_a_command_line_the_restart_dag_writes(
     else:
         with pytest.raises(ValueError, match="is not one the restart DAG starts"):
             orch.checked_restart_args(WHERE, noted, "spark://cluster:7077")
+
+
+def test_a_process_a_task_starts_does_not_inherit_airflow_s_secrets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The restart DAG's run lasts days: the worker's JWT secret, database URL and
+    connections have no business in its environment; what sessionlake reads stays."""
+    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "s3cret")
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "postgresql://a:pw@db/airflow")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", "spark://cluster:7077")
+    monkeypatch.setenv("AIRFLOW_VAR_TOKEN", "t")
+    monkeypatch.setenv("SESSIONLAKE_LAKE", "/l")
+    env = orch.child_env()
+    assert not {"AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+                "AIRFLOW_CONN_SPARK_DEFAULT", "AIRFLOW_VAR_TOKEN"} & set(env)
+    assert "s3cret" not in env.values()
+    assert env["SESSIONLAKE_LAKE"] == "/l" and env["PATH"] == os.environ["PATH"]
+    assert env["PYSPARK_PYTHON"] == orch.python_executable()
