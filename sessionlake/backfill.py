@@ -225,9 +225,10 @@ def backfill_sessions(
             first, last, settings.gap, 0, 0, 0, 0, open_left, watermark, None, None, None
         )
     else:
-        report = _record_changelog(
-            spark, settings, first, last, replaced, watermark, open_left
-        )
+        with lake_batch_lock(settings.lake):
+            report = _record_changelog(
+                spark, settings, first, last, replaced, watermark, open_left
+            )
     step(BACKFILL_STEPS[2])
     log.info("%s", report.summary())
     return report
@@ -459,25 +460,10 @@ def _record_changelog(
     """Append the changelog rows of the replace (once), and build the report.
 
     The rows come from the version the replace wrote, read by time travel; those of a
-    session no longer in ``sessions`` (an erasure since, or an age limit) are left out,
-    and the lake's batch lock is held from that look to the append, so that no erasure
-    runs in between and finds nothing of a user the append then writes back.
+    session no longer in ``sessions`` (an erasure since, or an age limit) are left out.
+    The caller holds the lake's batch lock from that look to the append, so that no
+    erasure runs in between and finds nothing of a user the append then writes back.
     """
-    with lake_batch_lock(settings.lake):
-        return _record_changelog_locked(spark, settings, first, last, replaced, watermark,
-                                        open_left)
-
-
-def _record_changelog_locked(
-    spark: SparkSession,
-    settings: Settings,
-    first: date,
-    last: date,
-    replaced: _Replaced,
-    watermark: datetime | None,
-    open_left: int,
-) -> BackfillReport:
-    """:func:`_record_changelog`, under the lock."""
     lake = settings.lake
     stamp = replaced.processing_time
     assert stamp is not None

@@ -336,13 +336,9 @@ def test_incomplete_events_are_refused_before_anything_is_written(
     assert versions(spark, lake) == known
 
 
-def test_a_crash_between_the_two_writes_is_repaired_by_running_again(
-    spark: SparkSession, lake_copy: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    lake = lake_copy
-    cfg = settings(lake, gap="45m")
-    old = [r for r in table(spark, lake, SESSIONS) if in_range(r)]
-
+def crash_between_the_two_writes(spark: SparkSession, cfg: Settings,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backfill killed after its ``sessions`` commit, before its changelog append."""
     def killed(*_: object) -> None:
         raise RuntimeError("killed after the sessions commit")
 
@@ -350,6 +346,15 @@ def test_a_crash_between_the_two_writes_is_repaired_by_running_again(
     with pytest.raises(RuntimeError, match="killed"):
         backfill_sessions(spark, cfg, FIRST, LAST)
     monkeypatch.undo()
+
+
+def test_a_crash_between_the_two_writes_is_repaired_by_running_again(
+    spark: SparkSession, lake_copy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lake = lake_copy
+    cfg = settings(lake, gap="45m")
+    old = [r for r in table(spark, lake, SESSIONS) if in_range(r)]
+    crash_between_the_two_writes(spark, cfg, monkeypatch)
     replaced = table(spark, lake, SESSIONS)
     assert {r["closed_batch_id"] for r in replaced if in_range(r)} == {-1}
     assert not [r for r in table(spark, lake, SESSION_CHANGELOG) if r["batch_id"] == -1]
@@ -385,13 +390,7 @@ def test_a_user_erased_during_a_backfill_gets_no_changelog_row_back(
         report = backfill_sessions(spark, cfg, FIRST, LAST, on_step=lambda step: (
             erase_a() if step == BACKFILL_STEPS[0] else None))
     else:
-        def killed(*_: object) -> None:
-            raise RuntimeError("killed after the sessions commit")
-
-        monkeypatch.setattr(backfill, "_changelog_rows", killed)
-        with pytest.raises(RuntimeError, match="killed"):
-            backfill_sessions(spark, cfg, FIRST, LAST)
-        monkeypatch.undo()
+        crash_between_the_two_writes(spark, cfg, monkeypatch)
         erase_a()
         report = backfill_sessions(spark, cfg, FIRST, LAST)
 
