@@ -14,7 +14,9 @@ master, from the same checkpoint:
 With no run holding the checkpoint, steps 2 and 3 start one. The long-running job is a
 detached process, not a SparkSubmitOperator: it must outlive this DAG run. The three
 checkpoint steps run in the one-slot pool `sessionlake_checkpoint`, so no micro-batch or
-restore task runs beside them.
+restore task runs beside them. A micro-batch run may come between two of them (from the
+same checkpoint: it loses and doubles nothing); step 3 counts only the new run's batches,
+committed while it holds the checkpoint.
 
 Params: `shuffle_partitions` (>= 1), `master` (`local[*]`, `local[N]`, `spark://host:port`;
 empty, the default: the `spark_default` connection's master, where the other DAGs run).
@@ -63,17 +65,18 @@ with DAG(
                 **orch.stream_position(where.lake, where.checkpoint).as_xcom()}
 
     @task(pool=orch.CHECKPOINT_POOL)
-    def start_stream(args: list[str]) -> int:
-        """Start the new continuous run, detached; return its pid."""
-        return orch.start_continuous_run(args, orch.locations_from_env().checkpoint)
+    def start_stream(args: list[str]) -> dict[str, Any]:
+        """Start the new continuous run, detached; return its pid and the stream's position
+        just before it started."""
+        return orch.started_run(orch.locations_from_env(), args)
 
     @task(pool=orch.CHECKPOINT_POOL)
-    def verify_resumed(before: dict[str, Any], pid: int) -> dict[str, Any]:
+    def verify_resumed(started: dict[str, Any]) -> dict[str, Any]:
         """Wait for a new batch of the same stream from the new run."""
-        return orch.resumed_run(before, pid)
+        return orch.resumed_run(started, started["pid"])
 
     args = validate_params()
-    before = stop_running_stream()
-    pid = start_stream(at_run_time(args))
-    chain(args, before, pid)
-    verify_resumed(at_run_time(before), at_run_time(pid))
+    stopped = stop_running_stream()
+    started = start_stream(at_run_time(args))
+    chain(args, stopped, started)
+    verify_resumed(at_run_time(started))

@@ -14,7 +14,9 @@ snapshot, so the next run resumes from exactly that point.
 
 A run from the command line holding the checkpoint is not stopped: the DAG run fails at
 step 1, saying how to stop it. Steps 2-4 run in the one-slot pool `sessionlake_checkpoint`,
-so no scheduled micro-batch runs in between.
+so no micro-batch runs beside any of them; one may run between two of them, which is
+harmless (before the restore, the restore undoes its batch; after it, it resumes from the
+snapshot), and step 4 counts only the started run's own batches.
 
 Params: `snapshot_id` (as printed by `sessionlake_snapshot`).
 """
@@ -68,8 +70,7 @@ with DAG(
                                        "from the snapshot")
         where = orch.locations_from_env()
         args = orch.checked_restart_args(where, args, connection_master())
-        restored = orch.stream_position(where.lake, where.checkpoint)
-        return {"pid": orch.start_continuous_run(args, where.checkpoint), **restored.as_xcom()}
+        return orch.started_run(where, args)
 
     @task(pool=orch.CHECKPOINT_POOL)
     def verify_resumed(started: dict[str, Any]) -> dict[str, Any]:

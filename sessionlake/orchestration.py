@@ -849,6 +849,15 @@ def _alive(pid: int) -> bool:
     return "\nState:\tZ" not in status
 
 
+def started_run(where: Locations, args: Sequence[str]) -> dict[str, Any]:
+    """The restart and restore DAGs' start step: the stream's position, read just before
+    the continuous run ``args`` starts detached, and the run's pid, as the task's XCom that
+    :func:`resumed_run` waits on. Read here rather than when the old run stopped: a
+    micro-batch DAG run may commit a batch in between."""
+    before = stream_position(where.lake, where.checkpoint)
+    return {"pid": start_continuous_run(args, where.checkpoint), **before.as_xcom()}
+
+
 def resumed_run(before: Mapping[str, Any], pid: int) -> dict[str, Any]:
     """The restart and restore DAGs' last step: wait (``SESSIONLAKE_RESTART_TIMEOUT``) for
     the run ``pid`` to commit a batch of the stream ``before`` names (a task's XCom holding
@@ -867,20 +876,28 @@ def resumed_run(before: Mapping[str, Any], pid: int) -> dict[str, Any]:
 def wait_for_resumed_stream(
     lake: str, checkpoint: str, before: StreamPosition, pid: int, timeout: float = 300.0
 ) -> StreamPosition:
-    """Wait until the new run has committed a batch after ``before``, on the same stream.
+    """Wait until the new run ``pid`` has committed a batch after ``before``, on the same
+    stream.
+
+    A batch counts only while ``pid`` holds the checkpoint: a micro-batch DAG run may take
+    the checkpoint between two of the restart DAG's tasks (the pool queues tasks, not the
+    DAG run), and its commit is no proof that the new run started, let alone resumed.
+    ``before`` is the position the caller read just before starting ``pid``.
 
     :raises RuntimeError: when the run exited, or started a stream other than ``before``'s.
     :raises TimeoutError: when no new batch was committed within ``timeout`` seconds.
     """
     deadline = time.monotonic() + timeout
     while True:
+        holder = running_pid(checkpoint)  # read first: a batch read after is the holder's
         now = stream_position(lake, checkpoint)
         if before.stream_id is not None and now.stream_id not in (None, before.stream_id):
             raise RuntimeError(
                 f"the checkpoint's stream changed from {before.stream_id} to {now.stream_id}: "
                 "the new run did not resume from the checkpoint"
             )
-        if now.stream_id is not None and now.last_batch_id > before.last_batch_id:
+        if (holder == pid and now.stream_id is not None
+                and now.last_batch_id > before.last_batch_id):
             return now
         if not _alive(pid):
             tail = (_local(checkpoint) / CONTINUOUS_LOG).read_text(errors="replace")[-2000:]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Callable
 from datetime import date, timedelta
 from functools import partial
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from sessionlake import orchestration as orch
-from sessionlake.checkpoint import CONTINUOUS_RUN
+from sessionlake.checkpoint import CONTINUOUS_LOG, CONTINUOUS_RUN
 from sessionlake.erasure import user_hash
 from sessionlake.spark import (
     DRIVER_JIT_ENV,
@@ -344,6 +345,32 @@ def test_stream_position_reads_the_batch_tags_of_batch_metrics(tmp_path: Path) -
     (log / "00000000000000000002.json").write_text("not read")
     (log / "00000000000000000005.json").write_text('{"commitInfo": {"operation": "OPTIMIZE"}}')
     assert orch.stream_position(str(lake), str(checkpoint)) == orch.StreamPosition("s1", 3)
+
+
+def test_a_resumed_stream_counts_only_batches_committed_while_the_new_run_holds_it(
+    tmp_path: Path,
+) -> None:
+    """The restart and restore DAGs' last step: a batch a micro-batch DAG run committed
+    between two of their tasks is no proof that the run they started resumed."""
+    checkpoint, lake = tmp_path / "cp", tmp_path / "lake"
+    checkpoint.mkdir()
+    (checkpoint / "sessionlake.json").write_text('{"stream_id": "s1", "epoch": 0}')
+    (checkpoint / CONTINUOUS_LOG).write_text("sessionlake run: refused, the checkpoint is held\n")
+    log = lake / "batch_metrics" / "_delta_log"
+    log.mkdir(parents=True)
+    (log / "00000000000000000001.json").write_text(
+        '{"txn": {"appId": "sessionlake-s1-e0", "version": 4}}\n')
+    before = orch.StreamPosition("s1", 3)
+    refused = subprocess.Popen(["true"])  # the new run, refused by the lock: it exited
+    refused.wait()
+    with held_by_another_process("checkpoint_lock", checkpoint) as microbatch:
+        with pytest.raises(RuntimeError, match=f"pid {refused.pid}\\) exited"):
+            orch.wait_for_resumed_stream(str(lake), str(checkpoint), before, refused.pid,
+                                         timeout=30)
+        # The run holding the checkpoint: its batch counts.
+        assert orch.wait_for_resumed_stream(str(lake), str(checkpoint), before,
+                                            microbatch.pid, timeout=30) == orch.StreamPosition(
+            "s1", 4)
 
 
 def test_a_small_landing_starts_the_micro_batch_driver_with_c1_only(
