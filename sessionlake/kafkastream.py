@@ -218,6 +218,14 @@ def check_kafka_topic(spark: SparkSession, settings: Settings) -> KafkaTopic:
 KAFKA_OUTAGE_ATTEMPTS = 2**31 - 1
 
 
+#: Kafka client settings a ``--kafka-properties`` file may override. ``read_committed``:
+#: a transactional producer's records are read once its transaction commits, and those of
+#: an aborted one never (Kafka's consumer default, ``read_uncommitted``, reads both: the
+#: retry of an aborted send, at a new offset, would be a second event, and, without a
+#: producer ``event_id``, not a duplicate). Records of other producers read as before.
+CONSUMER_DEFAULTS = {"isolation.level": "read_committed"}
+
+
 def kafka_records(spark: SparkSession, settings: Settings) -> DataFrame:
     """The streaming DataFrame of the topic's records, every partition, new ones included.
 
@@ -231,8 +239,10 @@ def kafka_records(spark: SparkSession, settings: Settings) -> DataFrame:
     A continuous run waits out brokers that stop answering (:data:`KAFKA_OUTAGE_ATTEMPTS`)
     and goes on where it was when they are back; an available-now run gives up after
     Spark's three attempts to ask them for offsets, so that a scheduled run fails in minutes.
+    Records of transactions are read once committed (:data:`CONSUMER_DEFAULTS`).
     """
-    client = {f"kafka.{key}": value for key, value in settings.kafka_client_properties().items()}
+    client = {f"kafka.{key}": value for key, value in
+              {**CONSUMER_DEFAULTS, **settings.kafka_client_properties()}.items()}
     reader = (
         spark.readStream.format("kafka")
         .options(**client)

@@ -335,6 +335,68 @@ def test_records_deleted_unread_and_a_topic_created_anew_are_told_not_skipped(
     assert input_records(spark, lake) == 36 + 50
 
 
+@contextmanager
+def transactional_producer(spark: SparkSession, bootstrap: str) -> Iterator[Any]:
+    """A Kafka producer with a transactional id (Kafka's Java client, through the JVM), as
+    a Kafka Streams application with exactly-once, or Flink's Kafka sink, writes."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    props = jvm.java.util.Properties()
+    serializer = "org.apache.kafka.common.serialization.StringSerializer"
+    for key, value in {"bootstrap.servers": bootstrap, "transactional.id": "sessionlake-test",
+                       "key.serializer": serializer, "value.serializer": serializer}.items():
+        props.put(key, value)
+    producer = jvm.org.apache.kafka.clients.producer.KafkaProducer(props)
+    try:
+        producer.initTransactions()
+        yield producer
+    finally:
+        producer.close()
+
+
+def send_in_transaction(spark: SparkSession, producer: Any, topic: str, lines: list[str]) -> None:
+    """Begin a transaction and send ``lines`` to partition 0 of ``topic`` in it."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    producer.beginTransaction()
+    for line in lines:
+        producer.send(jvm.org.apache.kafka.clients.producer.ProducerRecord(topic, 0, None, line))
+    producer.flush()
+
+
+def _event(user: str, minute: int, event_id: str) -> str:
+    return json.dumps({"user_id": user, "event_time": f"2026-01-05T10:{minute:02d}:00Z",
+                       "event_id": event_id, "page": "/"})
+
+
+@pytest.mark.kafka
+def test_records_of_aborted_transactions_are_not_read_nor_those_of_open_ones_yet(
+    spark: SparkSession, broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """A transactional producer's records count once its transaction commits: an aborted
+    send and its retry are one event, and a transaction still open is read after it
+    commits, not lost."""
+    topic, lake = "transactional", tmp_path / "lake"
+    create_topic(spark, broker.bootstrap, topic, 1)
+    settings = kafka_settings(lake, broker.bootstrap).with_overrides(kafka_topic=topic)
+    with transactional_producer(spark, broker.bootstrap) as producer:
+        send_in_transaction(spark, producer, topic, [_event("u1", 1, "a"), _event("u1", 2, "b")])
+        producer.abortTransaction()  # the application failed; it sends them again
+        send_in_transaction(spark, producer, topic, [_event("u1", 1, "a2"), _event("u1", 2, "b2")])
+        producer.commitTransaction()
+        send_in_transaction(spark, producer, topic, [_event("u2", 3, "c")])  # still open
+        run_stream(spark, settings)
+        ids = {r["event_id"] for r in read_table(spark, str(lake), "events").collect()}
+        assert ids == {"a2", "b2"}
+        assert input_records(spark, lake) == 2
+        producer.commitTransaction()
+    run_stream(spark, settings)
+    ids = {r["event_id"] for r in read_table(spark, str(lake), "events").collect()}
+    assert ids == {"a2", "b2", "c"}
+    assert input_records(spark, lake) == 3
+    assert read_table(spark, str(lake), "quarantine").count() == 0
+
+
 @pytest.mark.kafka
 @pytest.mark.slow
 def test_a_folder_loads_into_a_new_topic(
