@@ -174,7 +174,8 @@ def check_topic_not_read_elsewhere(
 
 
 def check_kafka_settings(settings: Settings) -> str:
-    """The Kafka flags of ``--source kafka``: both brokers and topic, no folder-only flag."""
+    """The Kafka flags of ``--source kafka``: both brokers and topic, no folder-only flag,
+    and ``--accept-kafka-data-loss`` only for a run that ends."""
     if not settings.kafka_bootstrap:
         raise ConfigError("--source kafka needs the brokers: pass --kafka-bootstrap "
                           f"HOST:PORT or set {ENV['kafka_bootstrap']}")
@@ -184,6 +185,14 @@ def check_kafka_settings(settings: Settings) -> str:
     if settings.max_files_per_trigger:
         raise ConfigError("--max-files-per-trigger is for a folder; with --source kafka "
                           "use --max-offsets-per-trigger")
+    if settings.kafka_accept_data_loss and settings.trigger == "continuous":
+        # Spark's failOnDataLoss is the query's: off, it would skip, for as long as the run
+        # lasts, every later loss with no more than a WARN line in the driver's log.
+        raise ConfigError("--accept-kafka-data-loss is for one available-now run, which "
+                          "skips the records lost and ends: a continuous run would also skip "
+                          "any loss it met later, for as long as it ran. Run once with "
+                          "--trigger available-now --accept-kafka-data-loss, then start the "
+                          "continuous run again")
     return settings.source or ""
 
 

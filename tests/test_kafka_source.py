@@ -725,6 +725,9 @@ def _wait_for_all(spark: SparkSession, lake: Path, checkpoint: str, records: int
       "--max-offsets-per-trigger", "0"], "max-offsets-per-trigger must be a whole number"),
     (["--source", ".", "--starting-offsets", "latest"], "--starting-offsets latest goes with"),
     (["--source", ".", "--accept-kafka-data-loss"], "--accept-kafka-data-loss goes with"),
+    (["--source", "kafka", "--kafka-bootstrap", "h:1", "--topic", "t", "--trigger",
+      "continuous", "--accept-kafka-data-loss"],
+     "--accept-kafka-data-loss is for one available-now run"),
 ])
 def test_bad_kafka_flags_exit_2_before_spark_starts(
     flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
