@@ -308,14 +308,16 @@ def _process_locked(
         )
         near_closed = None if closed is None or watermark is None else work.keep(
             closed_session_hits(events, closed, watermark, gap))
-        users = F.broadcast(events.select("user_id").distinct())
+        records = int(stats["input"])
+        users = shipped_whole(events.select("user_id").distinct(), records)
         state_version = inputs.table_versions[OPEN_SESSIONS]
         open_before = read_table(spark, lake, OPEN_SESSIONS, state_version)
         state = _open_sessions_of(users, open_before, buckets, state_version)
         work.phase("lateness_and_state")
         ids = (stats["first_event_id"], stats["last_event_id"])
         searched = _recorded_to_search(inputs, dates, ids)
-        seen_before = _seen_before(spark, settings, inputs, events, dates, ids, searched)
+        seen_before = _seen_before(spark, settings, inputs, events, records, dates, ids,
+                                   searched)
         assigned, outcome, split_ids = _sessionize_cut_consistently(
             spark, settings, inputs, work, events, state, seen_before, near_closed, watermark)
         sessions = batch_sessions(assigned)
@@ -651,6 +653,7 @@ def _seen_before(
     settings: Settings,
     inputs: BatchInputs,
     events: DataFrame,
+    records: int,
     dates: list[date],
     ids: tuple[str | None, str | None],
     tables: list[str],
@@ -665,9 +668,9 @@ def _seen_before(
     put each earlier batch's files outside a new batch's range, so the check reads what
     the batch could repeat, not the whole day so far. Random ids skip nothing and cost
     nothing.
-    Those days' events are scanned against the batch's ids shipped whole to every task,
-    so the earlier events are not shuffled; ``None`` when there is no table to search:
-    then none is read at all.
+    Those days' events are scanned against the batch's ids shipped whole to every task
+    (for a batch of up to :data:`BROADCAST_KEYS_MAX` ``records``), so the earlier events
+    are not shuffled; ``None`` when there is no table to search: then none is read at all.
     """
     if not tables:
         return None
@@ -678,7 +681,7 @@ def _seen_before(
         _recorded_on(spark, settings.lake, table, inputs.table_versions[table], dates)
         .where(F.col("event_id").between(first, last)).select(*key) for table in tables])
     batch = events.select("user_id", "event_id", event_date().alias("event_date"))
-    return earlier.join(F.broadcast(batch), key, "left_semi")
+    return earlier.join(shipped_whole(batch, records), key, "left_semi")
 
 
 def _recorded_on(spark: SparkSession, lake: str, table: str, version: int,
@@ -774,6 +777,14 @@ RECORD_KEY: tuple[str, ...] = ("source_file", "source_line")
 BROADCAST_KEYS_MAX = 1_000_000
 
 
+def shipped_whole(keys: DataFrame, rows: int) -> DataFrame:
+    """``keys`` (at most ``rows`` rows) marked to be shipped whole to every task of a join,
+    as long as they are few enough (:data:`BROADCAST_KEYS_MAX`) for the driver to hold and
+    send: a Kafka catch-up without ``--max-offsets-per-trigger`` can make one batch of a
+    hundred million records, whose keys, broadcast, would not fit the driver's memory."""
+    return F.broadcast(keys) if rows <= BROADCAST_KEYS_MAX else keys
+
+
 def _records_of(valid: DataFrame, keys: DataFrame, count: int, how: str) -> DataFrame:
     """The batch's parsed records joined (``how``) to ``count`` record keys of them.
 
@@ -781,7 +792,7 @@ def _records_of(valid: DataFrame, keys: DataFrame, count: int, how: str) -> Data
     or duplicate) are found again among the parsed records by their key. They are usually
     few, so the keys are broadcast and the records are not shuffled.
     """
-    joined = F.broadcast(keys) if count <= BROADCAST_KEYS_MAX else keys
+    joined = shipped_whole(keys, count)
     extra = [c for c in keys.columns if c not in RECORD_KEY] if how == "inner" else []
     return valid.join(joined, list(RECORD_KEY), how).select(*valid.columns, *extra)
 

@@ -285,6 +285,28 @@ def test_duplicates_count_once_within_and_across_batches(
     assert read_table(spark, lake, "events").count() == 3
 
 
+@pytest.mark.parametrize("batch_keys", ["shipped to every task", "shuffled"])
+def test_a_batch_too_big_to_ship_its_keys_to_every_task_ends_in_the_same_tables(
+    spark: SparkSession, lake: str, batch_keys: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of more records than ``batch.BROADCAST_KEYS_MAX`` (a Kafka catch-up without
+    ``--max-offsets-per-trigger``) joins its users, its ids and its rejected records to
+    what it reads without broadcasting them, and ends in the same tables."""
+    if batch_keys == "shuffled":
+        monkeypatch.setattr(batch, "BROADCAST_KEYS_MAX", 0)
+    cfg = settings(lake, grace="60m")
+    reports = run_batches(spark, cfg, [
+        [event("u", "10:00", "/a", event_id="a"), event("u", "10:50", "/c", event_id="c")],
+        [event("u", "10:25", "/b", event_id="b"), event("u", "10:00", "/a", event_id="a"),
+         event("v", "09:00", "/x", event_id="late")],  # W 09:50: alone it would be closed
+    ])
+    assert [(r.row["duplicates"], r.row["late"]) for r in reports] == [(0, 0), (1, 1)]
+    assert rows(all_sessions(spark, lake), "user_id", "session_start", "session_end",
+                "event_count") == [("u", hm("10:00"), hm("10:50"), 3)]
+    assert [event_id for event_id, _ in late_reasons(spark, lake)] == ["late"]
+    assert rows(read_table(spark, lake, "events"), "event_id") == [("a",), ("b",), ("c",)]
+
+
 def test_the_duplicate_check_reads_only_files_whose_ids_reach_the_batchs(
     spark: SparkSession, lake: str
 ) -> None:
@@ -296,8 +318,8 @@ def test_the_duplicate_check_reads_only_files_whose_ids_reach_the_batchs(
     repeated = spark.createDataFrame([("u", "b1", datetime(2026, 1, 5, 10, 1))],
                                      "user_id string, event_id string, event_time timestamp")
 
-    seen = batch._seen_before(spark, cfg, inputs, repeated, [date(2026, 1, 5)], ("b1", "b1"),
-                              ["events"])
+    seen = batch._seen_before(spark, cfg, inputs, repeated, 1, [date(2026, 1, 5)],
+                              ("b1", "b1"), ["events"])
 
     assert seen is not None
     events = read_table(spark, lake, "events")
