@@ -356,6 +356,20 @@ def validate_retention_params(params: Mapping[str, Any]) -> RetentionParams:
     return checked
 
 
+def validate_erasure_params(params: Mapping[str, Any]) -> RetentionParams:
+    """Check the erasure DAG's params: the retention DAG's users, VACUUM and ``dry_run``,
+    without age limits, and at least one user to erase.
+
+    :raises ValueError: naming the param, its value and why it is wrong.
+    """
+    checked = validate_retention_params(
+        {**params, "sessions_max_age_days": None, "events_max_age_days": None})
+    if not checked.erase_user_sha256:
+        raise _bad("erase_user_ids", "[]", "name the users to erase (erase_user_ids, or "
+                   "erase_user_sha256); sessionlake_retention applies the age limits")
+    return checked
+
+
 def validate_archive_params(
     params: Mapping[str, Any], env: Mapping[str, str] | None = None
 ) -> ArchiveParams:

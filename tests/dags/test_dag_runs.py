@@ -101,6 +101,8 @@ def test_microbatch_dag_sessionizes_the_landing_folder(lake: dict[str, Any]) -> 
         ("sessionlake_backfill",
          {"from_date": "2026-02-01", "to_date": "2026-01-01", "gap_minutes": 30}, "from_date"),
         ("sessionlake_retention", {"erase_user_ids": ["u1", " "]}, "erase_user_ids"),
+        ("sessionlake_erasure", {}, "erase_user_ids"),  # nobody to erase
+        ("sessionlake_erasure", {"events_max_age_days": 1}, "events_max_age_days"),
         ("sessionlake_archive", {"archive_to": None}, "archive_to"),
         ("sessionlake_archive", {"archive_to": "{source}/archived"}, "archive_to"),
         # A misspelt param name (Airflow itself runs such a run with the defaults).
@@ -140,6 +142,9 @@ MAINTENANCE = [
      # By hash: the run's conf holds no id (erase_user_ids' hashing: test_params.py).
      {"erase_user_sha256": [user_hash("u2")], "sessions_max_age_days": 3650,
       "events_max_age_days": 3650, "vacuum_retain_hours": 0}),
+    # No age limit, though the lake's events are all older than the retention DAG's 90 days.
+    ("sessionlake_erasure", "retention",
+     {"erase_user_sha256": [user_hash("u2")], "vacuum_retain_hours": 0}),
     ("sessionlake_restore", "restore", None),
 ]
 
@@ -172,6 +177,8 @@ def test_maintenance_dag_runs_its_cli_command(
         command in ("snapshot", "restore")), said[-2000:]
     if command == "retention":
         assert "u2" not in set(read_delta(lake["lake"] / "sessions")["user_id"])
+    if dag_id == "sessionlake_erasure":
+        assert set(read_delta(lake["lake"] / "events")["user_id"]) == {"u1", "u3"}
     if command == "snapshot":
         [taken] = [s for s in list_snapshots(settings.lake)
                    if s.snapshot_id not in snapshots_before]

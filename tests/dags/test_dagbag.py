@@ -1,5 +1,5 @@
-"""Every DAG file loads, with the seven ids the spec names and sessionlake_archive, each
-documented and tagged."""
+"""Every DAG file loads, with the seven ids the spec names, sessionlake_archive and
+sessionlake_erasure, each documented and tagged."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.dags.conftest import DAGS
 DAG_IDS = {
     "sessionlake_microbatch", "sessionlake_backfill", "sessionlake_compaction",
     "sessionlake_snapshot", "sessionlake_restore", "sessionlake_retention",
-    "sessionlake_restart", "sessionlake_archive",
+    "sessionlake_restart", "sessionlake_archive", "sessionlake_erasure",
 }
 PARAMS = {
     "sessionlake_microbatch": {"shuffle_partitions"},
@@ -25,6 +25,8 @@ PARAMS = {
                               "events_max_age_days", "vacuum_retain_hours", "dry_run"},
     "sessionlake_restart": {"shuffle_partitions", "master"},
     "sessionlake_archive": {"archive_to", "dry_run"},
+    "sessionlake_erasure": {"erase_user_ids", "erase_user_sha256", "vacuum_retain_hours",
+                            "dry_run"},
 }
 
 
@@ -64,6 +66,7 @@ CHECKPOINT_TASKS = {
                             "verify_resumed"},
     "sessionlake_restart": {"stop_running_stream", "start_stream", "verify_resumed"},
     "sessionlake_retention": {"enforce_retention"},
+    "sessionlake_erasure": {"erase_users"},
     "sessionlake_archive": {"archive"},
 }
 
