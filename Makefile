@@ -63,10 +63,12 @@ $(LOCAL_FS_JAR): $(LOCAL_FS_SOURCES) $(VENV)/.installed
 	  $(LOCAL_FS_SOURCES)
 	jar cf $@ -C build/hadoop/classes .
 
+# No goal on the command line: build/pom.xml's defaultGoal names them (Delta's jars and
+# Spark's Kafka source), so that docker/Dockerfile, which runs the same command, resolves
+# the same jars.
 jars/.resolved: build/pom.xml
 	mkdir -p jars
-	mvn --batch-mode --quiet -f build/pom.xml dependency:copy-dependencies \
-	  dependency:copy@kafka-jars -Djars.dir=$(abspath jars)
+	mvn --batch-mode --quiet -f build/pom.xml -Djars.dir=$(abspath jars)
 	touch $@
 
 # The Kafka server's jars (build/kafka-broker-pom.xml) for the development and test broker.

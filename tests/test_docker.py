@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -136,6 +137,35 @@ def test_the_images_install_requirements_lock_unchanged_and_only_add_packages() 
     for package in ("pyspark", "pyspark-client", "delta-spark", "apache-airflow",
                     "apache-airflow-providers-apache-spark"):
         assert package in lock
+
+
+def _maven_goals(command: str) -> list[str]:
+    """The goals of the ``mvn ... -f build/pom.xml`` in ``command`` (a Makefile recipe or a
+    Dockerfile ``RUN``), or the pom's defaultGoal when it names none, as Maven runs them."""
+    line = next(line for line in command.replace("\\\n", " ").splitlines() if "mvn " in line)
+    words = shlex.split(re.sub(r"\$\([^)]*\)", "DIR", line))  # make's $(...) as one word
+    mvn = words[words.index("mvn") + 1:]
+    goals = [word for before, word in zip(["", *mvn], mvn, strict=False)
+             if not word.startswith("-") and before != "-f"]
+    if goals:
+        return goals
+    default = re.search(r"<defaultGoal>([^<]*)</defaultGoal>", (REPO / "build/pom.xml").read_text())
+    return default.group(1).split() if default else []
+
+
+def test_the_image_resolves_the_jars_make_jars_does() -> None:
+    """Both the Delta jars and Spark's Kafka source: an image without the latter failed
+    every ``--source kafka`` run at its jar check."""
+    makefile = (REPO / "Makefile").read_text()
+    recipe = re.search(r"^jars/\.resolved:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE)
+    assert recipe, "no jars/.resolved target in the Makefile"
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    run = re.search(r"^RUN (mvn .*(?:\\\n.*)*)", dockerfile, re.MULTILINE)
+    assert run, "no mvn RUN in the Dockerfile"
+    assert "build/pom.xml" in recipe.group(1) and "/build/pom.xml" in run.group(1)
+    goals = _maven_goals(recipe.group(1))
+    assert {"dependency:copy-dependencies", "dependency:copy@kafka-jars"} <= set(goals)
+    assert _maven_goals(run.group(1)) == goals
 
 
 def test_the_build_context_leaves_local_state_out() -> None:
