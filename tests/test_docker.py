@@ -108,6 +108,16 @@ def test_airflow_runs_on_postgres_after_the_init_and_submits_to_the_cluster(
     assert f"airflow pools set {CHECKPOINT_POOL} 1" in init
 
 
+def test_the_scheduler_forks_as_few_workers_as_make_airflow_s(compose: dict[str, Any]) -> None:
+    """The LocalExecutor forks ``parallelism`` workers at once beside the Spark drivers:
+    Airflow's default of 32 is 7 GiB on a 2-core machine, for four tasks at most at once."""
+    default = re.search(r"^AIRFLOW_PARALLELISM \?= (\d+)$", (REPO / "Makefile").read_text(),
+                        re.MULTILINE)
+    assert default, "no AIRFLOW_PARALLELISM default in the Makefile"
+    env = _services(compose)["airflow-scheduler"]["environment"]
+    assert env.get("AIRFLOW__CORE__PARALLELISM") == default.group(1) == "4"
+
+
 def test_the_lake_is_one_volume_at_the_same_path_for_drivers_and_executors(
     compose: dict[str, Any],
 ) -> None:
