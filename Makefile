@@ -193,14 +193,25 @@ airflow: $(VENV)/.installed jars/.resolved $(LOCAL_FS_JAR) class-archive $(AIRFL
 # once every service is healthy. The UI is on http://localhost:8080, Spark's on :8081.
 .PHONY: docker-up docker-down
 COMPOSE := docker compose -f docker/compose.yaml
-# Airflow's API tokens are signed with SESSIONLAKE_JWT_SECRET, which the api-server and the
-# task runners share. A random one (64 bytes) is written once to docker/.env, where compose
-# looks for variables; one set in the environment wins over it.
+# The keys every Airflow container must share (each would otherwise write its own random
+# ones to its own airflow.cfg), written once to docker/.env, where compose looks for
+# variables; one set in the environment wins over the file's:
+#   SESSIONLAKE_JWT_SECRET      signs the API's tokens (api-server, task runners); 64 bytes
+#   SESSIONLAKE_API_SECRET_KEY  signs the api-server's requests to the log servers; 64 bytes
+#   SESSIONLAKE_FERNET_KEY      encrypts connections and variables in the database; a Fernet
+#                               key (urlsafe base64 of 32 bytes): a new one cannot read them
+# Each run adds the keys the file lacks (one written by an older Makefile holds only the
+# first) and keeps those it has, so that running services keep working.
 DOCKER_ENV ?= docker/.env
+.PHONY: $(DOCKER_ENV)
 
 $(DOCKER_ENV):
-	umask 077 && printf 'SESSIONLAKE_JWT_SECRET=%s\n' \
-	  "$$(python3 -c 'import secrets; print(secrets.token_hex(64))')" > $@
+	umask 077 && touch $@ && chmod 600 $@ && \
+	add() { grep -q "^$$1=" $@ || printf '%s=%s\n' "$$1" \
+	  "$$(python3 -c "import base64, secrets; print($$2)")" >> $@; } && \
+	add SESSIONLAKE_JWT_SECRET 'secrets.token_hex(64)' && \
+	add SESSIONLAKE_API_SECRET_KEY 'secrets.token_hex(64)' && \
+	add SESSIONLAKE_FERNET_KEY 'base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()'
 
 docker-up: $(DOCKER_ENV)
 	$(COMPOSE) up --detach --build --wait --wait-timeout 600

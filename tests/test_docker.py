@@ -8,6 +8,7 @@ hold; ``docker compose config`` validates the file where the compose plugin is i
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shlex
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography.fernet import Fernet
 
 from sessionlake.orchestration import CHECKPOINT_POOL
 from tests.conftest import REPO
@@ -183,26 +185,57 @@ def test_the_build_context_leaves_local_state_out() -> None:
     assert {".git", ".venv", "jars", "demo", "docker/.env"} <= ignored
 
 
-def test_airflow_signs_its_tokens_with_a_secret_of_the_deployment_not_of_the_file(
-    compose: dict[str, Any],
+#: The keys every Airflow container must share, and the variable each comes from.
+SHARED_KEYS = {
+    "AIRFLOW__API_AUTH__JWT_SECRET": "SESSIONLAKE_JWT_SECRET",
+    "AIRFLOW__API__SECRET_KEY": "SESSIONLAKE_API_SECRET_KEY",
+    "AIRFLOW__CORE__FERNET_KEY": "SESSIONLAKE_FERNET_KEY",
+}
+
+
+@pytest.mark.parametrize(("setting", "variable"), SHARED_KEYS.items())
+def test_airflow_s_containers_share_keys_of_the_deployment_not_of_the_file(
+    compose: dict[str, Any], setting: str, variable: str,
 ) -> None:
+    """Without them each container writes random keys to its own airflow.cfg: the
+    scheduler's log server refuses the api-server's token (403), and what one container
+    encrypts in the database another cannot read."""
     for name in (*AIRFLOW_SERVICES, "airflow-init"):
-        secret = _services(compose)[name]["environment"]["AIRFLOW__API_AUTH__JWT_SECRET"]
+        value = _services(compose)[name]["environment"].get(setting)
         # Compose refuses to start without the variable: the file holds no default.
-        assert re.fullmatch(r"\$\{SESSIONLAKE_JWT_SECRET:\?[^}]+\}", secret), secret
+        assert value and re.fullmatch(rf"\$\{{{variable}:\?[^}}]+\}}", value), (name, value)
 
 
-def test_make_writes_a_random_secret_once_readable_by_its_owner_only(tmp_path: Path) -> None:
-    def make_env(path: Path) -> str:
-        subprocess.run(["make", "-s", "-C", str(REPO), f"DOCKER_ENV={path}", str(path)],
-                       check=True, capture_output=True, timeout=60)
-        return path.read_text()
+def _make_env(path: Path) -> str:
+    subprocess.run(["make", "-s", "-C", str(REPO), f"DOCKER_ENV={path}", str(path)],
+                   check=True, capture_output=True, timeout=60)
+    return path.read_text()
 
-    first = make_env(tmp_path / "a.env")
-    assert re.fullmatch(r"SESSIONLAKE_JWT_SECRET=[0-9a-f]{128}\n", first)
+
+def test_make_writes_random_keys_once_readable_by_their_owner_only(tmp_path: Path) -> None:
+    first = _make_env(tmp_path / "a.env")
+    keys = dict(line.split("=", 1) for line in first.splitlines())
+    assert set(keys) == set(SHARED_KEYS.values())
+    assert re.fullmatch(r"[0-9a-f]{128}", keys["SESSIONLAKE_JWT_SECRET"])
+    assert re.fullmatch(r"[0-9a-f]{128}", keys["SESSIONLAKE_API_SECRET_KEY"])
+    assert keys["SESSIONLAKE_API_SECRET_KEY"] != keys["SESSIONLAKE_JWT_SECRET"]
+    # A Fernet key, as Fernet.generate_key() makes: urlsafe base64 of 32 random bytes.
+    assert len(base64.urlsafe_b64decode(keys["SESSIONLAKE_FERNET_KEY"])) == 32
+    Fernet(keys["SESSIONLAKE_FERNET_KEY"])
     assert (tmp_path / "a.env").stat().st_mode & 0o777 == 0o600
-    assert make_env(tmp_path / "a.env") == first  # kept: running services keep working
-    assert make_env(tmp_path / "b.env") != first
+    assert _make_env(tmp_path / "a.env") == first  # kept: running services keep working
+    assert _make_env(tmp_path / "b.env") != first
+
+
+def test_make_adds_the_keys_a_file_of_an_older_makefile_lacks(tmp_path: Path) -> None:
+    """A docker/.env from before holds only the JWT secret: kept, the others added."""
+    path = tmp_path / ".env"
+    path.write_text(f"SESSIONLAKE_JWT_SECRET={'ab' * 64}\n")
+    path.chmod(0o644)
+    keys = dict(line.split("=", 1) for line in _make_env(path).splitlines())
+    assert set(keys) == set(SHARED_KEYS.values())
+    assert keys["SESSIONLAKE_JWT_SECRET"] == "ab" * 64
+    assert path.stat().st_mode & 0o777 == 0o600
 
 
 def test_make_targets_start_and_stop_the_deployment() -> None:
