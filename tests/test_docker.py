@@ -206,6 +206,24 @@ def test_airflow_s_containers_share_keys_of_the_deployment_not_of_the_file(
         assert value and re.fullmatch(rf"\$\{{{variable}:\?[^}}]+\}}", value), (name, value)
 
 
+def test_only_the_api_server_sees_the_admin_s_password(compose: dict[str, Any]) -> None:
+    """Airflow's simple auth manager reads its passwords file in the api-server alone (at
+    its start and at each login); in the scheduler, any DAG task or Spark driver could read
+    the admin's password from it."""
+    services = _services(compose)
+    setting = "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"
+    for name in (*AIRFLOW_SERVICES, "airflow-init"):
+        mounts = [volume for volume in services[name]["volumes"]
+                  if volume.startswith("airflow-passwords:")]
+        if name == "airflow-api-server":
+            assert len(mounts) == 1
+            folder = mounts[0].split(":")[1]
+            assert services[name]["environment"][setting].startswith(f"{folder}/")
+        else:
+            assert not mounts, name
+            assert setting not in services[name]["environment"], name
+
+
 def _make_env(path: Path) -> str:
     subprocess.run(["make", "-s", "-C", str(REPO), f"DOCKER_ENV={path}", str(path)],
                    check=True, capture_output=True, timeout=60)
