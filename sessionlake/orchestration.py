@@ -15,7 +15,8 @@ can be tested as plain functions:
 - **restart**: stop the continuous run that holds the checkpoint, start a new one detached,
   and wait until it has committed a batch of the same stream (:func:`stop_continuous_run`,
   :func:`start_continuous_run`, :func:`wait_for_resumed_stream`); the restore DAG does the
-  same around its restore, for the restart DAG's run (:func:`stop_for_restore`).
+  same around its restore, for the restart DAG's run (:func:`stop_for_restore`); the
+  scheduler's container stops it as it stops (:func:`stop_restart_dag_run`).
 """
 
 from __future__ import annotations
@@ -811,6 +812,27 @@ def stop_continuous_run(checkpoint: str, timeout: float = 300.0) -> int | None:
             )
         time.sleep(1)
     return pid
+
+
+def stop_restart_dag_run(checkpoint: str | None = None,
+                         timeout: float = 300.0) -> int | None:
+    """Stop the continuous run the restart DAG started here, when it still holds the
+    checkpoint (:func:`stop_continuous_run`): its micro-batch in flight commits first.
+
+    For the end of the scheduler's container (``docker/entrypoint.sh``): the run is in a
+    session of its own (:func:`start_continuous_run`), so the SIGTERM that stops the
+    scheduler does not reach it. A run the restart DAG did not start is left alone: its
+    pid may be one of another container, which means another process here.
+
+    :param checkpoint: default the workers' (:func:`locations_from_env`).
+    :return: the pid that was stopped, or ``None``.
+    :raises TimeoutError: when it still holds the checkpoint after ``timeout`` seconds.
+    """
+    checkpoint = checkpoint or locations_from_env().checkpoint
+    pid = running_pid(checkpoint)
+    if pid is None or _restart_dag_args(checkpoint, pid) is None:
+        return None
+    return stop_continuous_run(checkpoint, timeout)
 
 
 def stream_position(lake: str, checkpoint: str) -> StreamPosition:

@@ -3,17 +3,23 @@
 The compose file parses and wires the deployment (Airflow 3's four services on PostgreSQL,
 a Spark master and two workers, one lake volume, healthchecks); the images install the
 project's own pins (requirements.lock, unchanged) and add only packages the lock does not
-hold; ``docker compose config`` validates the file where the compose plugin is installed.
+hold; the scheduler's entrypoint runs here, with stand-ins for the scheduler and the
+continuous run; ``docker compose config`` validates the file where the compose plugin is
+installed.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +27,7 @@ import pytest
 import yaml
 from cryptography.fernet import Fernet
 
+from sessionlake.checkpoint import CONTINUOUS_RUN
 from sessionlake.orchestration import CHECKPOINT_POOL
 from tests.conftest import REPO
 
@@ -254,6 +261,82 @@ def test_make_adds_the_keys_a_file_of_an_older_makefile_lacks(tmp_path: Path) ->
     assert set(keys) == set(SHARED_KEYS.values())
     assert keys["SESSIONLAKE_JWT_SECRET"] == "ab" * 64
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_stopping_the_scheduler_s_container_lets_the_continuous_run_commit(
+    compose: dict[str, Any],
+) -> None:
+    """The restart DAG's continuous run lives in the scheduler's container, in a session
+    of its own that tini's SIGTERM does not reach; Docker's default 10 s before SIGKILL
+    is short for a micro-batch to commit."""
+    scheduler = _services(compose)["airflow-scheduler"]
+    grace = re.fullmatch(r"(\d+)m", str(scheduler.get("stop_grace_period", "")))
+    assert grace and 2 <= int(grace.group(1)) <= 5, scheduler.get("stop_grace_period")
+    assert scheduler["environment"]["SESSIONLAKE_STOP_CONTINUOUS_RUN_AT_EXIT"] == "true"
+    assert 'ENTRYPOINT ["tini", "--", "sessionlake-entrypoint"]' in (
+        DOCKER / "Dockerfile").read_text()
+
+
+#: A stand-in for the restart DAG's continuous run: it holds the checkpoint's lock and, at
+#: SIGTERM, takes a second to "commit its batch" before it exits.
+FAKE_CONTINUOUS_RUN = """
+import pathlib, signal, sys, time
+from sessionlake.locks import checkpoint_lock
+checkpoint, ready, committed = sys.argv[1:]
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+with checkpoint_lock(checkpoint):
+    pathlib.Path(ready).touch()
+    while not stop:
+        time.sleep(0.05)
+    time.sleep(1)
+    pathlib.Path(committed).touch()
+"""
+
+
+def _wait_for(path: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no {path.name} after {timeout:.0f}s"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("restart_dag_s", [True, False])
+def test_the_scheduler_s_entrypoint_stops_the_continuous_run_before_it_exits(
+    tmp_path: Path, restart_dag_s: bool,
+) -> None:
+    """Only the run the restart DAG noted is stopped: another holder's pid may be one of
+    another container, which names another process here."""
+    checkpoint = tmp_path / "lake" / "_checkpoints" / "stream"
+    checkpoint.mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1",
+           "SESSIONLAKE_PYTHON": sys.executable, "SESSIONLAKE_LAKE": str(tmp_path / "lake"),
+           "SESSIONLAKE_SOURCE": str(tmp_path / "landing"),
+           "SESSIONLAKE_STOP_CONTINUOUS_RUN_AT_EXIT": "true"}
+    env.pop("SESSIONLAKE_CHECKPOINT", None)
+    run = subprocess.Popen(
+        [sys.executable, "-c", FAKE_CONTINUOUS_RUN, str(checkpoint), str(tmp_path / "ready"),
+         str(tmp_path / "committed")], env=env, start_new_session=True)
+    try:
+        _wait_for(tmp_path / "ready")
+        if restart_dag_s:  # as start_continuous_run notes it
+            (checkpoint / CONTINUOUS_RUN).write_text(json.dumps({"pid": run.pid, "args": []}))
+        scheduler = subprocess.Popen(
+            ["sh", str(DOCKER / "entrypoint.sh"), "sh", "-c",
+             f"touch {tmp_path / 'started'} && exec sleep 600"], env=env)
+        _wait_for(tmp_path / "started")
+        time.sleep(0.5)  # the entrypoint's trap is set just after it started the command
+        scheduler.send_signal(signal.SIGTERM)  # as tini passes on docker stop's
+        status = scheduler.wait(timeout=60)
+        if restart_dag_s:  # it committed before the entrypoint exited
+            assert (tmp_path / "committed").exists()
+            assert run.wait(timeout=10) == 0
+        else:
+            assert run.poll() is None
+        assert status == 128 + signal.SIGTERM  # the command's: it got the SIGTERM
+    finally:
+        run.kill()
+        run.wait()
 
 
 def test_make_targets_start_and_stop_the_deployment() -> None:
