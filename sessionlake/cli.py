@@ -342,6 +342,14 @@ def _add_maintenance(commands: Any) -> None:
     _lake(restore)
     restore.add_argument("--checkpoint", help=checkpoint_help)
     restore.add_argument("--snapshot", required=True, help="id printed by `sessionlake snapshot`")
+    restore.add_argument("--accept-kafka-data-loss", action="store_true",
+                         dest="kafka_accept_data_loss",
+                         help="for a Kafka stream: restore even when the topic no longer "
+                              "holds records the snapshot's stream reads on from (their "
+                              "events leave the lake for good)")
+    restore.add_argument("--kafka-properties", dest="kafka_properties", metavar="FILE",
+                         help="for a Kafka stream: the Kafka client settings to ask its "
+                              "brokers with (default $SESSIONLAKE_KAFKA_PROPERTIES)")
     _common_spark(restore)
 
     compact = commands.add_parser("compact", help="OPTIMIZE tables where small files piled up")

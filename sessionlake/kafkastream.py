@@ -23,11 +23,13 @@ from sessionlake.checkpoint import (
     SPARK_CHECKPOINT,
     SPARK_OFFSETS_LOG,
     kafka_offsets,
+    kafka_topics_read,
     recorded_source_file,
 )
 from sessionlake.config import ENV, ConfigError, Settings
 from sessionlake.kafkaadmin import KafkaTopic, KafkaTopicMissing, KafkaUnavailable, describe_topic
 from sessionlake.registry import checkpoint_key, lake_stream_entries, same_kafka_topic, source_key
+from sessionlake.sources import KAFKA_SCHEME
 
 #: The run's logger: these checks are the run's, and its log lines keep one name.
 log = logging.getLogger("sessionlake.stream")
@@ -128,11 +130,7 @@ def check_no_kafka_records_lost(
     lost = kafka_records_lost(resume or {}, topic.earliest) if resume is not None else {}
     if not lost:
         return
-    count = sum(end - first for first, end in lost.values())
-    ranges = ", ".join(f"partition {p} offsets {first}-{end - 1}"
-                       for p, (first, end) in lost.items())
-    what = (f"{count} record{'s' * (count != 1)} of topic {settings.kafka_topic} were "
-            f"deleted from Kafka before the stream read them ({ranges})")
+    what = f"{_records_lost(settings.kafka_topic or '', lost)} before the stream read them"
     if settings.kafka_accept_data_loss:
         log.warning("%s: skipped, as --accept-kafka-data-loss says; their events are not in "
                     "the lake", what)
@@ -141,6 +139,69 @@ def check_no_kafka_records_lost(
         f"{what}, by the topic's retention or by hand, and cannot be read any more. Run "
         "once with --accept-kafka-data-loss to skip them and go on (their events will not "
         "be in the lake); a longer retention on the topic avoids it")
+
+
+def _records_lost(topic: str, lost: Mapping[int, tuple[int, int]]) -> str:
+    """``N records of topic T were deleted from Kafka (partition p offsets a-b, ...)``."""
+    count = sum(end - first for first, end in lost.values())
+    ranges = ", ".join(f"partition {p} offsets {first}-{end - 1}"
+                       for p, (first, end) in lost.items())
+    return (f"{count} record{'s' * (count != 1)} of topic {topic} were deleted from Kafka "
+            f"({ranges})")
+
+
+def check_restore_keeps_kafka_records(
+    spark: Callable[[], SparkSession], files: SparkSession | None, settings: Settings,
+    copy: str, snapshot_id: str,
+) -> None:
+    """Refuse a restore to a snapshot whose stream read a Kafka topic from offsets the
+    topic no longer holds (its retention deleted them since), unless
+    ``--accept-kafka-data-loss``: the restore would take their events out of the lake, and
+    the stream could not read them again. Daily snapshots kept for a month outlive a topic
+    kept for a week; a folder's files are kept by ``sessionlake archive`` for every
+    snapshot, a topic's records by nothing sessionlake controls.
+
+    :param spark: starts the JVM the look-up needs (only for a snapshot of a Kafka stream).
+    :param copy: the snapshot's copy of the checkpoint.
+    :raises ConfigError: naming the records the restore would lose, or the brokers that did
+        not answer the question, and what to do instead.
+    """
+    topics = kafka_topics_read(files, copy)
+    resume = kafka_resume_offsets(files, copy) if topics else None
+    if not topics or resume is None:
+        return  # a folder's stream, or one that had read nothing yet
+    noted = lake_stream_entries(files, settings.lake).get(checkpoint_key(settings.checkpoint), {})
+    source = str(noted.get("source") or "")
+    bootstrap = settings.kafka_bootstrap or source.removeprefix(KAFKA_SCHEME).partition("/")[0]
+    topic, accept = topics[0], settings.kafka_accept_data_loss
+    try:
+        earliest = describe_topic(spark(), bootstrap, topic,
+                                  properties=settings.kafka_client_properties()).earliest
+    except KafkaUnavailable as error:  # the topic missing, too
+        if accept:
+            log.warning("%s: snapshot %s restored without knowing whether the topic still "
+                        "holds what its stream reads on from, as --accept-kafka-data-loss "
+                        "says", error, snapshot_id)
+            return
+        raise ConfigError(
+            f"{error}. A restore to snapshot {snapshot_id} must first know whether topic "
+            f"{topic} still holds the records its stream reads on from: run it again once "
+            "the brokers answer (SESSIONLAKE_KAFKA_BOOTSTRAP names others), or pass "
+            "--accept-kafka-data-loss to restore without knowing") from None
+    lost = kafka_records_lost(resume, earliest)
+    if not lost:
+        return
+    what = (f"{_records_lost(topic, lost)} since snapshot {snapshot_id}'s stream read up to "
+            "them")
+    if accept:
+        log.warning("%s: restored all the same, as --accept-kafka-data-loss says; their "
+                    "events are no longer in the lake", what)
+        return
+    raise ConfigError(
+        f"{what}: the restore would take their events out of the lake, and the stream "
+        "could not read them again. Restore a newer snapshot, or pass "
+        "--accept-kafka-data-loss to restore all the same (their events will not be in the "
+        "lake); a topic kept longer than the snapshots avoids it")
 
 
 def check_topic_not_read_elsewhere(

@@ -70,6 +70,7 @@ from sessionlake.deltalog import (
 from sessionlake.deltarestore import ConcurrentCommit, is_at, needs_delta, restore_commit
 from sessionlake.erasure import reapply_retention
 from sessionlake.health import running_stream
+from sessionlake.kafkastream import check_restore_keeps_kafka_records
 from sessionlake.ledger import StreamIdentity, write_stream_identity
 from sessionlake.locks import StreamAlreadyRunning, stream_locks
 from sessionlake.registry import lake_streams
@@ -534,6 +535,11 @@ def _restore_locked_streams(on_demand: SparkOnDemand, files: SparkSession | None
                        if (d := _damage_to_set_aside(files, lake, t, v, snapshot)) is not None}
             for table, version in snapshot.table_versions.items():
                 _check_files_kept(files, lake, table, version)
+            if snapshot.has_checkpoint:
+                check_restore_keeps_kafka_records(
+                    on_demand, files, settings,
+                    f"{_snapshot_dir(lake, snapshot.snapshot_id)}/{CHECKPOINT_COPY}",
+                    snapshot.snapshot_id)
             with _restore_marked(files, checkpoint, snapshot):
                 _restore_locked(on_demand, lake, checkpoint, snapshot, damaged)
     except StreamAlreadyRunning as error:

@@ -335,6 +335,46 @@ def test_records_deleted_unread_and_a_topic_created_anew_are_told_not_skipped(
     assert input_records(spark, lake) == 36 + 50
 
 
+@pytest.mark.kafka
+def test_a_restore_to_records_the_topic_no_longer_holds_is_refused_before_anything_changes(
+    spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A snapshot older than the topic's retention: its stream would read on from records
+    Kafka has deleted since, whose events are in the lake now. The restore says so and
+    changes nothing, unless told to go on."""
+    topic, lines = "retained", _lines(landing)[0]
+    create_topic(spark, broker.bootstrap, topic, 1)
+    produce_lines(spark, broker.bootstrap, topic, lines[:10], 1)
+    lake = tmp_path / "lake"
+    settings = kafka_settings(lake, broker.bootstrap).with_overrides(kafka_topic=topic)
+    run_stream(spark, settings)
+    snapshot = create_snapshot(spark, settings)
+    produce_lines(spark, broker.bootstrap, topic, lines[10:20], 1)
+    run_stream(spark, settings)
+    assert input_records(spark, lake) == 20
+    # Retention: offsets 0-14 go; the snapshot's stream reads on from offset 10.
+    delete_records(spark, broker.bootstrap, topic, {0: 15})
+    restore = settings_from({"lake": str(lake)}, env={})  # the brokers noted by the lake
+    versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+    with pytest.raises(ConfigError, match=(
+            rf"^5 records of topic {topic} were deleted from Kafka \(partition 0 offsets "
+            rf"10-14\) since snapshot {snapshot.snapshot_id}'s stream read up to them: the "
+            r"restore would take their events out of the lake.*--accept-kafka-data-loss")):
+        restore_snapshot(spark, restore, snapshot.snapshot_id)
+    assert {t: table_version(spark, str(lake), t) for t in STREAM_TABLES} == versions
+    assert input_records(spark, lake) == 20
+
+    # A snapshot taken after the records it reads on from: restored as before.
+    newer = create_snapshot(spark, settings)
+    restore_snapshot(spark, restore, newer.snapshot_id)
+    with caplog.at_level(logging.WARNING, logger="sessionlake.stream"):
+        restore_snapshot(spark, restore.with_overrides(kafka_accept_data_loss=True),
+                         snapshot.snapshot_id)
+    assert "5 records of topic retained were deleted from Kafka" in caplog.text
+    assert input_records(spark, lake) == 10
+
+
 @contextmanager
 def transactional_producer(spark: SparkSession, bootstrap: str) -> Iterator[Any]:
     """A Kafka producer with a transactional id (Kafka's Java client, through the JVM), as
