@@ -94,7 +94,7 @@ kafka: $(VENV)/.installed kafka-broker/.resolved jars/.resolved
 # The demo's lake, landing folder and archive start afresh; anything else under demo/ (a
 # generated clickstream, another lake) is kept.
 demo: $(VENV)/.installed jars/.resolved $(LOCAL_FS_JAR) class-archive
-	rm -rf $(DEMO)/lake $(DEMO)/landing $(DEMO)/archive && mkdir -p $(DEMO)/landing
+	rm -rf $(DEMO)/lake $(DEMO)/landing $(DEMO)/archive && mkdir -p $(DEMO)/landing $(DEMO)/archive
 	gunzip -c data/apache_access_2015.log.gz > $(DEMO)/landing/apache_access_2015.log
 	$(BIN)/sessionlake run --source $(DEMO)/landing --format apache --lake $(DEMO)/lake
 	$(BIN)/sessionlake sql --lake $(DEMO)/lake "$$(cat sql/demo_report.sql)"

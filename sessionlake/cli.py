@@ -562,6 +562,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
         write_frame,
     )
     from sessionlake.spark import quiet_task_failures
+    from sessionlake.storage import local_path
+    from sessionlake.tables import no_lake_at
 
     if args.list:
         for name, query in named_queries().items():
@@ -580,6 +582,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
     except QueryError as error:
         raise UsageError(str(error)) from None
     settings = _settings(args)
+    if local_path(settings.lake) is not None and \
+            (missing := no_lake_at(None, settings.lake)) is not None:
+        raise UsageError(missing)  # told before a JVM starts for it (6 s)
     statement = named_queries()[args.query].text if args.query is not None else args.statement
     spark = _spark(settings, "sessionlake-sql", quick_start=_quick_query(settings, statement))
     # PySpark logs an analysis error with its query context as a JSON record with a Java

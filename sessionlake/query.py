@@ -124,6 +124,11 @@ def named_queries(folder: Path | None = None) -> dict[str, NamedQuery]:
     return {f.stem: parse_named_query(f.stem, f.read_text()) for f in files}
 
 
+#: How a param of each type is written, for the message that refuses one.
+_PARAM_FORMATS = {"int": "a whole number", "date": "YYYY-MM-DD, e.g. 2026-01-05",
+                  "timestamp": "YYYY-MM-DDTHH:MM:SS, e.g. 2026-01-05T10:00:00"}
+
+
 def _typed(param: QueryParam, text: str) -> Any:
     try:
         if param.type == "int":
@@ -134,7 +139,8 @@ def _typed(param: QueryParam, text: str) -> Any:
             return datetime.fromisoformat(text)
     except ValueError:
         raise QueryError(
-            f"param {param.name}={text!r} is not a valid {param.type}"
+            f"param {param.name}={text!r} is not a valid {param.type} "
+            f"({_PARAM_FORMATS[param.type]})"
         ) from None
     return text
 

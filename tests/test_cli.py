@@ -187,7 +187,7 @@ def test_sql_on_a_missing_lake_and_bad_sql_exit_2(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["sql", "--lake", str(tmp_path / "none"), "SELECT 1"]) == 2
-    assert "no sessionlake tables" in capsys.readouterr().err
+    assert f"no lake at {tmp_path / 'none'}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("statement", ["SELECT * FROM nosuch", "SELECT nosuch FROM sessions"])

@@ -430,7 +430,7 @@ def test_named_queries_are_views_by_name_with_their_params_defaults(
         ("nope", {}, "no query named 'nope': `sessionlake sql --list`"),
         ("funel", {}, "no query named 'funel': did you mean funnel\\? `sessionlake sql --list`"),
         ("funnel", {"step3": "x"}, "has no param step3"),
-        ("sessions_per_day", {"from_date": "yesterday"}, "is not a valid date"),
+        ("sessions_per_day", {"from_date": "yesterday"}, r"is not a valid date \(YYYY-MM-DD, "),
     ],
 )
 def test_bad_query_or_params_are_rejected(
