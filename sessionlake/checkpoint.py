@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -209,6 +210,9 @@ class UnreadInput:
     #: The bytes of the file source log each run reads back: every file it ever read,
     #: but those ``sessionlake archive`` made it forget.
     log_bytes: int = 0
+    #: Of ``files``, those whose modification time (to the millisecond, as Spark lists it)
+    #: another of them shares: Spark orders a landing folder's files by that time alone.
+    same_time: int = 0
 
     @property
     def archive_due(self) -> bool:
@@ -294,7 +298,8 @@ def unread_files(folder: Path, spark_checkpoint: Path, subfolders: bool = True) 
     as a stream that does not read subfolders sees them."""
     read = files_read(spark_checkpoint)
     folder = Path(os.path.abspath(folder))  # as Hadoop qualifies it: links stay as named
-    total = files = read_left = 0
+    total = read_left = 0
+    times: Counter[int] = Counter()
     for path in folder.rglob("*"):
         parts = path.relative_to(folder).parts
         hidden = any(hidden_from_spark(part) for part in parts)
@@ -302,10 +307,32 @@ def unread_files(folder: Path, spark_checkpoint: Path, subfolders: bool = True) 
         if str(path) in read:
             read_left += 1
         elif not hidden and seen and path.is_file():
-            total += path.stat().st_size
-            files += 1
+            stat = path.stat()
+            total += stat.st_size
+            times[stat.st_mtime_ns // 1_000_000] += 1
     log_bytes = sum(entry.stat().st_size for entry in _entries_read_back(spark_checkpoint))
-    return UnreadInput(bytes=total, files=files, read_left=read_left, log_bytes=log_bytes)
+    return UnreadInput(bytes=total, files=times.total(), read_left=read_left,
+                       log_bytes=log_bytes,
+                       same_time=sum(n for n in times.values() if n > 1))
+
+
+def warn_of_files_in_no_order(unread: UnreadInput | None, source: str,
+                              max_files_per_trigger: int | None) -> None:
+    """Say when a run will read files in batches (``--max-files-per-trigger``) that share
+    their modification time: Spark reads a landing folder's files oldest first and has
+    nothing else to order these by, so a later file's events may be read first and make an
+    earlier file's late, for good. A plain ``cp`` into the folder gives every file about
+    the same time."""
+    if unread is None or not unread.same_time or not max_files_per_trigger or \
+            unread.batches(max_files_per_trigger) < 2:
+        return
+    log.warning("%d of the %d files to read in %s share their modification time with "
+                "another: Spark reads files oldest first, --max-files-per-trigger %d at a "
+                "time, and reads these in no particular order among themselves, so a later "
+                "file's events read first can make an earlier file's late. Give them times "
+                "in the order they were written (`cp -p` keeps the originals'; `touch` them "
+                "one by one), or read them in one batch (no --max-files-per-trigger)",
+                unread.same_time, unread.files, source, max_files_per_trigger)
 
 
 def modified_since_listed(mtime_ns: int, listed_ms: int | None) -> bool:

@@ -470,7 +470,7 @@ def _spark(settings: Settings, app: str, *, kafka: bool = False,
 def cmd_run(args: argparse.Namespace) -> int:
     """``sessionlake run``: drain (or follow) the landing folder into the lake."""
     from sessionlake.archive import warn_of_read_files_left
-    from sessionlake.checkpoint import unread_input
+    from sessionlake.checkpoint import unread_input, warn_of_files_in_no_order
     from sessionlake.locks import StreamAlreadyRunning
     from sessionlake.stream import (
         BatchUnfinishedElsewhere,
@@ -484,6 +484,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_source(settings)
     unread = unread_input(settings.source or "", settings.checkpoint)
     warn_of_read_files_left(unread, settings.source or "")
+    warn_of_files_in_no_order(unread, settings.source or "", settings.max_files_per_trigger)
     spark = _spark(settings, "sessionlake-run", kafka=settings.reads_kafka,
                    quick_start=_quick_start(settings, unread), runs_stream=True)
     # A bar for runs that end (available-now); a continuous run is followed in its log.
