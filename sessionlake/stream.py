@@ -87,7 +87,13 @@ from sessionlake.registry import (
 from sessionlake.sources import file_lines, kafka_lines, number_lines
 from sessionlake.spark import QUERY_FAILURE_LOGGER, fit_to_stream, quiet_task_failures
 from sessionlake.storage import is_glob, local_path
-from sessionlake.tables import ensure_tables, upgrade_table_properties
+from sessionlake.tables import (
+    EVENTS,
+    ensure_tables,
+    read_table,
+    table_exists,
+    upgrade_table_properties,
+)
 
 log = logging.getLogger("sessionlake.stream")
 
@@ -186,9 +192,21 @@ def check_format_unchanged(spark: SparkSession, settings: Settings) -> bool:
             f"the stream of checkpoint {settings.checkpoint} reads --format {noted}; "
             f"--format {settings.input_format} would quarantine its input. Pass --format "
             f"{noted} (jsonl is the default); another format needs another checkpoint "
-            "(--checkpoint) and landing folder"
+            "(--checkpoint) and landing folder" + _wrong_format_way_out(spark, settings)
         )
     return False
+
+
+def _wrong_format_way_out(spark: SparkSession, settings: Settings) -> str:
+    """When the lake never accepted an event (its first run read the input with the wrong
+    ``--format`` and quarantined it all), the way out of that mistake: a new lake. The
+    checkpoint has read the files, so no other run on it reads them again."""
+    if table_exists(spark, settings.lake, EVENTS) and \
+            not read_table(spark, settings.lake, EVENTS).limit(1).collect():
+        return (f". The lake has accepted no event yet: if --format {settings.input_format} "
+                f"is what its input is, remove the lake {settings.lake} and the checkpoint "
+                f"{settings.checkpoint} (inside it by default) and run again with it")
+    return ""
 
 
 @dataclass

@@ -304,14 +304,31 @@ def test_a_run_with_another_format_than_its_stream_s_is_refused_and_doctor_names
     (tmp_path / "later.log").rename(files[1])
     versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
     with pytest.raises(ConfigError, match=r"reads --format apache; --format jsonl would "
-                                          r"quarantine its input\. Pass --format apache"):
+                       r"quarantine its input\. Pass --format apache") as refused:
         run(spark, tmp_path / "landing", lake, input_format="jsonl")
+    assert "accepted no event" not in str(refused.value)  # its events are worth keeping
     assert versions == {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
 
     moved = settings_from({"lake": str(lake), "source": str(tmp_path / "elsewhere")}, env={})
     [finding] = [f for f in check_lake(None, moved).findings if not f.ok]
     assert f"--source {tmp_path / 'landing'} --format apache`" in (finding.recovery or "")
     assert len(run(spark, tmp_path / "landing", lake)) == 1
+
+
+def test_a_lake_whose_first_run_read_its_input_in_the_wrong_format_says_how_to_start_over(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """An access log read without ``--format apache``: every line quarantined, and the
+    checkpoint has read the files. The run with the right format says what gets out of it."""
+    split_log(tmp_path / "landing", 1)
+    lake = tmp_path / "lake"
+    [first] = run(spark, tmp_path / "landing", lake, input_format="jsonl")
+    assert first["accepted"] == 0 and first["quarantined"] == first["input_records"] > 0
+    with pytest.raises(ConfigError, match=(
+            r"reads --format jsonl; --format apache would quarantine its input.*The lake has "
+            rf"accepted no event yet: if --format apache is what its input is, remove the lake "
+            rf"{lake} and the checkpoint {lake}/_checkpoints/stream")):
+        run(spark, tmp_path / "landing", lake)
 
 
 def test_a_second_stream_on_a_lake_is_refused_whatever_its_checkpoint(
