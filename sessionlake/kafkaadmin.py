@@ -35,6 +35,11 @@ class KafkaTopicMissing(KafkaUnavailable):
     """The brokers answered, and the topic is not among theirs."""
 
 
+class KafkaRefused(KafkaUnavailable):
+    """The brokers answered, and refused the client's credentials or its right to the
+    topic: waiting does not help, the client's settings or the cluster's ACLs must change."""
+
+
 #: What Kafka's client and Spark's Kafka consumer say when the brokers do not answer in
 #: time: a look-up (offsets, a partition's position, metadata), or a batch's fetch of its
 #: records (``kafkaConsumer.pollTimeoutMs``, by default ``spark.network.timeout``: 120 s).
@@ -142,15 +147,9 @@ def describe_topic(
     """
     try:
         with kafka_admin(spark, bootstrap, timeout_s, properties) as admin:
-            names = _wait(spark, admin.listTopics().names(), timeout_s)
-            if not names.contains(topic):
-                # With access control, a topic the client may not describe is not listed.
-                allow = (", or allow the client of --kafka-properties to describe it"
-                         if properties else "")
-                raise KafkaTopicMissing(
-                    f"topic {topic!r} does not exist on the Kafka brokers at {bootstrap}: "
-                    f"create it, or fix --topic{allow}"
-                )
+            # Asked of the topic itself, not found in the list of topics: a topic the
+            # client may not describe (ACLs) is left out of that list, and would pass for
+            # one that does not exist.
             described = _wait(
                 spark, admin.describeTopics([topic]).allTopicNames(), timeout_s
             ).get(topic)
@@ -158,14 +157,19 @@ def describe_topic(
             return KafkaTopic(len(numbers), _cluster_id(spark, admin, bootstrap, timeout_s),
                               _topic_id(described),
                               _earliest_offsets(spark, admin, topic, numbers, timeout_s))
-    except KafkaUnavailable:
-        raise
     except Exception as error:  # py4j wraps the Java exceptions
         cause = _cause(error)
+        if cause.startswith("UnknownTopicOrPartitionException"):
+            raise KafkaTopicMissing(
+                f"topic {topic!r} does not exist on the Kafka brokers at {bootstrap}: "
+                "create it, or fix --topic"
+            ) from None
         if _refused_credentials(cause):
-            raise KafkaUnavailable(
+            raise KafkaRefused(
                 f"the Kafka brokers at {bootstrap} refused sessionlake's client ({cause}): "
                 "check the security settings of --kafka-properties"
+                + (" and the cluster's ACLs for the topic"
+                   if "Authorization" in cause else "")
             ) from None
         raise KafkaUnavailable(
             f"the Kafka brokers at {bootstrap} did not answer within {timeout_s:g}s "

@@ -27,7 +27,13 @@ from sessionlake.checkpoint import (
     recorded_source_file,
 )
 from sessionlake.config import ENV, ConfigError, Settings
-from sessionlake.kafkaadmin import KafkaTopic, KafkaTopicMissing, KafkaUnavailable, describe_topic
+from sessionlake.kafkaadmin import (
+    KafkaRefused,
+    KafkaTopic,
+    KafkaTopicMissing,
+    KafkaUnavailable,
+    describe_topic,
+)
 from sessionlake.registry import checkpoint_key, lake_stream_entries, same_kafka_topic, source_key
 from sessionlake.sources import KAFKA_SCHEME
 
@@ -337,10 +343,11 @@ def kafka_topic_gone(
 ) -> Callable[[], str | None]:
     """The :class:`~sessionlake.monitor.PlanningWatch` diagnosis of a Kafka stream whose
     trigger waits: why the topic ``topic`` (as the run found it at its start) is gone for
-    good, or ``None`` while the brokers are only away (the run waits for them).
+    good, or out of the client's reach (its credentials or its rights to the topic refused),
+    or ``None`` while the brokers are only away (the run waits for them).
 
-    A continuous run's source asks the brokers for a deleted topic again and again, and
-    would wait for ever, its alerts blaming the brokers.
+    A continuous run's source asks the brokers for a deleted topic, or with credentials
+    they refuse, again and again, and would wait for ever, its alerts blaming the brokers.
     """
     def diagnose() -> str | None:
         assert settings.kafka_bootstrap and settings.kafka_topic
@@ -352,6 +359,9 @@ def kafka_topic_gone(
             return (f"{where} was deleted while the stream read it: its records not read yet "
                     "are gone. A topic of that name created anew is read on a checkpoint of "
                     "its own (--checkpoint DIR)")
+        except KafkaRefused as refused:  # credentials expired or rotated, an ACL revoked
+            return (f"{refused}. Run it again once they let it in: it goes on from its "
+                    "checkpoint")
         except (KafkaUnavailable, ConfigError):
             return None
         if topic.topic_id and now.topic_id and now.topic_id != topic.topic_id:

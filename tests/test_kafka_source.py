@@ -56,6 +56,7 @@ from sessionlake.kafkaadmin import (
     load_topic,
     produce_lines,
 )
+from sessionlake.kafkastream import kafka_topic_gone
 from sessionlake.orchestration import stream_position
 from sessionlake.registry import lake_streams
 from sessionlake.snapshots import create_snapshot, restore_snapshot
@@ -510,6 +511,18 @@ def test_a_secured_cluster_is_read_with_the_settings_of_kafka_properties(
     written = [path for path in lake.rglob("*") if path.is_file()
                and SASL_PASSWORD.encode() in path.read_bytes()]
     assert written == []
+
+    # Credentials refused while a continuous run waits on its source (a password rotated,
+    # a certificate expired): the run stops saying so, instead of waiting for brokers that
+    # do answer. (The diagnosis its trigger asks for once it has waited; before, it took
+    # the refusal for brokers away, and the run waited for ever.)
+    settings = kafka_settings(lake, broker.sasl_bootstrap).with_overrides(
+        kafka_topic=topic, kafka_properties=str(wrong))
+    said = kafka_topic_gone(spark, settings, describe_topic(spark, broker.bootstrap, topic))()
+    assert said is not None and said.startswith(
+        f"the Kafka brokers at {broker.sasl_bootstrap} refused sessionlake's client "
+        "(SaslAuthenticationException: "), said
+    assert said.endswith("Run it again once they let it in: it goes on from its checkpoint")
 
 
 @contextmanager
