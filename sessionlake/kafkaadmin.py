@@ -130,6 +130,8 @@ class KafkaTopic:
     #: The first offset each partition still holds: records before it were deleted (by
     #: retention, or ``kafka-delete-records``).
     earliest: Mapping[int, int] = field(default_factory=dict)
+    #: The offset each partition's next record gets (its end, committed or not).
+    latest: Mapping[int, int] = field(default_factory=dict)
 
 
 def describe_topic(
@@ -156,7 +158,8 @@ def describe_topic(
             numbers = [int(p.partition()) for p in described.partitions()]
             return KafkaTopic(len(numbers), _cluster_id(spark, admin, bootstrap, timeout_s),
                               _topic_id(described),
-                              _earliest_offsets(spark, admin, topic, numbers, timeout_s))
+                              _offsets(spark, admin, topic, numbers, timeout_s, "earliest"),
+                              _offsets(spark, admin, topic, numbers, timeout_s, "latest"))
     except Exception as error:  # py4j wraps the Java exceptions
         cause = _cause(error)
         if cause.startswith("UnknownTopicOrPartitionException"):
@@ -196,15 +199,17 @@ def _topic_id(description: Any) -> str | None:
     return None if found is None or str(found) == _ZERO_UUID else str(found)
 
 
-def _earliest_offsets(
-    spark: SparkSession, admin: Any, topic: str, partitions: Sequence[int], timeout_s: float
+def _offsets(
+    spark: SparkSession, admin: Any, topic: str, partitions: Sequence[int], timeout_s: float,
+    which: str,
 ) -> dict[int, int]:
-    """The first offset each of ``partitions`` of ``topic`` still holds."""
+    """The first offset each of ``partitions`` of ``topic`` still holds (``which``
+    ``earliest``), or the offset its next record gets (``latest``)."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     kafka = jvm.org.apache.kafka
-    earliest = kafka.clients.admin.OffsetSpec.earliest()
-    wanted = {kafka.common.TopicPartition(topic, p): earliest for p in partitions}
+    spec = getattr(kafka.clients.admin.OffsetSpec, which)()
+    wanted = {kafka.common.TopicPartition(topic, p): spec for p in partitions}
     found = _wait(spark, admin.listOffsets(wanted).all(), timeout_s)
     return {int(tp.partition()): int(info.offset()) for tp, info in found.items()}
 

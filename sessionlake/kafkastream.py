@@ -120,6 +120,16 @@ def kafka_records_lost(
             if first > resume.get(partition, 0)}
 
 
+def kafka_offsets_gone_back(
+    resume: Mapping[int, int], latest: Mapping[int, int]
+) -> dict[int, tuple[int, int]]:
+    """The partitions whose log now ends (``latest``) before the offset the stream reads
+    on from (``resume``): the brokers lost records the stream had read (an unclean leader
+    election, a log truncated by hand), as ``{partition: (end, resume)}``."""
+    return {partition: (end, resume[partition]) for partition, end in sorted(latest.items())
+            if resume.get(partition, 0) > end}
+
+
 def check_no_kafka_records_lost(
     spark: SparkSession, settings: Settings, topic: KafkaTopic
 ) -> None:
@@ -133,10 +143,13 @@ def check_no_kafka_records_lost(
     :raises ConfigError: naming the records lost and the flag that skips them.
     """
     resume = kafka_resume_offsets(spark, checkpoint_key(settings.checkpoint))
+    back = kafka_offsets_gone_back(resume or {}, topic.latest)
+    if back:
+        _refuse_offsets_gone_back(settings, back)
     lost = kafka_records_lost(resume or {}, topic.earliest) if resume is not None else {}
     if not lost:
         return
-    what = f"{_records_lost(settings.kafka_topic or '', lost)} before the stream read them"
+    what = _records_lost(settings.kafka_topic or "", lost, "before the stream read them")
     if settings.kafka_accept_data_loss:
         log.warning("%s: skipped, as --accept-kafka-data-loss says; their events are not in "
                     "the lake", what)
@@ -147,13 +160,39 @@ def check_no_kafka_records_lost(
         "be in the lake); a longer retention on the topic avoids it")
 
 
-def _records_lost(topic: str, lost: Mapping[int, tuple[int, int]]) -> str:
-    """``N records of topic T were deleted from Kafka (partition p offsets a-b, ...)``."""
+def _refuse_offsets_gone_back(settings: Settings, back: Mapping[int, tuple[int, int]]) -> None:
+    """Refuse, unless ``--accept-kafka-data-loss``, a stream whose partitions now end
+    before where it reads on (:func:`kafka_offsets_gone_back`). Spark would stop every run on
+    it, or, told to accept data loss, go on from each partition's end, skipping the records
+    written there since below the offset the stream had reached.
+
+    :raises ConfigError: naming the partitions and what the flag would skip.
+    """
+    where = ", ".join(f"partition {p} ends at offset {end}, the stream reads on from {at}"
+                      for p, (end, at) in back.items())
+    what = (f"topic {settings.kafka_topic} holds fewer records than the stream has read "
+            f"({where}): the brokers lost records the stream had read, whose events are in "
+            "the lake (an unclean leader election, or a log truncated by hand)")
+    if settings.kafka_accept_data_loss:
+        log.warning("%s: read on from each partition's end, as --accept-kafka-data-loss "
+                    "says; records written there since, below where the stream had read, "
+                    "are skipped", what)
+        return
+    raise ConfigError(
+        f"{what}. Records written there since would be read at offsets the stream has "
+        "passed. Run once with --accept-kafka-data-loss to read on from each partition's "
+        "end (records already written there since, below where the stream had read, are "
+        "skipped; their events will not be in the lake)")
+
+
+def _records_lost(topic: str, lost: Mapping[int, tuple[int, int]], when: str) -> str:
+    """``N records of topic T were deleted from Kafka <when> (partition p offsets a-b,
+    ...)``."""
     count = sum(end - first for first, end in lost.values())
     ranges = ", ".join(f"partition {p} offsets {first}-{end - 1}"
                        for p, (first, end) in lost.items())
     return (f"{count} record{'s' * (count != 1)} of topic {topic} were deleted from Kafka "
-            f"({ranges})")
+            f"{when} ({ranges})")
 
 
 def check_restore_keeps_kafka_records(
@@ -197,8 +236,7 @@ def check_restore_keeps_kafka_records(
     lost = kafka_records_lost(resume, earliest)
     if not lost:
         return
-    what = (f"{_records_lost(topic, lost)} since snapshot {snapshot_id}'s stream read up to "
-            "them")
+    what = _records_lost(topic, lost, f"since snapshot {snapshot_id}'s stream read up to them")
     if accept:
         log.warning("%s: restored all the same, as --accept-kafka-data-loss says; their "
                     "events are no longer in the lake", what)

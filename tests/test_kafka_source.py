@@ -359,9 +359,9 @@ def test_a_restore_to_records_the_topic_no_longer_holds_is_refused_before_anythi
     restore = settings_from({"lake": str(lake)}, env={})  # the brokers noted by the lake
     versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
     with pytest.raises(ConfigError, match=(
-            rf"^5 records of topic {topic} were deleted from Kafka \(partition 0 offsets "
-            rf"10-14\) since snapshot {snapshot.snapshot_id}'s stream read up to them: the "
-            r"restore would take their events out of the lake.*--accept-kafka-data-loss")):
+            rf"^5 records of topic {topic} were deleted from Kafka since snapshot "
+            rf"{snapshot.snapshot_id}'s stream read up to them \(partition 0 offsets 10-14\): "
+            r"the restore would take their events out of the lake.*--accept-kafka-data-loss")):
         restore_snapshot(spark, restore, snapshot.snapshot_id)
     assert {t: table_version(spark, str(lake), t) for t in STREAM_TABLES} == versions
     assert input_records(spark, lake) == 20
@@ -374,6 +374,42 @@ def test_a_restore_to_records_the_topic_no_longer_holds_is_refused_before_anythi
                          snapshot.snapshot_id)
     assert "5 records of topic retained were deleted from Kafka" in caplog.text
     assert input_records(spark, lake) == 10
+
+
+@pytest.mark.kafka
+def test_a_partition_that_ends_before_where_the_stream_reads_on_is_told_not_replayed_for_ever(
+    spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The brokers lost records the stream had read (an unclean leader election): the
+    partition now ends before the stream's offset. Told in one line naming it, before
+    anything is written, rather than Spark's failure at every run; the flag reads on."""
+    topic, lines = "truncated", _lines(landing)[0]
+    create_topic(spark, broker.bootstrap, topic, 1)
+    produce_lines(spark, broker.bootstrap, topic, lines[:10], 1)
+    lake = tmp_path / "lake"
+    settings = kafka_settings(lake, broker.bootstrap).with_overrides(kafka_topic=topic)
+    run_stream(spark, settings)
+    # As if the stream had read 5 records more, which the brokers have since lost.
+    offsets = Path(settings.checkpoint) / "spark" / "offsets"
+    last = max((path for path in offsets.iterdir() if path.name.isdigit()),
+               key=lambda path: int(path.name))
+    last.write_text(last.read_text().replace(f'{{"{topic}":{{"0":10}}}}',
+                                             f'{{"{topic}":{{"0":15}}}}'))
+    versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+    with pytest.raises(ConfigError, match=(
+            rf"^topic {topic} holds fewer records than the stream has read \(partition 0 "
+            r"ends at offset 10, the stream reads on from 15\): the brokers lost records .* "
+            r"Run once with --accept-kafka-data-loss to read on from each partition's end")):
+        run_stream(spark, settings)
+    assert {t: table_version(spark, str(lake), t) for t in STREAM_TABLES} == versions
+
+    with caplog.at_level(logging.WARNING, logger="sessionlake.stream"):
+        run_stream(spark, settings.with_overrides(kafka_accept_data_loss=True))
+    assert "read on from each partition's end" in caplog.text
+    produce_lines(spark, broker.bootstrap, topic, lines[10:13], 1)  # offsets 10-12
+    run_stream(spark, settings)
+    assert input_records(spark, lake) == 13
 
 
 @contextmanager
