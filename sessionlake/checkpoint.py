@@ -14,10 +14,10 @@ import logging
 import os
 import re
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote, urlsplit
@@ -210,14 +210,27 @@ class UnreadInput:
     #: The bytes of the file source log each run reads back: every file it ever read,
     #: but those ``sessionlake archive`` made it forget.
     log_bytes: int = 0
-    #: Of ``files``, those whose modification time (to the millisecond, as Spark lists it)
-    #: another of them shares: Spark orders a landing folder's files by that time alone.
-    same_time: int = 0
+    #: The files' modification times, to the millisecond as Spark lists them, in order:
+    #: Spark orders a landing folder's files by that time alone.
+    times: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def archive_due(self) -> bool:
         """Whether enough read files are left in the landing folder to slow each run."""
         return self.read_left >= ARCHIVE_HINT_FILES
+
+    def split_by_batches(self, max_files_per_trigger: int) -> int:
+        """How many files share their modification time with files an available-now run
+        reads in another of its batches (``max_files_per_trigger`` files each): Spark has
+        nothing else to order them by, so which of them each batch takes is chance."""
+        cuts = range(max_files_per_trigger, len(self.times), max_files_per_trigger)
+        groups = [len(list(same)) for _, same in groupby(self.times)]
+        split, first = 0, 0
+        for size in groups:
+            if any(first < cut < first + size for cut in cuts):
+                split += size
+            first += size
+        return split
 
     def batches(self, max_files_per_trigger: int | None = None) -> int:
         """How many micro-batches an available-now run makes of these files."""
@@ -299,7 +312,7 @@ def unread_files(folder: Path, spark_checkpoint: Path, subfolders: bool = True) 
     read = files_read(spark_checkpoint)
     folder = Path(os.path.abspath(folder))  # as Hadoop qualifies it: links stay as named
     total = read_left = 0
-    times: Counter[int] = Counter()
+    times: list[int] = []
     for path in folder.rglob("*"):
         parts = path.relative_to(folder).parts
         hidden = any(hidden_from_spark(part) for part in parts)
@@ -309,11 +322,10 @@ def unread_files(folder: Path, spark_checkpoint: Path, subfolders: bool = True) 
         elif not hidden and seen and path.is_file():
             stat = path.stat()
             total += stat.st_size
-            times[stat.st_mtime_ns // 1_000_000] += 1
+            times.append(stat.st_mtime_ns // 1_000_000)
     log_bytes = sum(entry.stat().st_size for entry in _entries_read_back(spark_checkpoint))
-    return UnreadInput(bytes=total, files=times.total(), read_left=read_left,
-                       log_bytes=log_bytes,
-                       same_time=sum(n for n in times.values() if n > 1))
+    return UnreadInput(bytes=total, files=len(times), read_left=read_left,
+                       log_bytes=log_bytes, times=tuple(sorted(times)))
 
 
 def warn_of_files_in_no_order(unread: UnreadInput | None, source: str,
@@ -323,16 +335,18 @@ def warn_of_files_in_no_order(unread: UnreadInput | None, source: str,
     nothing else to order these by, so a later file's events may be read first and make an
     earlier file's late, for good. A plain ``cp`` into the folder gives every file about
     the same time."""
-    if unread is None or not unread.same_time or not max_files_per_trigger or \
-            unread.batches(max_files_per_trigger) < 2:
+    split = 0 if unread is None or not max_files_per_trigger else \
+        unread.split_by_batches(max_files_per_trigger)
+    if not split:
         return
+    assert unread is not None and max_files_per_trigger is not None
     log.warning("%d of the %d files to read in %s share their modification time with "
-                "another: Spark reads files oldest first, --max-files-per-trigger %d at a "
-                "time, and reads these in no particular order among themselves, so a later "
-                "file's events read first can make an earlier file's late. Give them times "
-                "in the order they were written (`cp -p` keeps the originals'; `touch` them "
-                "one by one), or read them in one batch (no --max-files-per-trigger)",
-                unread.same_time, unread.files, source, max_files_per_trigger)
+                "another that falls in another batch: Spark reads files oldest first, "
+                "--max-files-per-trigger %d at a time, and reads these in no particular order "
+                "among themselves, so a later file's events read first can make an earlier "
+                "file's late. Give them times in the order they were written (`cp -p` keeps "
+                "the originals'; `touch` them one by one), or read them in one batch (no "
+                "--max-files-per-trigger)", split, unread.files, source, max_files_per_trigger)
 
 
 def modified_since_listed(mtime_ns: int, listed_ms: int | None) -> bool:

@@ -219,27 +219,35 @@ def check_restore_keeps_kafka_records(
     source = str(noted.get("source") or "")
     bootstrap = settings.kafka_bootstrap or source.removeprefix(KAFKA_SCHEME).partition("/")[0]
     topic, accept = topics[0], settings.kafka_accept_data_loss
+    after = ("; the next run must then skip them too: once with --trigger available-now "
+             "--accept-kafka-data-loss, before the continuous run is started again")
     try:
+        if not bootstrap:
+            raise KafkaUnavailable(f"no brokers are known for topic {topic}: set "
+                                   "SESSIONLAKE_KAFKA_BOOTSTRAP")
         earliest = describe_topic(spark(), bootstrap, topic,
                                   properties=settings.kafka_client_properties()).earliest
-    except KafkaUnavailable as error:  # the topic missing, too
+    except KafkaUnavailable as error:  # the topic missing, or the client refused, too
         if accept:
             log.warning("%s: snapshot %s restored without knowing whether the topic still "
                         "holds what its stream reads on from, as --accept-kafka-data-loss "
                         "says", error, snapshot_id)
             return
+        retry = ("" if isinstance(error, KafkaTopicMissing) else
+                 "run it again once they answer it (SESSIONLAKE_KAFKA_BOOTSTRAP and "
+                 "SESSIONLAKE_KAFKA_PROPERTIES, or --kafka-properties, name the brokers and "
+                 "the client's settings), or ")
         raise ConfigError(
             f"{error}. A restore to snapshot {snapshot_id} must first know whether topic "
-            f"{topic} still holds the records its stream reads on from: run it again once "
-            "the brokers answer (SESSIONLAKE_KAFKA_BOOTSTRAP names others), or pass "
-            "--accept-kafka-data-loss to restore without knowing") from None
+            f"{topic} still holds the records its stream reads on from: {retry}pass "
+            f"--accept-kafka-data-loss to restore without knowing{after}") from None
     lost = kafka_records_lost(resume, earliest)
     if not lost:
         return
     what = _records_lost(topic, lost, f"since snapshot {snapshot_id}'s stream read up to them")
     if accept:
         log.warning("%s: restored all the same, as --accept-kafka-data-loss says; their "
-                    "events are no longer in the lake", what)
+                    "events are no longer in the lake%s", what, after)
         return
     raise ConfigError(
         f"{what}: the restore would take their events out of the lake, and the stream "
@@ -387,12 +395,16 @@ def kafka_topic_gone(
     A continuous run's source asks the brokers for a deleted topic, or with credentials
     they refuse, again and again, and would wait for ever, its alerts blaming the brokers.
     """
+    # Read once, as the stream's source was given them: a file changed since (a password
+    # rotated) must not let the look-up in while the stream's own client is refused.
+    properties = settings.kafka_client_properties()
+
     def diagnose() -> str | None:
         assert settings.kafka_bootstrap and settings.kafka_topic
         where = f"topic {settings.kafka_topic} on the Kafka brokers at {settings.kafka_bootstrap}"
         try:
             now = describe_topic(spark, settings.kafka_bootstrap, settings.kafka_topic,
-                                 KAFKA_DIAGNOSIS_TIMEOUT_S, settings.kafka_client_properties())
+                                 KAFKA_DIAGNOSIS_TIMEOUT_S, properties)
         except KafkaTopicMissing:
             return (f"{where} was deleted while the stream read it: its records not read yet "
                     "are gone. A topic of that name created anew is read on a checkpoint of "

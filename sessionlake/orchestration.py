@@ -363,12 +363,11 @@ def validate_erasure_params(params: Mapping[str, Any]) -> RetentionParams:
 
     :raises ValueError: naming the param, its value and why it is wrong.
     """
-    checked = validate_retention_params(
-        {**params, "sessions_max_age_days": None, "events_max_age_days": None})
-    if not checked.erase_user_sha256:
-        raise _bad("erase_user_ids", "[]", "name the users to erase (erase_user_ids, or "
+    if not (params.get("erase_user_ids") or params.get("erase_user_sha256")):
+        raise _bad("erase_user_ids", [], "name the users to erase (erase_user_ids, or "
                    "erase_user_sha256); sessionlake_retention applies the age limits")
-    return checked
+    return validate_retention_params(
+        {**params, "sessions_max_age_days": None, "events_max_age_days": None})
 
 
 def validate_archive_params(

@@ -88,7 +88,7 @@ from sessionlake.sources import file_lines, kafka_lines, number_lines
 from sessionlake.spark import QUERY_FAILURE_LOGGER, fit_to_stream, quiet_task_failures
 from sessionlake.storage import is_glob, local_path
 from sessionlake.tables import (
-    EVENTS,
+    BATCH_METRICS,
     ensure_tables,
     read_table,
     table_exists,
@@ -201,8 +201,9 @@ def _wrong_format_way_out(spark: SparkSession, settings: Settings) -> str:
     """When the lake never accepted an event (its first run read the input with the wrong
     ``--format`` and quarantined it all), the way out of that mistake: a new lake. The
     checkpoint has read the files, so no other run on it reads them again."""
-    if table_exists(spark, settings.lake, EVENTS) and \
-            not read_table(spark, settings.lake, EVENTS).limit(1).collect():
+    # batch_metrics, not events: age limits and erasures empty events, never the metrics.
+    if table_exists(spark, settings.lake, BATCH_METRICS) and not read_table(
+            spark, settings.lake, BATCH_METRICS).where("accepted > 0").limit(1).collect():
         return (f". The lake has accepted no event yet: if --format {settings.input_format} "
                 f"is what its input is, remove the lake {settings.lake} and the checkpoint "
                 f"{settings.checkpoint} (inside it by default) and run again with it")

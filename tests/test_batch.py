@@ -292,14 +292,20 @@ def test_a_batch_too_big_to_ship_its_keys_to_every_task_ends_in_the_same_tables(
     """A batch of more records than ``batch.BROADCAST_KEYS_MAX`` (a Kafka catch-up without
     ``--max-offsets-per-trigger``) joins its users, its ids and its rejected records to
     what it reads without broadcasting them, and ends in the same tables."""
+    threshold = spark.conf.get("spark.sql.autoBroadcastJoinThreshold") or "10485760"
     if batch_keys == "shuffled":
         monkeypatch.setattr(batch, "BROADCAST_KEYS_MAX", 0)
+        # Else Spark would broadcast these few rows all the same, by their size.
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
     cfg = settings(lake, grace="60m")
-    reports = run_batches(spark, cfg, [
-        [event("u", "10:00", "/a", event_id="a"), event("u", "10:50", "/c", event_id="c")],
-        [event("u", "10:25", "/b", event_id="b"), event("u", "10:00", "/a", event_id="a"),
-         event("v", "09:00", "/x", event_id="late")],  # W 09:50: alone it would be closed
-    ])
+    try:
+        reports = run_batches(spark, cfg, [
+            [event("u", "10:00", "/a", event_id="a"), event("u", "10:50", "/c", event_id="c")],
+            [event("u", "10:25", "/b", event_id="b"), event("u", "10:00", "/a", event_id="a"),
+             event("v", "09:00", "/x", event_id="late")],  # W 09:50: alone it would be closed
+        ])
+    finally:
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", threshold)
     assert [(r.row["duplicates"], r.row["late"]) for r in reports] == [(0, 0), (1, 1)]
     assert rows(all_sessions(spark, lake), "user_id", "session_start", "session_end",
                 "event_count") == [("u", hm("10:00"), hm("10:50"), 3)]

@@ -40,7 +40,7 @@ def _land(folder: Path, name: str, users: list[str], minute: int) -> Path:
 def sized(source: str, checkpoint: str) -> UnreadInput | None:
     """:func:`unread_input` without the source log's size (asserted on its own)."""
     unread = unread_input(source, checkpoint)
-    return None if unread is None else replace(unread, log_bytes=0, same_time=0)
+    return None if unread is None else replace(unread, log_bytes=0)
 
 
 def test_a_real_checkpoint_counts_new_files_and_uncommitted_batches(
@@ -201,28 +201,29 @@ def test_a_source_log_spark_would_not_read_makes_the_size_unknown(
     assert unread_input(str(landing), str(tmp_path / "cp")) is None
 
 
-@pytest.mark.parametrize(("minutes", "per_batch", "same_time", "told"), [
-    ([0, 0, 1], 1, 2, True),    # two files copied by a plain `cp`: no order between them
-    ([0, 1, 2], 1, 0, False),   # written one after the other
-    ([0, 0, 0], None, 3, False),  # one batch of them all: their order does not matter
-    ([0, 0], 2, 2, False),      # one batch too
+@pytest.mark.parametrize(("minutes", "per_batch", "split"), [
+    ([0, 0, 1], 1, 2),      # two files copied by a plain `cp`: no order between them
+    ([0, 1, 2], 1, 0),      # written one after the other
+    ([0, 0, 1], 2, 0),      # the two of one time are read in the same batch
+    ([0, 1, 1, 2], 2, 2),   # ... and here in two
+    ([0, 0, 0], None, 0),   # one batch of them all: their order does not matter
 ])
 def test_files_sharing_a_modification_time_are_told_before_a_run_reads_them_in_batches(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, minutes: list[int],
-    per_batch: int | None, same_time: int, told: bool,
+    per_batch: int | None, split: int,
 ) -> None:
     landing = tmp_path / "landing"
     landing.mkdir()
     for n, minute in enumerate(minutes):
         _land(landing, f"part-{n}.jsonl", ["u"], minute)
     unread = unread_input(str(landing), str(tmp_path / "cp"))
-    assert unread is not None and unread.same_time == same_time
+    assert unread is not None
     with caplog.at_level(logging.WARNING, logger="sessionlake.checkpoint"):
         warn_of_files_in_no_order(unread, str(landing), per_batch)
-    assert ("share their modification time with another" in caplog.text) == told
-    if told:
-        assert f"2 of the 3 files to read in {landing}" in caplog.text
-        assert "`cp -p`" in caplog.text
+    told = f"{split} of the {len(minutes)} files to read in {landing} share their " \
+           "modification time with another that falls in another batch"
+    assert (told in caplog.text) == (split > 0), caplog.text
+    assert ("`cp -p`" in caplog.text) == (split > 0)
 
 
 @pytest.mark.parametrize(("files", "per_batch", "batches"), [

@@ -102,6 +102,7 @@ def test_microbatch_dag_sessionizes_the_landing_folder(lake: dict[str, Any]) -> 
          {"from_date": "2026-02-01", "to_date": "2026-01-01", "gap_minutes": 30}, "from_date"),
         ("sessionlake_retention", {"erase_user_ids": ["u1", " "]}, "erase_user_ids"),
         ("sessionlake_erasure", {}, "erase_user_ids"),  # nobody to erase
+        ("sessionlake_erasure", {"vacuum_retain_hours": None}, "erase_user_ids"),
         ("sessionlake_erasure", {"events_max_age_days": 1}, "events_max_age_days"),
         ("sessionlake_archive", {"archive_to": None}, "archive_to"),
         ("sessionlake_archive", {"archive_to": "{source}/archived"}, "archive_to"),
