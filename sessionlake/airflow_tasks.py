@@ -88,8 +88,10 @@ class SessionlakeJobOperator(SparkSubmitOperator):
     step that needs Spark (:func:`sessionlake.orchestration.needs_no_submit`: a snapshot
     or a restore of a lake on local disks, which needs no driver JVM of its own).
 
-    The child's output goes to the task log line by line; a stopped task sends it SIGTERM,
-    as the Spark provider does a spark-submit.
+    The child's output goes to the task log line by line; a stopped task sends it SIGTERM
+    (its batch in flight commits), then SIGKILL after a minute. The Spark provider kills a
+    spark-submit at once (SIGKILL): its batch in flight is cut off and replayed by the next
+    run.
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "local")

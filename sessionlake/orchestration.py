@@ -684,15 +684,27 @@ def stream_holding(checkpoint: str) -> int | None:
 
 
 def microbatch_skip_reason(locations: Locations) -> str | None:
-    """Why a micro-batch DAG run has nothing to do: another run holds the checkpoint and
-    reads the landing folder itself (the job would be refused, and the DAG run would fail
-    every five minutes beside a continuous run). ``None``: go on."""
+    """Why a micro-batch DAG run has nothing to do: the restart DAG's continuous run holds
+    the checkpoint and reads the landing folder itself (the job would be refused, and the
+    DAG run would fail every five minutes). ``None``: go on.
+
+    :raises ValueError: when another run holds it (one from the command line, or one left
+        over by a task that was killed): skipped, the DAG would stay green for as long as
+        that run hangs, and nothing would read the landing folder.
+    """
     pid = stream_holding(locations.checkpoint)
     if pid is None:
         return None
+    if _restart_dag_args(locations.checkpoint, pid) is None:
+        raise ValueError(
+            f"sessionlake run pid {pid} holds checkpoint {locations.checkpoint}, and it is not "
+            "the restart DAG's continuous run (one from the command line, or one left over): "
+            "no micro-batch can run until it ends. If it is stuck, `kill -TERM "
+            f"{pid}` stops it after its batch in flight; a run meant to go on is better "
+            "started by the sessionlake_restart DAG, beside which these runs are skipped")
     return (f"sessionlake run pid {pid} holds checkpoint {locations.checkpoint} and reads "
-            "the landing folder itself (a continuous run, as the restart DAG starts): "
-            "this run has nothing to do")
+            "the landing folder itself (the restart DAG's continuous run): this run has "
+            "nothing to do")
 
 
 def check_restore_possible(locations: Locations, params: RestoreParams,

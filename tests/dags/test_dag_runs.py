@@ -18,6 +18,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sessionlake import orchestration as orch
+from sessionlake.checkpoint import CONTINUOUS_RUN
 from sessionlake.config import settings_from
 from sessionlake.erasure import user_hash
 from sessionlake.snapshots import create_snapshot, list_snapshots
@@ -213,18 +214,30 @@ def test_microbatch_runs_are_skipped_while_a_continuous_run_holds_the_checkpoint
     caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Beside the restart DAG's continuous run, the scheduled runs would each start a job
-    that the checkpoint's lock refuses, and fail every five minutes; they are skipped, and
-    a restore is refused before its job starts, saying how to stop that run."""
+    that the checkpoint's lock refuses, and fail every five minutes; they are skipped. Any
+    other run holding the checkpoint fails them, naming it: skipped, a run left hanging
+    would keep the DAG green while nothing reads the landing folder. A restore is refused
+    before its job starts, saying how to stop a run the restart DAG did not start."""
     monkeypatch.setenv("SESSIONLAKE_LAKE", str(lake["lake"]))
     monkeypatch.setenv("SESSIONLAKE_SOURCE", str(lake["root"] / "landing"))
     checkpoint = lake["lake"] / "_checkpoints" / "stream"
     snapshot = create_snapshot(spark, settings_from({"lake": str(lake["lake"])}, env={}))
     with held_by_another_process("checkpoint_lock", checkpoint) as holder:
         run = run_dag("sessionlake_microbatch", {"shuffle_partitions": 2})
+        assert str(run.state) == "failed"
+        assert _task_states(run)["validate_params"] == "failed"
+        said = caplog.text + capsys.readouterr().out
+        assert f"sessionlake run pid {holder.pid} holds checkpoint {checkpoint}, and it is " \
+               "not the restart DAG's continuous run" in said
+        (checkpoint / CONTINUOUS_RUN).write_text(json.dumps({"pid": holder.pid, "args": []}))
+        try:
+            run = run_dag("sessionlake_microbatch", {"shuffle_partitions": 2})
+        finally:
+            (checkpoint / CONTINUOUS_RUN).unlink()
         assert str(run.state) == "success"
         assert _task_states(run) == {"validate_params": "skipped", "run_microbatch": "skipped"}
         said = caplog.text + capsys.readouterr().out
-        assert f"sessionlake run pid {holder.pid} holds checkpoint {checkpoint}" in said
+        assert f"sessionlake run pid {holder.pid} holds checkpoint {checkpoint} and reads" in said
         restore = run_dag("sessionlake_restore", {"snapshot_id": snapshot.snapshot_id})
         assert _task_states(restore)["validate_params"] == "failed"
         assert f"`kill -TERM {holder.pid}`" in caplog.text + capsys.readouterr().out
