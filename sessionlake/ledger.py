@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from sessionlake import eventids, storage
 from sessionlake.checkpoint import IDENTITY_FILE
-from sessionlake.config import Settings
+from sessionlake.config import ConfigError, Settings, format_duration
 from sessionlake.state import MergeResult
 from sessionlake.tables import (
     BATCH_METRICS,
@@ -173,6 +173,40 @@ def _parse_time(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
 
 
+#: How far before the previous batch's processing time a new batch's clock may read: NTP's
+#: small steps pass; a clock set back further would judge events against a time behind
+#: theirs (:func:`record_inputs`).
+CLOCK_SET_BACK_TOLERANCE = timedelta(minutes=5)
+
+
+class ClockSetBack(ConfigError):
+    """This machine's clock reads a time before the previous batch's: the batch refuses to
+    begin rather than judge events against it."""
+
+
+def check_clock_not_set_back(now: datetime, previous: Mapping[str, Any], batch_id: int) -> None:
+    """Refuse a new batch whose processing time ``now`` lies more than
+    :data:`CLOCK_SET_BACK_TOLERANCE` before the previous batch's (its ledger entry
+    ``previous``): events ahead of the batch's clock by more than ``--max-future-skew`` are
+    quarantined as from the future, so a clock set back an hour would quarantine every live
+    event, with no way to read them again but a restore. Also what two workers whose
+    clocks disagree look like.
+
+    :raises ClockSetBack: naming both times and what to do.
+    """
+    before = _parse_time(previous.get("processing_time"))
+    if before is None or now >= before - CLOCK_SET_BACK_TOLERANCE:
+        return
+    raise ClockSetBack(
+        f"this machine's clock reads {now.isoformat(timespec='seconds')}, "
+        f"{format_duration(before - now)} before the processing time of batch {batch_id - 1} "
+        f"({before.isoformat(timespec='seconds')}): a clock set back, or a worker whose clock "
+        "disagrees with the one that ran that batch. Batch "
+        f"{batch_id} would judge events against it and quarantine those ahead of it by more "
+        "than --max-future-skew as from the future. Nothing was written: set the clock right "
+        "(NTP) and run again; the batch runs then")
+
+
 def record_inputs(
     spark: SparkSession,
     settings: Settings,
@@ -191,6 +225,7 @@ def record_inputs(
     replay = entry is not None
     previous = previous_entry(spark, settings, identity, batch_id)
     if entry is None:
+        check_clock_not_set_back(clock().astimezone(UTC), previous, batch_id)
         versions = {table: table_version(spark, settings.lake, table) for table in STREAM_TABLES}
         max_before = max_event_time_before(spark, settings, previous, versions[BATCH_METRICS])
         bounds = {table: eventids.id_bound(

@@ -528,6 +528,8 @@ def run_stream(
         _PY4J_LOG.addFilter(quiet_after_stop)
         try:
             error = run.to_its_end()
+            if handler.refused is not None:
+                raise handler.refused
             _end_of_run(error, handler.not_begun, monitor.stop_requested, run.forced,
                         run.cancelled)
             monitor.wait_for(handler.reports)
@@ -557,6 +559,8 @@ class _BatchHandler:
         self.stop_now = threading.Event()  # a second signal: cancel the batch in flight
         self.quiet_on_stop = contextlib.ExitStack()
         self.not_begun: list[int] = []  # the batch a stop kept from beginning, if any
+        #: A batch's own refusal, raised as it is rather than as Spark's failure around it.
+        self.refused: ConfigError | None = None
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         if self.stop.is_set():
@@ -574,6 +578,9 @@ class _BatchHandler:
             log.debug("batch %s: %s", batch_id, report.row)  # -v has its line
             if self.on_batch is not None:
                 self.on_batch(report)
+        except ConfigError as refused:
+            self.refused = refused
+            raise
         finally:
             self.in_flight.end()
 

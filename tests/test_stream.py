@@ -22,6 +22,7 @@ from sessionlake.checkpoint import (
 )
 from sessionlake.config import ConfigError, settings_from
 from sessionlake.doctor import check_lake
+from sessionlake.ledger import ClockSetBack
 from sessionlake.locks import StreamAlreadyRunning, checkpoint_lock
 from sessionlake.registry import (
     lake_streams,
@@ -329,6 +330,34 @@ def test_a_lake_whose_first_run_read_its_input_in_the_wrong_format_says_how_to_s
             rf"accepted no event yet: if --format apache is what its input is, remove the lake "
             rf"{lake} and the checkpoint {lake}/_checkpoints/stream")):
         run(spark, tmp_path / "landing", lake)
+
+
+@pytest.mark.parametrize(("set_back", "refused"), [
+    (timedelta(hours=2), True),      # would quarantine every live event as from the future
+    (timedelta(minutes=1), False),   # NTP's small steps pass
+])
+def test_a_batch_refuses_to_begin_on_a_clock_set_back_since_the_previous_one(
+    spark: SparkSession, tmp_path: Path, set_back: timedelta, refused: bool
+) -> None:
+    files = split_log(tmp_path / "landing", 2)
+    files[1].rename(tmp_path / "later.log")
+    lake = tmp_path / "lake"
+    settings = settings_from({"lake": str(lake), "source": str(tmp_path / "landing"),
+                              "input_format": "apache"}, env={})
+    run_stream(spark, settings, clock=lambda: NOW)
+    (tmp_path / "later.log").rename(files[1])
+    versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+    if refused:
+        with pytest.raises(ClockSetBack, match=(
+                r"this machine's clock reads .*, 2h before the processing time of batch 0 .* "
+                r"Nothing was written: set the clock right \(NTP\) and run again")):
+            run_stream(spark, settings, clock=lambda: NOW - set_back)
+        assert versions == {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+    # The batch runs once the clock is right (or was only a step behind).
+    summary = run_stream(spark, settings, clock=lambda: NOW - (set_back if not refused
+                                                                 else timedelta(0)))
+    assert [b.row["batch_id"] for b in summary.batches] == [1]
+    assert read_table(spark, str(lake), "quarantine").count() == 0
 
 
 def test_a_second_stream_on_a_lake_is_refused_whatever_its_checkpoint(
