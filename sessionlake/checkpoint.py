@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from itertools import groupby
+from itertools import accumulate, groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote, urlsplit
@@ -210,9 +210,10 @@ class UnreadInput:
     #: The bytes of the file source log each run reads back: every file it ever read,
     #: but those ``sessionlake archive`` made it forget.
     log_bytes: int = 0
-    #: The files' modification times, to the millisecond as Spark lists them, in order:
-    #: Spark orders a landing folder's files by that time alone.
-    times: tuple[int, ...] = field(default=(), compare=False, repr=False)
+    #: The files that share their modification time (to the millisecond, as Spark lists
+    #: them) with others, as runs ``(first, count)`` of the files in time order: Spark
+    #: orders a landing folder's files by that time alone.
+    ties: tuple[tuple[int, int], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def archive_due(self) -> bool:
@@ -223,14 +224,11 @@ class UnreadInput:
         """How many files share their modification time with files an available-now run
         reads in another of its batches (``max_files_per_trigger`` files each): Spark has
         nothing else to order them by, so which of them each batch takes is chance."""
-        cuts = range(max_files_per_trigger, len(self.times), max_files_per_trigger)
-        groups = [len(list(same)) for _, same in groupby(self.times)]
-        split, first = 0, 0
-        for size in groups:
-            if any(first < cut < first + size for cut in cuts):
-                split += size
-            first += size
-        return split
+        n = max_files_per_trigger
+        # A run of files [first, first + count) is split when a batch boundary k*n falls
+        # strictly inside it.
+        return sum(count for first, count in self.ties
+                   if (first // n + 1) * n < first + count)
 
     def batches(self, max_files_per_trigger: int | None = None) -> int:
         """How many micro-batches an available-now run makes of these files."""
@@ -324,8 +322,13 @@ def unread_files(folder: Path, spark_checkpoint: Path, subfolders: bool = True) 
             total += stat.st_size
             times.append(stat.st_mtime_ns // 1_000_000)
     log_bytes = sum(entry.stat().st_size for entry in _entries_read_back(spark_checkpoint))
+    runs = [sum(1 for _ in same) for _, same in groupby(sorted(times))]
+    starts = accumulate(runs, initial=0)
     return UnreadInput(bytes=total, files=len(times), read_left=read_left,
-                       log_bytes=log_bytes, times=tuple(sorted(times)))
+                       log_bytes=log_bytes,
+                       ties=tuple((first, count) for first, count in zip(starts, runs,
+                                                                        strict=False)
+                                  if count > 1))
 
 
 def warn_of_files_in_no_order(unread: UnreadInput | None, source: str,

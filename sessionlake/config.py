@@ -55,6 +55,7 @@ ENV = {
     "max_files_per_trigger": "SESSIONLAKE_MAX_FILES_PER_TRIGGER",
     "user_buckets": "SESSIONLAKE_USER_BUCKETS",
     "alert_batch_duration": "SESSIONLAKE_ALERT_BATCH_DURATION",
+    "alert_stalled_after": "SESSIONLAKE_ALERT_STALLED_AFTER",
     "alert_late_fraction": "SESSIONLAKE_ALERT_LATE_FRACTION",
     "alert_quarantine_fraction": "SESSIONLAKE_ALERT_QUARANTINE_FRACTION",
     "kafka_bootstrap": "SESSIONLAKE_KAFKA_BOOTSTRAP",
@@ -274,6 +275,10 @@ class Settings:
     user_buckets: int = 16
     #: A batch that takes longer than this logs an ``ALERT`` line (see sessionlake.monitor).
     alert_batch_duration: timedelta = timedelta(minutes=5)
+    #: Input waiting and no batch committed for longer than this: the health page and its
+    #: status (``/api/health/status``, 503) say the stream has stalled. Three micro-batch
+    #: DAG periods.
+    alert_stalled_after: timedelta = timedelta(minutes=15)
     #: A batch whose late records exceed this fraction of its input logs an ``ALERT`` line.
     alert_late_fraction: float = 0.1
     #: A batch whose quarantined records exceed this fraction of its input logs an
@@ -383,7 +388,8 @@ def settings_from(
         if key in current:
             check(key, partial(_one_of, choices=choices, name=name))
     for key in ("gap", "grace", "max_session_duration", "max_future_skew",
-                "processing_interval", "alert_batch_duration", "kafka_reread_wait"):
+                "processing_interval", "alert_batch_duration", "alert_stalled_after",
+                "kafka_reread_wait"):
         if key in current:
             check(key, partial(parse_duration, name=key.replace("_", "-")))
     if "kafka_bootstrap" in current:

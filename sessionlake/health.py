@@ -32,6 +32,7 @@ from sessionlake.checkpoint import (
     LAKE_LOCK_FILE,
     MANIFEST,
     PID_FILE,
+    RESTORING_MARKER,
     SNAPSHOTS_DIR,
     UnreadInput,
     kafka_topics_read,
@@ -39,7 +40,7 @@ from sessionlake.checkpoint import (
     lock_held,
     unread_input,
 )
-from sessionlake.config import KAFKA_SOURCE, Settings, no_lake_message
+from sessionlake.config import KAFKA_SOURCE, Settings, format_duration, no_lake_message
 from sessionlake.storage import is_glob, local_path
 
 log = logging.getLogger("sessionlake.health")
@@ -197,6 +198,11 @@ class Health:
         return self.last_batch.lag_seconds if self.last_batch else None
 
     @property
+    def status(self) -> str:
+        """``ok``, or ``unhealthy`` while there is any problem (a probe pages on it)."""
+        return "unhealthy" if self.problems else "ok"
+
+    @property
     def seconds_since_last_batch(self) -> float | None:
         """How long ago the last batch committed."""
         if self.last_batch is None:
@@ -229,9 +235,11 @@ class Health:
             "retention": [asdict(r) for r in self.retention],
             "source": self.source,
             "kafka_topics": self.kafka_topics,
-            "input_waiting": {**asdict(waiting), "archive_due": waiting.archive_due}
+            "input_waiting": {**{k: v for k, v in asdict(waiting).items() if k != "ties"},
+                              "archive_due": waiting.archive_due}
             if (waiting := self.input_waiting) else None,
             "problems": self.problems,
+            "status": self.status,
         })
 
 
@@ -268,6 +276,10 @@ def collect_health(settings: Settings, now: datetime | None = None) -> Health:
     # one ``settings`` name (as ``sessionlake run`` and ``archive`` take it).
     checkpoint = (running[1] if running else None) or settings.checkpoint
     topics = _kafka_topics(settings, checkpoint)
+    waiting = _input_waiting(settings, checkpoint, problems)
+    last = batches[-1] if batches else None
+    problems += _stalled(settings, now, last, waiting, running is not None)
+    problems += _restore_cut_off(checkpoint)
     return Health(
         lake=settings.lake,
         generated_at=now,
@@ -277,7 +289,7 @@ def collect_health(settings: Settings, now: datetime | None = None) -> Health:
         stream_checkpoint=running[1] if running else None,
         open_sessions=_rows(states.get("open_sessions")),
         closed_sessions=_rows(states.get("sessions")),
-        last_batch=batches[-1] if batches else None,
+        last_batch=last,
         totals=totals,
         batch_count=len(batches),
         batches=batches[-SERIES_BATCHES:],
@@ -286,9 +298,44 @@ def collect_health(settings: Settings, now: datetime | None = None) -> Health:
         retention=_retention_runs(states.get("retention_audit"), problems),
         source=KAFKA_SOURCE if topics else settings.source,
         kafka_topics=topics,
-        input_waiting=_input_waiting(settings, checkpoint, problems),
+        input_waiting=waiting,
         problems=problems,
     )
+
+
+def _stalled(settings: Settings, now: datetime, last: BatchPoint | None,
+             waiting: UnreadInput | None, running: bool) -> list[str]:
+    """The stream has stalled: files have waited in the landing folder, and no batch has
+    committed, for longer than ``alert_stalled_after``. A hung run, a paused or failing
+    micro-batch DAG and a stream nobody restarted look the same from the lake; the
+    run's own ALERTs are in its log, which nobody may be reading."""
+    since = None if last is None else now - last.finished_at
+    if not waiting or not waiting.files or \
+            (since is not None and since <= settings.alert_stalled_after):
+        return []
+    stalled = format_duration(settings.alert_stalled_after)
+    no_batch = ("no batch has committed yet" if since is None else
+                f"the last batch committed {format_duration(since)} ago")
+    who = ("the run holding the checkpoint has not committed them: is it stuck?" if running
+           else "no run holds the checkpoint: is the micro-batch DAG paused or failing?")
+    files = f"{waiting.files} files wait" if waiting.files != 1 else "1 file waits"
+    return [f"the stream has stalled: {files} in the landing folder and {no_batch} "
+            f"(over {stalled}, SESSIONLAKE_ALERT_STALLED_AFTER); {who}"]
+
+
+def _restore_cut_off(checkpoint: str) -> list[str]:
+    """A restore cut off half-way, which keeps every run from starting until it is run
+    again."""
+    folder = local_path(checkpoint)
+    marker = None if folder is None else folder / RESTORING_MARKER
+    if marker is None or not marker.exists():
+        return []
+    try:
+        snapshot = json.loads(marker.read_text()).get("snapshot_id", "?")
+    except (OSError, ValueError):
+        snapshot = "?"
+    return [f"a restore to snapshot {snapshot} was cut off half-way: no run starts until "
+            f"`sessionlake restore --snapshot {snapshot}` is run again"]
 
 
 def _kafka_topics(settings: Settings, checkpoint: str) -> list[str]:

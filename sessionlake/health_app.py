@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from sessionlake.config import ConfigError, Settings, settings_from
 from sessionlake.health import collect_health
@@ -90,5 +90,11 @@ def create_app(authorize: Callable[..., Any] | None = None) -> FastAPI:
     @app.get("/api/health", summary="The health as JSON")
     def health_json(settings: LakeSettings) -> dict[str, Any]:
         return collect_health(settings).as_json()
+
+    @app.get("/api/health/status", summary="ok (200) or unhealthy (503), and why")
+    def health_status(settings: LakeSettings) -> JSONResponse:
+        health = collect_health(settings)
+        return JSONResponse({"status": health.status, "problems": health.problems},
+                            status_code=200 if health.status == "ok" else 503)
 
     return app

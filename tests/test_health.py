@@ -11,13 +11,13 @@ import pytest
 from pyspark.sql import Row, SparkSession
 
 import sessionlake.checkpoint
-from sessionlake.checkpoint import LAKE_HOLDER_FILE, PID_FILE
+from sessionlake.checkpoint import LAKE_HOLDER_FILE, PID_FILE, RESTORING_MARKER
 from sessionlake.config import settings_from
 from sessionlake.deltareader import DataFile, DeletionVector, TableState
 from sessionlake.health import COMPACT_MIN_FILES, collect_health, table_health
 from sessionlake.health_page import input_waiting_text, render_health_page
 from sessionlake.tables import append, read_table, table_ddl, table_path
-from tests.helpers import held_by_another_process, write_source_log
+from tests.helpers import event, held_by_another_process, run_batches, write_source_log
 
 
 def test_a_missing_lake_is_a_problem_not_an_error(tmp_path: Path) -> None:
@@ -121,6 +121,40 @@ def test_the_input_waiting_is_what_no_committed_batch_read(
     monkeypatch.setattr(sessionlake.checkpoint, "ARCHIVE_HINT_FILES", 1)
     page = render_health_page(collect_health(settings))
     assert '<p class="warn" id="archive-due">' in page and "sessionlake_archive" in page
+
+
+def test_a_stream_stalled_with_input_waiting_or_a_restore_cut_off_is_a_problem(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """What on-call must be told without reading a run's log: files wait and no batch has
+    committed for longer than SESSIONLAKE_ALERT_STALLED_AFTER (a hung run, a paused DAG),
+    or a restore was cut off (no run starts until it is run again)."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    landing.mkdir()
+    settings = settings_from({"lake": str(lake), "source": str(landing),
+                              "alert_stalled_after": "15m"}, env={})
+    run_batches(spark, settings, [[event("u", "10:00")]])
+    (landing / "waiting.jsonl").write_text(event("u", "10:05") + "\n")
+    finished = collect_health(settings).last_batch
+    assert finished is not None
+    assert collect_health(settings, now=finished.finished_at + timedelta(minutes=14)
+                          ).problems == []
+    stalled = collect_health(settings, now=finished.finished_at + timedelta(minutes=16))
+    assert stalled.problems == [
+        "the stream has stalled: 1 file waits in the landing folder and the last batch "
+        "committed 16m ago (over 15m, SESSIONLAKE_ALERT_STALLED_AFTER); no run holds the "
+        "checkpoint: is the micro-batch DAG paused or failing?"]
+    assert stalled.as_json()["status"] == "unhealthy"
+    (landing / "waiting.jsonl").unlink()  # read since: nothing waits, nothing stalled
+    assert collect_health(settings, now=finished.finished_at + timedelta(hours=5)
+                          ).as_json()["status"] == "ok"
+
+    marker = Path(settings.checkpoint) / RESTORING_MARKER
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"snapshot_id": "20260105T101500Z-abc123"}))
+    assert collect_health(settings).problems == [
+        "a restore to snapshot 20260105T101500Z-abc123 was cut off half-way: no run starts "
+        "until `sessionlake restore --snapshot 20260105T101500Z-abc123` is run again"]
 
 
 def test_the_input_waiting_is_counted_on_the_running_stream_s_own_checkpoint(

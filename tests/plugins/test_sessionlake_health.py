@@ -8,6 +8,7 @@ with Spark.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -25,6 +26,7 @@ from fastapi.testclient import TestClient
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from sessionlake.checkpoint import RESTORING_MARKER
 from tests.conftest import REPO, ObservedLake
 from tests.helpers import held_by_another_process
 
@@ -120,9 +122,31 @@ def test_health_json_holds_what_the_lake_holds(
         "files": 0, "bytes": 0, "read_left": 3, "archive_due": False,
         "log_bytes": sum(entry.stat().st_size for entry in log.glob("[0-9]*"))}
     assert health["problems"] == []
+    assert health["status"] == "ok"
 
 
-@pytest.mark.parametrize("path", ["/sessionlake/", "/sessionlake/api/health"])
+def test_the_status_is_503_with_its_problems_while_the_lake_is_unhealthy(
+    client: TestClient, token: str, observed_lake: ObservedLake
+) -> None:
+    """What a probe pages on: 200 while all is well, 503 and the problems otherwise."""
+    response = client.get("/sessionlake/api/health/status", headers=_bearer(token))
+    assert (response.status_code, response.json()) == (200, {"status": "ok", "problems": []})
+    marker = Path(observed_lake.settings.checkpoint) / RESTORING_MARKER
+    marker.write_text(json.dumps({"snapshot_id": observed_lake.snapshot_id}))
+    try:
+        response = client.get("/sessionlake/api/health/status", headers=_bearer(token))
+    finally:
+        marker.unlink()
+    assert response.status_code == 503
+    assert response.json()["status"] == "unhealthy"
+    assert response.json()["problems"] == [
+        f"a restore to snapshot {observed_lake.snapshot_id} was cut off half-way: no run "
+        f"starts until `sessionlake restore --snapshot {observed_lake.snapshot_id}` is run "
+        "again"]
+
+
+@pytest.mark.parametrize("path", ["/sessionlake/", "/sessionlake/api/health",
+                                  "/sessionlake/api/health/status"])
 def test_callers_without_a_valid_token_are_refused(client: TestClient, path: str) -> None:
     assert client.get(path).status_code == 401
     assert client.get(path, headers=_bearer("not-a-jwt")).status_code == 403
@@ -132,7 +156,8 @@ def test_callers_without_a_valid_token_are_refused(client: TestClient, path: str
     assert client.get(path, headers=_bearer(_token(None))).status_code == 403
 
 
-@pytest.mark.parametrize("path", ["/sessionlake/", "/sessionlake/api/health"])
+@pytest.mark.parametrize("path", ["/sessionlake/", "/sessionlake/api/health",
+                                  "/sessionlake/api/health/status"])
 def test_a_user_who_may_not_read_the_pipeline_dag_is_refused(
     client: TestClient, token: str, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
