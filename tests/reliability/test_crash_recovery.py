@@ -178,19 +178,21 @@ def test_sigterm_stops_an_available_now_run_after_its_batch_in_flight(
     each other without a pause here, so the stop cannot wait for one. The signal goes to
     the run's whole process group (`kill -- -PGID`, systemd's stop): it must not reach
     Spark's JVM, which would stop at once and cut the batch off."""
-    lake = tmp_path / "lake"
-    process = subprocess.Popen(_command(landing, lake), cwd=REPO, env=_env(),
+    lake, paused = tmp_path / "lake", tmp_path / "batch-1-in-flight"
+    # Batch 1 waits at its start until the signal is sent: then it is surely in flight
+    # (waiting for batch 0's line raced batch 1's start, and lost one run in five).
+    env = _env(SESSIONLAKE_FAULT="ingest@1", SESSIONLAKE_FAULT_PAUSE=str(paused))
+    process = subprocess.Popen(_command(landing, lake), cwd=REPO, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
-    assert process.stderr is not None
-    said = []
-    for line in process.stderr:  # the first batch's line comes as the second batch runs
-        said.append(line)
-        if '"batch_id": 0' in line:
-            os.killpg(process.pid, signal.SIGTERM)
-            break
-    out, rest = process.communicate(timeout=300)
-    log = "".join(said) + rest
+    deadline = time.monotonic() + 300
+    while not paused.exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGTERM)
+    time.sleep(1)  # the run's handler notes the stop request before the batch goes on
+    paused.unlink()
+    out, log = process.communicate(timeout=300)
     assert process.returncode == 0, log[-3000:]
     assert "stopped before batch 2 began" in log, log[-3000:]
     assert "\tat org.apache." not in log and "Traceback" not in log, log[-3000:]
