@@ -89,6 +89,7 @@ from sessionlake.validation import (
     EVENT_COLUMNS,
     apply_guards,
     cap_record_size,
+    derived_from_kafka_offset,
     quarantined,
     valid_events,
 )
@@ -126,13 +127,14 @@ def _parse_figures(watermark: datetime | None, user_buckets: int) -> dict[str, C
     """What the batch needs to know of its parsed records before it reads any table."""
     valid = F.col("reason").isNull()
     behind = valid & (F.col("event_time") < F.lit(watermark).cast("timestamp"))
+    checked = valid & ~derived_from_kafka_offset()  # the ids the duplicate check looks up
     return {
         "input": F.count(F.lit(1)),
         "quarantined": F.count("reason"),
         "days": F.collect_set(F.when(valid, F.unix_date(event_date()))),
         "buckets": F.collect_set(F.when(valid, user_bucket("user_id", user_buckets))),
-        "first_event_id": F.min(F.when(valid, F.col("event_id"))),
-        "last_event_id": F.max(F.when(valid, F.col("event_id"))),
+        "first_event_id": F.min(F.when(checked, F.col("event_id"))),
+        "last_event_id": F.max(F.when(checked, F.col("event_id"))),
         "first_behind_watermark": F.min(F.when(behind, F.unix_micros("event_time"))),
         "last_behind_watermark": F.max(F.when(behind, F.unix_micros("event_time"))),
     }
@@ -680,7 +682,8 @@ def _seen_before(
     earlier = reduce(DataFrame.unionByName, [
         _recorded_on(spark, settings.lake, table, inputs.table_versions[table], dates)
         .where(F.col("event_id").between(first, last)).select(*key) for table in tables])
-    batch = events.select("user_id", "event_id", event_date().alias("event_date"))
+    batch = events.where(~derived_from_kafka_offset()).select(
+        "user_id", "event_id", event_date().alias("event_date"))
     return earlier.join(shipped_whole(batch, records), key, "left_semi")
 
 

@@ -94,6 +94,17 @@ def derived_event_id() -> Column:
     ).otherwise(F.concat_ws("#", "source_file", line))
 
 
+def derived_from_kafka_offset() -> Column:
+    """Whether a valid event's id is the one :func:`derived_event_id` gave a Kafka record
+    without one: ``<topic>/<partition>/<offset>``, which no earlier batch of the stream can
+    hold (a checkpoint reads each offset once; a replay is the ledger's, a restore brings
+    the tables back with it). The duplicate check leaves these out: such ids do not sort
+    by time, so it would read the day's events for nothing, and a topic created anew, read
+    on a checkpoint of its own, would find its records taken for the old topic's."""
+    return F.col("source_file").startswith(KAFKA_SCHEME) & \
+        (F.col("event_id") == derived_event_id())
+
+
 def quarantined(guarded: DataFrame) -> DataFrame:
     """The records that failed a rule, with their raw text and reason."""
     return guarded.where(F.col("reason").isNotNull()).select(

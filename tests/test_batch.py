@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from delta.tables import DeltaTable
@@ -27,6 +28,7 @@ from sessionlake.tables import (
 from tests.helpers import (
     NOW,
     all_sessions,
+    create_tables,
     event,
     first,
     hm,
@@ -313,6 +315,29 @@ def test_a_batch_too_big_to_ship_its_keys_to_every_task_ends_in_the_same_tables(
     assert rows(read_table(spark, lake, "events"), "event_id") == [("a",), ("b",), ("c",)]
 
 
+def test_kafka_records_without_an_id_are_never_taken_for_earlier_ones(
+    spark: SparkSession, lake: str
+) -> None:
+    """Their ids, ``<topic>/<partition>/<offset>``, are new by construction: the duplicate
+    check leaves them out (it would read the day's events for ids that do not sort by
+    time), so a topic created anew and read on a checkpoint of its own from offset 0 is
+    not taken for the old one. A producer's own ids are still checked."""
+    cfg = settings(lake)
+    create_tables(spark, cfg)
+    identity = StreamIdentity("test", 0)
+
+    def batch_of(batch_id: int, lines: list[str]) -> dict[str, Any]:
+        frame = lines_frame(spark, lines, "kafka://clicks/0")
+        return batch.process_lines(spark, frame, batch_id, cfg, identity, lambda: NOW).row
+
+    old_topic = batch_of(0, [event("u", "10:00"), event("u", "10:01", event_id="p1")])
+    # The topic anew: offsets from 1 again, and the producer's p1 sent again.
+    new_topic = batch_of(1, [event("u", "10:02"), event("u", "10:01", event_id="p1")])
+    assert (old_topic["duplicates"], new_topic["duplicates"]) == (0, 1)
+    assert rows(read_table(spark, lake, "events"), "event_id", "event_time") == [
+        ("clicks/0/1", hm("10:00")), ("clicks/0/1", hm("10:02")), ("p1", hm("10:01"))]
+
+
 def test_the_duplicate_check_reads_only_files_whose_ids_reach_the_batchs(
     spark: SparkSession, lake: str
 ) -> None:
@@ -321,8 +346,10 @@ def test_the_duplicate_check_reads_only_files_whose_ids_reach_the_batchs(
                              [event("u", "10:01", event_id="b1")]])
     versions = {table: table_version(spark, lake, table) for table in STREAM_TABLES}
     inputs = BatchInputs(versions, max_event_time_before=None, processing_time=NOW)
-    repeated = spark.createDataFrame([("u", "b1", datetime(2026, 1, 5, 10, 1))],
-                                     "user_id string, event_id string, event_time timestamp")
+    repeated = spark.createDataFrame(
+        [("u", "b1", datetime(2026, 1, 5, 10, 1), "b.jsonl", 1)],
+        "user_id string, event_id string, event_time timestamp, source_file string, "
+        "source_line long")
 
     seen = batch._seen_before(spark, cfg, inputs, repeated, 1, [date(2026, 1, 5)],
                               ("b1", "b1"), ["events"])
