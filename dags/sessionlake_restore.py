@@ -4,7 +4,10 @@
 `sessionlake restore --snapshot ID`: return every table and the streaming checkpoint to a
 snapshot, so the next run resumes from exactly that point.
 
-1. check the params: the snapshot must be in the lake's catalog;
+1. check the params: the snapshot must be in the lake's catalog; then check, changing
+   nothing, that the restore can be done now (`sessionlake restore --check-only`: the
+   snapshot's files kept and, for a Kafka stream, the topic still holding the records the
+   snapshot's stream reads on from), so that a refusal comes before anything stops;
 2. stop the continuous run, when the restart DAG's holds the checkpoint (SIGTERM: the
    batch in flight commits first), and keep its command line;
 3. restore;
@@ -77,10 +80,17 @@ with DAG(
         """Wait for the run's first batch after the restore, on the same stream."""
         return orch.resumed_run(started, started["pid"])
 
+    @task(multiple_outputs=True)
+    def check_job(job: orch.SparkJob) -> orch.SparkJob:
+        """The restore's job as a check that changes nothing (``--check-only``)."""
+        return orch.restore_check_job(job)
+
     job = validate_params()
+    checked = submit_job(check_job(at_run_time(job)), task_id="check_restore",
+                         name="sessionlake-restore-check")
     stopped = stop_running_stream()
     restore = submit_job(job, task_id="restore", name="sessionlake-restore",
                          pool=orch.CHECKPOINT_POOL)
     started = start_stream_again(at_run_time(stopped))
-    chain(job, stopped, restore, started)
+    chain(job, checked, stopped, restore, started)
     verify_resumed(at_run_time(started))

@@ -350,6 +350,10 @@ def _add_maintenance(commands: Any) -> None:
     restore.add_argument("--kafka-properties", dest="kafka_properties", metavar="FILE",
                          help="for a Kafka stream: the Kafka client settings to ask its "
                               "brokers with (default $SESSIONLAKE_KAFKA_PROPERTIES)")
+    restore.add_argument("--check-only", action="store_true", dest="check_only",
+                         help="only check that the restore could be done now (the "
+                              "snapshot's files kept, a Kafka topic's records still there); "
+                              "change nothing, also beside a running stream")
     _common_spark(restore)
 
     compact = commands.add_parser("compact", help="OPTIMIZE tables where small files piled up")
@@ -702,16 +706,28 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     """``sessionlake restore``: return every table and the checkpoint to a snapshot."""
-    from sessionlake.snapshots import SnapshotError, check_restore_request, restore_snapshot
+    from sessionlake.snapshots import (
+        SnapshotError,
+        check_restore_possible,
+        check_restore_request,
+        restore_snapshot,
+    )
     from sessionlake.spark import SparkOnDemand
 
     settings = _settings(args)
+    # A local lake is restored from its logs; the JVM starts only if a step needs it.
+    spark = SparkOnDemand(lambda: _spark(settings, "sessionlake-restore"))
+    if args.check_only:
+        try:
+            snapshot = check_restore_possible(spark, settings, args.snapshot)
+        except SnapshotError as error:
+            raise UsageError(str(error)) from None
+        print(f"restore to {snapshot.snapshot_id} possible; nothing changed")
+        return 0
     try:
         check_restore_request(settings, args.snapshot)
     except SnapshotError as error:
         raise UsageError(str(error)) from None
-    # A local lake is restored from its logs; the JVM starts only if a step needs it.
-    spark = SparkOnDemand(lambda: _spark(settings, "sessionlake-restore"))
     try:
         snapshot = restore_snapshot(spark, settings, args.snapshot)
     except SnapshotError as error:

@@ -633,6 +633,12 @@ def restore_job(locations: Locations, params: RestoreParams) -> SparkJob:
     return spark_job(restore_args(locations, params), local=needs_no_submit(locations))
 
 
+def restore_check_job(job: SparkJob) -> SparkJob:
+    """The restore ``job`` as a check that changes nothing (``--check-only``), which the
+    restore DAG runs before it stops the continuous run."""
+    return {**job, "args": [*job["args"], "--check-only"]}
+
+
 def microbatch_job(locations: Locations, params: MicrobatchParams) -> SparkJob:
     """The micro-batch run's job; its driver compiles with C1 only when what landed since
     the last run is small (:func:`sessionlake.spark.quick_start_for`), as most scheduled

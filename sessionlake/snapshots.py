@@ -533,17 +533,43 @@ def _restore_locked_streams(on_demand: SparkOnDemand, files: SparkSession | None
             # Checked before anything changes: a refusal leaves no restore half done.
             damaged = {t: d for t, v in snapshot.table_versions.items()
                        if (d := _damage_to_set_aside(files, lake, t, v, snapshot)) is not None}
-            for table, version in snapshot.table_versions.items():
-                _check_files_kept(files, lake, table, version)
-            if snapshot.has_checkpoint:
-                check_restore_keeps_kafka_records(
-                    on_demand, files, settings,
-                    f"{_snapshot_dir(lake, snapshot.snapshot_id)}/{CHECKPOINT_COPY}",
-                    snapshot.snapshot_id)
+            _check_restorable(on_demand, files, settings, snapshot)
             with _restore_marked(files, checkpoint, snapshot):
                 _restore_locked(on_demand, lake, checkpoint, snapshot, damaged)
     except StreamAlreadyRunning as error:
         raise SnapshotError(f"{error} (a restore needs the stream stopped)") from None
+
+
+def _check_restorable(on_demand: SparkOnDemand, files: SparkSession | None,
+                      settings: Settings, snapshot: Snapshot) -> None:
+    """What a restore checks that needs no lock: every table's files at the snapshot's
+    version are still there, and a Kafka stream's topic still holds what the snapshot's
+    stream reads on from."""
+    for table, version in snapshot.table_versions.items():
+        _check_files_kept(files, settings.lake, table, version)
+    if snapshot.has_checkpoint:
+        check_restore_keeps_kafka_records(
+            on_demand, files, settings,
+            f"{_snapshot_dir(settings.lake, snapshot.snapshot_id)}/{CHECKPOINT_COPY}",
+            snapshot.snapshot_id)
+
+
+def check_restore_possible(
+    spark: SparkSession | SparkOnDemand, settings: Settings, snapshot_id: str
+) -> Snapshot:
+    """Whether :func:`restore_snapshot` could return the lake to ``snapshot_id`` now,
+    changing nothing and taking no lock: beside a running stream, so that the restore DAG
+    asks before it stops the stream (a refusal after the stop would leave it stopped).
+
+    :raises SnapshotError: unknown id, no lake, or vacuumed files.
+    :raises ConfigError: a Kafka stream's records gone (:func:`check_restore_keeps_kafka_records`).
+    """
+    on_demand = spark if isinstance(spark, SparkOnDemand) else SparkOnDemand.of(spark)
+    files = _files(on_demand, settings.lake, settings.checkpoint)
+    snapshot = find_snapshot(settings.lake, snapshot_id, files)
+    _require_lake(files, settings.lake)
+    _check_restorable(on_demand, files, settings, snapshot)
+    return snapshot
 
 
 def _files(spark: SparkOnDemand, *locations: str) -> SparkSession | None:

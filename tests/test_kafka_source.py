@@ -339,7 +339,7 @@ def test_records_deleted_unread_and_a_topic_created_anew_are_told_not_skipped(
 @pytest.mark.kafka
 def test_a_restore_to_records_the_topic_no_longer_holds_is_refused_before_anything_changes(
     spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A snapshot older than the topic's retention: its stream would read on from records
     Kafka has deleted since, whose events are in the lake now. The restore says so and
@@ -358,6 +358,11 @@ def test_a_restore_to_records_the_topic_no_longer_holds_is_refused_before_anythi
     delete_records(spark, broker.bootstrap, topic, {0: 15})
     restore = settings_from({"lake": str(lake)}, env={})  # the brokers noted by the lake
     versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+    # Asked first, changing nothing (as the restore DAG does before it stops the stream).
+    assert main(["restore", "--lake", str(lake), "--snapshot", snapshot.snapshot_id,
+                 "--check-only"]) == 2
+    assert "5 records of topic retained were deleted from Kafka since snapshot" in \
+        capsys.readouterr().err
     with pytest.raises(ConfigError, match=(
             rf"^5 records of topic {topic} were deleted from Kafka since snapshot "
             rf"{snapshot.snapshot_id}'s stream read up to them \(partition 0 offsets 10-14\): "
@@ -368,6 +373,10 @@ def test_a_restore_to_records_the_topic_no_longer_holds_is_refused_before_anythi
 
     # A snapshot taken after the records it reads on from: restored as before.
     newer = create_snapshot(spark, settings)
+    assert main(["restore", "--lake", str(lake), "--snapshot", newer.snapshot_id,
+                 "--check-only"]) == 0
+    assert f"restore to {newer.snapshot_id} possible; nothing changed" in \
+        capsys.readouterr().out
     restore_snapshot(spark, restore, newer.snapshot_id)
     with caplog.at_level(logging.WARNING, logger="sessionlake.stream"):
         restore_snapshot(spark, restore.with_overrides(kafka_accept_data_loss=True),

@@ -189,6 +189,7 @@ def test_maintenance_dag_runs_its_cli_command(
         assert f"expired {expiring.snapshot_id}" in said
         assert expiring.snapshot_id not in {s.snapshot_id for s in list_snapshots(settings.lake)}
     if command == "restore":
+        assert f"restore to {conf['snapshot_id']} possible; nothing changed" in said
         assert f"restored {conf['snapshot_id']}" in said
 
 

@@ -85,6 +85,12 @@ def test_checkpoint_writers_share_a_one_slot_pool_and_nothing_else_uses_it(dagba
             assert dagbag.dags[dag_id].get_task(task_id).pool_slots == 1
 
 
+def test_the_restore_is_checked_before_the_stream_is_stopped(dagbag: Any) -> None:
+    # A refusal after the stop (a Kafka topic's records gone) left the stream stopped.
+    stop = dagbag.dags["sessionlake_restore"].get_task("stop_running_stream")
+    assert "check_restore" in stop.upstream_task_ids
+
+
 def test_the_microbatch_task_never_runs_twice_at_once(dagbag: Any) -> None:
     run = dagbag.dags["sessionlake_microbatch"].get_task("run_microbatch")
     assert run.max_active_tis_per_dag == 1
