@@ -20,7 +20,12 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from sessionlake import orchestration as orch
-from sessionlake.airflow_tasks import submit_job, trigger_params
+from sessionlake.airflow_tasks import (
+    submit_job,
+    trigger_params,
+    users_to_erase_params,
+    vacuum_params,
+)
 
 with DAG(
     dag_id="sessionlake_retention",
@@ -31,17 +36,10 @@ with DAG(
     max_active_runs=1,
     tags=["sessionlake", "maintenance", "privacy"],
     params={
-        "erase_user_ids": Param([], type="array", items={"type": "string", "minLength": 1},
-                                description="users to erase from every table"),
-        "erase_user_sha256": Param(
-            [], type="array", items={"type": "string", "pattern": "^[0-9a-fA-F]{64}$"},
-            description="users to erase, by the SHA-256 (hex) of their id: the run's conf "
-                        "then holds no id"),
+        **users_to_erase_params(),
         "sessions_max_age_days": Param(365, type=["null", "integer"], minimum=1),
         "events_max_age_days": Param(90, type=["null", "integer"], minimum=1),
-        "vacuum_retain_hours": Param(168, type=["null", "integer"], minimum=0),
-        "dry_run": Param(False, type="boolean",
-                         description="only count what it would delete; change nothing"),
+        **vacuum_params(),
     },
 ):
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import XComArg, get_current_context
+from airflow.sdk import Param, XComArg, get_current_context
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
 from sessionlake.orchestration import JOB_SCRIPT, child_env, python_executable, unknown_param
@@ -51,6 +51,29 @@ def trigger_params() -> dict[str, Any]:
     for name in sorted(set(conf) - declared):
         raise unknown_param(name, conf[name], sorted(declared))
     return dict(context["params"])
+
+
+def users_to_erase_params() -> dict[str, Param]:
+    """The params naming users to erase, which the retention and erasure DAGs share:
+    their ids, or the SHA-256 of their ids (the DAG run's conf then holds no id)."""
+    return {
+        "erase_user_ids": Param([], type="array", items={"type": "string", "minLength": 1},
+                                description="users to erase from every table"),
+        "erase_user_sha256": Param(
+            [], type="array", items={"type": "string", "pattern": "^[0-9a-fA-F]{64}$"},
+            description="users to erase, by the SHA-256 (hex) of their id: the run's conf "
+                        "then holds no id"),
+    }
+
+
+def vacuum_params() -> dict[str, Param]:
+    """The VACUUM after an erasure or the age limits, and the dry run, which the retention
+    and erasure DAGs share."""
+    return {
+        "vacuum_retain_hours": Param(168, type=["null", "integer"], minimum=0),
+        "dry_run": Param(False, type="boolean",
+                         description="only count what it would delete; change nothing"),
+    }
 
 
 def at_run_time(result: XComArg) -> Any:
