@@ -36,6 +36,9 @@ LOCK_FILE = "sessionlake.lock"
 BATCH_LOCK_FILE = "sessionlake-batch.lock"
 #: The pid of the run holding the lock.
 PID_FILE = "sessionlake.pid"
+#: The pid and host of the run holding the lock: where to stop a run of another host or
+#: container, whose pid means another process here (see ``sessionlake.locks.Holder``).
+HOLDER_FILE = "sessionlake-holder.json"
 #: Output of a continuous run the restart DAG started, detached.
 CONTINUOUS_LOG = "sessionlake-continuous.log"
 #: The continuous run the restart DAG started last: its pid and command line, so that the

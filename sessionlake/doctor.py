@@ -40,7 +40,7 @@ from sessionlake.checkpoint import (
 )
 from sessionlake.config import Settings, no_lake_message
 from sessionlake.deltalog import TableLog, commit_file, inspect_table
-from sessionlake.health import running_stream, unrestorable_versions
+from sessionlake.health import RunningStream, running_stream, unrestorable_versions
 from sessionlake.registry import checkpoint_key, lake_streams
 from sessionlake.snapshots import Snapshot, list_snapshots, snapshots_root
 from sessionlake.stream import MOVED_SOURCE_WHY, source_moved_from
@@ -334,7 +334,7 @@ def check_versions_the_stream_saw(
 
 def check_checkpoint(
     spark: SparkSession | None, checkpoint: str, batches_ran: bool,
-    elsewhere: Sequence[str] = (), running: tuple[int | None, str | None] | None = None,
+    elsewhere: Sequence[str] = (), running: RunningStream | None = None,
 ) -> list[Finding]:
     """The streaming checkpoint: present when the lake holds batches, and every file whole.
 
@@ -375,10 +375,10 @@ def check_checkpoint(
     if pending is not None:
         notes.append(f"batch {pending} unfinished (the next run replays it)")
     if running is not None:
-        pid, where = running
+        where = running.checkpoint
         on = f" on checkpoint {where}" if where and checkpoint_key(where) != \
             checkpoint_key(root) else ""
-        notes.append(f"in use by a running stream (pid {'?' if pid is None else pid}{on}): "
+        notes.append(f"in use by a running stream ({running.who}{on}): "
                      "files may change while read")
     return [Finding(CHECKPOINT, None, f"{root}: offsets, commits, metadata, identity and "
                                       f"ledger readable; {'; '.join(notes)}")]

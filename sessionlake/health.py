@@ -24,7 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from socket import gethostname
+from typing import Any, NamedTuple
 
 from sessionlake import deltalog, deltareader
 from sessionlake.checkpoint import (
@@ -186,6 +187,8 @@ class Health:
     input_waiting: UnreadInput | None = None
     #: What could not be read, in words (the rest of the page is still shown).
     problems: list[str] = field(default_factory=list)
+    #: The host the running stream runs on (what to stop, where), when its holder says.
+    stream_host: str | None = None
 
     @property
     def watermark(self) -> datetime | None:
@@ -219,6 +222,7 @@ class Health:
             "stream_running": self.stream_running,
             "stream_pid": self.stream_pid,
             "stream_checkpoint": self.stream_checkpoint,
+            "stream_host": self.stream_host,
             "open_sessions": self.open_sessions,
             "closed_sessions": self.closed_sessions,
             "last_batch_id": last.batch_id if last else None,
@@ -285,8 +289,9 @@ def collect_health(settings: Settings, now: datetime | None = None) -> Health:
         generated_at=now,
         lake_exists=exists,
         stream_running=running is not None,
-        stream_pid=running[0] if running else None,
-        stream_checkpoint=running[1] if running else None,
+        stream_pid=running.pid if running else None,
+        stream_checkpoint=running.checkpoint if running else None,
+        stream_host=running.host if running else None,
         open_sessions=_rows(states.get("open_sessions")),
         closed_sessions=_rows(states.get("sessions")),
         last_batch=last,
@@ -387,9 +392,25 @@ def _rows(state: deltareader.TableState | None) -> int | None:
     return None if state is None else state.row_count()
 
 
-def running_stream(settings: Settings) -> tuple[int | None, str | None] | None:
-    """The pid and checkpoint of the stream running on the lake (or on the checkpoint of
-    ``settings``), ``None`` when none runs; either may be ``None`` when not noted.
+class RunningStream(NamedTuple):
+    """The stream running on a lake: its pid, checkpoint and host, each ``None`` when its
+    holder file does not name it."""
+
+    pid: int | None
+    checkpoint: str | None
+    host: str | None = None
+
+    @property
+    def who(self) -> str:
+        """``pid N``, and ``on host H`` when it is known and not this one: what to stop,
+        where."""
+        pid = f"pid {'?' if self.pid is None else self.pid}"
+        return f"{pid} on host {self.host}" if self.host not in (None, gethostname()) else pid
+
+
+def running_stream(settings: Settings) -> RunningStream | None:
+    """The stream running on the lake (or on the checkpoint of ``settings``), ``None``
+    when none runs.
 
     Found by the locks a run holds, not by pids alone: a lock is seen from another container
     sharing the lake's volume (the health page runs in Airflow's API server, the streams
@@ -403,14 +424,15 @@ def running_stream(settings: Settings) -> tuple[int | None, str | None] | None:
                 holder = json.loads((lake_folder / LAKE_HOLDER_FILE).read_text())
             except (OSError, ValueError):
                 holder = {}
-            return holder.get("pid"), holder.get("checkpoint")
+            return RunningStream(holder.get("pid"), holder.get("checkpoint"),
+                                 holder.get("host"))
         folder = deltareader.local_table_path(settings.checkpoint)
     except deltareader.DeltaReadError:
         return None
     if not lock_held(folder):  # a run of a version before the lake's lock
         return None
     text = (folder / PID_FILE).read_text().strip() if (folder / PID_FILE).exists() else ""
-    return (int(text) if text.isdigit() else None), settings.checkpoint
+    return RunningStream(int(text) if text.isdigit() else None, settings.checkpoint)
 
 
 def _batches(state: deltareader.TableState | None, problems: list[str]) -> list[BatchPoint]:

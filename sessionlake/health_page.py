@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from html import escape
+from socket import gethostname
 from typing import Any
 
 from sessionlake.charts import line_chart
@@ -157,6 +158,8 @@ def _stream_text(health: Health) -> str:
     if not health.stream_running:
         return "not running"
     pid = f"pid {health.stream_pid}" if health.stream_pid is not None else "pid unknown"
+    if health.stream_host and health.stream_host != gethostname():
+        pid += f" on host {health.stream_host}"  # the page runs in another container
     checkpoint = health.stream_checkpoint
     return f"running ({pid}, checkpoint {checkpoint})" if checkpoint else f"running ({pid})"
 

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,7 +46,6 @@ from sessionlake.checkpoint import (
     CONTINUOUS_LOG,
     CONTINUOUS_RUN,
     IDENTITY_FILE,
-    PID_FILE,
     lock_held,
     unread_input,
 )
@@ -60,6 +60,7 @@ from sessionlake.config import (
 )
 from sessionlake.deltalog import batch_keys, commit_actions
 from sessionlake.erasure import USER_HASH, user_hash
+from sessionlake.locks import Holder, checkpoint_holder
 from sessionlake.spark import (
     PROJECT_ROOT,
     default_conf,
@@ -682,11 +683,11 @@ def restart_timeout() -> float:
     return float(os.environ.get("SESSIONLAKE_RESTART_TIMEOUT", "300"))
 
 
-def stream_holding(checkpoint: str) -> int | None:
-    """The pid of the sessionlake run holding ``checkpoint``: a continuous run (the restart
-    DAG's) or a run from the command line. ``None`` when none does, and for a checkpoint
-    on object storage, where there is no lock to ask."""
-    return running_pid(checkpoint) if local_path(checkpoint) is not None else None
+def stream_holding(checkpoint: str) -> Holder | None:
+    """The sessionlake run holding ``checkpoint``: a continuous run (the restart DAG's) or
+    a run from the command line. ``None`` when none does, and for a checkpoint on object
+    storage, where there is no lock to ask."""
+    return running_holder(checkpoint) if local_path(checkpoint) is not None else None
 
 
 def microbatch_skip_reason(locations: Locations) -> str | None:
@@ -698,17 +699,17 @@ def microbatch_skip_reason(locations: Locations) -> str | None:
         over by a task that was killed): skipped, the DAG would stay green for as long as
         that run hangs, and nothing would read the landing folder.
     """
-    pid = stream_holding(locations.checkpoint)
-    if pid is None:
+    holder = stream_holding(locations.checkpoint)
+    if holder is None:
         return None
-    if _restart_dag_args(locations.checkpoint, pid) is None:
+    if _restart_dag_args(locations.checkpoint, holder) is None:
         raise ValueError(
-            f"sessionlake run pid {pid} holds checkpoint {locations.checkpoint}, and it is not "
+            f"sessionlake run {holder} holds checkpoint {locations.checkpoint}, and it is not "
             "the restart DAG's continuous run (one from the command line, or one left over): "
             "no micro-batch can run until it ends. If it is stuck, `kill -TERM "
-            f"{pid}` stops it after its batch in flight; a run meant to go on is better "
+            f"{holder.pid}` stops it after its batch in flight; a run meant to go on is better "
             "started by the sessionlake_restart DAG, beside which these runs are skipped")
-    return (f"sessionlake run pid {pid} holds checkpoint {locations.checkpoint} and reads "
+    return (f"sessionlake run {holder} holds checkpoint {locations.checkpoint} and reads "
             "the landing folder itself (the restart DAG's continuous run): this run has "
             "nothing to do")
 
@@ -731,16 +732,18 @@ def check_restore_possible(locations: Locations, params: RestoreParams,
             find_snapshot(locations.lake, params.snapshot_id)
         except SnapshotError as error:
             raise _bad("snapshot_id", params.snapshot_id, str(error)) from None
-    pid = stream_holding(locations.checkpoint)
-    noted = None if pid is None else _restart_dag_args(locations.checkpoint, pid)
+    holder = stream_holding(locations.checkpoint)
+    noted = None if holder is None else _restart_dag_args(locations.checkpoint, holder)
     if noted is not None:
         checked_restart_args(locations, noted, connection_master)
-    if pid is not None and noted is None:
+    if holder is not None and noted is None:
         raise ValueError(
-            f"sessionlake run pid {pid} holds checkpoint {locations.checkpoint}, and a restore "
+            f"sessionlake run {holder} holds checkpoint {locations.checkpoint}, and a restore "
             "needs the stream stopped. It was not started by the restart DAG, so this DAG "
-            f"cannot start it again: `kill -TERM {pid}` stops it after its batch in flight; "
-            "trigger the restore again, then start the run again as it was started")
+            f"cannot start it again: `kill -TERM {holder.pid}` stops it after its batch in "
+            "flight; trigger the restore again, then start the run again as it was started")
+    if holder is not None:
+        refuse_signal_elsewhere(holder, locations.checkpoint)
 
 
 def checked_restart_args(locations: Locations, args: Sequence[str],
@@ -769,12 +772,30 @@ def checked_restart_args(locations: Locations, args: Sequence[str],
     return noted
 
 
-def _restart_dag_args(checkpoint: str, pid: int) -> list[str] | None:
-    """The command line :func:`start_continuous_run` noted for ``pid``; ``None`` when it
-    noted none, or another pid's."""
+def _restart_dag_args(checkpoint: str, holder: Holder) -> list[str] | None:
+    """The command line :func:`start_continuous_run` noted for ``holder``; ``None`` when it
+    noted none, or another process's (another pid, or the same pid on another host)."""
     record = _local(checkpoint) / CONTINUOUS_RUN
     started = json.loads(record.read_text()) if record.exists() else {}
-    return [str(arg) for arg in started["args"]] if started.get("pid") == pid else None
+    host = socket.gethostname() if holder.here else holder.host
+    if started.get("pid") != holder.pid or started.get("host", host) != host:
+        return None
+    return [str(arg) for arg in started["args"]]
+
+
+def refuse_signal_elsewhere(holder: Holder, checkpoint: str) -> None:
+    """Refuse to signal a run of another host or container sharing the checkpoint's
+    volume: its pid here is another process, or none.
+
+    :raises ValueError: naming where the run is and how to stop it there.
+    """
+    if not holder.here:
+        raise ValueError(
+            f"sessionlake run {holder} holds checkpoint {checkpoint}, and no process of this "
+            f"host ({socket.gethostname()}) and container does: a signal from here would "
+            f"reach another process, or none. Stop it where it runs (`kill -TERM "
+            f"{'PID' if holder.pid is None else holder.pid}` on {holder.host or 'its host'}),"
+            " then trigger this DAG again")
 
 
 def stop_for_restore(checkpoint: str, timeout: float = 300.0) -> list[str] | None:
@@ -785,25 +806,29 @@ def stop_for_restore(checkpoint: str, timeout: float = 300.0) -> list[str] | Non
     :raises ValueError: when a run the restart DAG did not start holds it (it started
         since :func:`check_restore_possible`).
     """
-    pid = stream_holding(checkpoint)
-    if pid is None:
+    holder = stream_holding(checkpoint)
+    if holder is None:
         return None
-    args = _restart_dag_args(checkpoint, pid)
+    args = _restart_dag_args(checkpoint, holder)
     if args is None:
-        raise ValueError(f"sessionlake run pid {pid}, not the restart DAG's, holds "
-                         f"checkpoint {checkpoint}: stop it (`kill -TERM {pid}`), then "
-                         "trigger the restore again")
+        raise ValueError(f"sessionlake run {holder}, not the restart DAG's, holds "
+                         f"checkpoint {checkpoint}: stop it (`kill -TERM {holder.pid}`), "
+                         "then trigger the restore again")
     stop_continuous_run(checkpoint, timeout)
     return args
 
 
-def running_pid(checkpoint: str) -> int | None:
-    """The pid of the run holding the checkpoint's lock, or ``None`` when it is free."""
+def running_holder(checkpoint: str) -> Holder | None:
+    """The run holding the checkpoint's lock, or ``None`` when it is free."""
     folder = _local(checkpoint)
-    if not lock_held(folder):
-        return None
-    text = (folder / PID_FILE).read_text().strip() if (folder / PID_FILE).exists() else ""
-    return int(text) if text.isdigit() else None
+    return checkpoint_holder(folder) if lock_held(folder) else None
+
+
+def running_pid(checkpoint: str) -> int | None:
+    """The pid of the run holding the checkpoint's lock, ``None`` when it is free or held
+    by a process of another host or container, whose pid means nothing here."""
+    holder = running_holder(checkpoint)
+    return holder.pid if holder is not None and holder.here else None
 
 
 def stop_continuous_run(checkpoint: str, timeout: float = 300.0) -> int | None:
@@ -812,11 +837,16 @@ def stop_continuous_run(checkpoint: str, timeout: float = 300.0) -> int | None:
     The run stops gracefully: the micro-batch in flight finishes and commits first.
 
     :return: the pid that was stopped, or ``None`` when no run held the checkpoint.
+    :raises ValueError: when the run is one of another host or container
+        (:func:`refuse_signal_elsewhere`).
     :raises TimeoutError: when it still holds the checkpoint after ``timeout`` seconds.
     """
-    pid = running_pid(checkpoint)
-    if pid is None:
+    holder = running_holder(checkpoint)
+    if holder is None:
         return None
+    refuse_signal_elsewhere(holder, checkpoint)
+    pid = holder.pid
+    assert pid is not None  # a holder here is named by the kernel, or by its pid file
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
@@ -838,16 +868,16 @@ def stop_restart_dag_run(checkpoint: str | None = None,
 
     For the end of the scheduler's container (``docker/entrypoint.sh``): the run is in a
     session of its own (:func:`start_continuous_run`), so the SIGTERM that stops the
-    scheduler does not reach it. A run the restart DAG did not start is left alone: its
-    pid may be one of another container, which means another process here.
+    scheduler does not reach it. A run the restart DAG did not start is left alone, and
+    so is one of another container (:func:`refuse_signal_elsewhere`).
 
     :param checkpoint: default the workers' (:func:`locations_from_env`).
     :return: the pid that was stopped, or ``None``.
     :raises TimeoutError: when it still holds the checkpoint after ``timeout`` seconds.
     """
     checkpoint = checkpoint or locations_from_env().checkpoint
-    pid = running_pid(checkpoint)
-    if pid is None or _restart_dag_args(checkpoint, pid) is None:
+    holder = running_holder(checkpoint)
+    if holder is None or not holder.here or _restart_dag_args(checkpoint, holder) is None:
         return None
     return stop_continuous_run(checkpoint, timeout)
 
@@ -890,7 +920,8 @@ def start_continuous_run(args: Sequence[str], checkpoint: str) -> int:
     with open(folder / CONTINUOUS_LOG, "ab") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
-    (folder / CONTINUOUS_RUN).write_text(json.dumps({"pid": process.pid, "args": list(args)}))
+    (folder / CONTINUOUS_RUN).write_text(json.dumps(
+        {"pid": process.pid, "host": socket.gethostname(), "args": list(args)}))
     return process.pid
 
 

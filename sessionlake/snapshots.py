@@ -48,6 +48,7 @@ from sessionlake.checkpoint import (
     CATALOG_LOCK_FILE,
     CONTINUOUS_LOG,
     CONTINUOUS_RUN,
+    HOLDER_FILE,
     IDENTITY_FILE,
     LOCK_FILE,
     MANIFEST,
@@ -89,8 +90,8 @@ log = logging.getLogger("sessionlake.snapshots")
 #: Files of the checkpoint folder that belong to the running process, not to the stream:
 #: a snapshot does not copy them, a restore does not touch them (the continuous run's log
 #: goes on across a restore).
-_PROCESS_FILES = (LOCK_FILE, BATCH_LOCK_FILE, PID_FILE, RESTORING_MARKER, CONTINUOUS_LOG,
-                  CONTINUOUS_RUN)
+_PROCESS_FILES = (LOCK_FILE, BATCH_LOCK_FILE, PID_FILE, HOLDER_FILE, RESTORING_MARKER,
+                  CONTINUOUS_LOG, CONTINUOUS_RUN)
 _COPY_ATTEMPTS = 20
 #: How long an expiry waits for a restore to let go of the catalog before it gives up.
 EXPIRY_WAIT_S = 60.0
@@ -485,9 +486,9 @@ def check_restore_request(settings: Settings, snapshot_id: str) -> None:
                             "`sessionlake run` creates it")
     running = running_stream(settings)
     if running is not None:
-        pid, checkpoint = running
-        raise SnapshotError(f"a sessionlake run (pid {pid}) is writing the lake on checkpoint "
-                            f"{checkpoint} (a restore needs the stream stopped)")
+        raise SnapshotError(f"a sessionlake run ({running.who}) is writing the lake on "
+                            f"checkpoint {running.checkpoint} (a restore needs the stream "
+                            "stopped)")
 
 
 def restore_snapshot(

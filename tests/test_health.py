@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -44,6 +45,8 @@ def test_the_running_stream_is_found_by_its_locks_with_its_pid_and_checkpoint(
             assert (health.stream_running, health.stream_pid, health.stream_checkpoint) == (
                 True, holder.pid, str(checkpoint or settings.checkpoint))
             assert health.as_json()["stream_pid"] == holder.pid
+            # the lake's holder names its host: the page runs in another container
+            assert health.stream_host == (socket.gethostname() if checkpoint else None)
         assert collect_health(settings).stream_running is False
 
     assert (lake / "_checkpoints" / LAKE_HOLDER_FILE).exists()  # left by the killed run

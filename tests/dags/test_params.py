@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
+import sys
 from collections.abc import Callable
 from datetime import date, timedelta
 from functools import partial
@@ -13,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from sessionlake import locks
 from sessionlake import orchestration as orch
-from sessionlake.checkpoint import CONTINUOUS_LOG, CONTINUOUS_RUN
+from sessionlake.checkpoint import CONTINUOUS_LOG, CONTINUOUS_RUN, PID_FILE
 from sessionlake.erasure import user_hash
 from sessionlake.spark import (
     DRIVER_JIT_ENV,
@@ -419,6 +423,105 @@ def test_only_the_restart_dag_s_run_is_stopped_for_a_restore(tmp_path: Path) -> 
         assert orch.stop_for_restore(str(checkpoint), timeout=30) == args
         holder.wait(timeout=30)
     assert orch.running_pid(str(checkpoint)) is None
+
+
+def test_the_pid_files_do_not_choose_whom_a_stop_signals(tmp_path: Path) -> None:
+    """Whoever can write the checkpoint folder can write its pid files: the process that
+    gets the SIGTERM is the one the kernel says holds the lock, and the restart DAG's note
+    is taken only for that process (before, a `sleep` the files named was killed)."""
+    checkpoint = tmp_path / "cp"
+    bystander = subprocess.Popen(["sleep", "600"])
+    try:
+        with held_by_another_process("checkpoint_lock", checkpoint) as holder:
+            (checkpoint / PID_FILE).write_text(str(bystander.pid))
+            (checkpoint / CONTINUOUS_RUN).write_text(json.dumps(
+                {"pid": bystander.pid, "args": ["run", "--trigger", "continuous"]}))
+            assert orch.running_pid(str(checkpoint)) == holder.pid
+            assert orch.stop_restart_dag_run(str(checkpoint), timeout=30) is None
+            assert orch.stop_continuous_run(str(checkpoint), timeout=30) == holder.pid
+            assert holder.wait(timeout=30) == -signal.SIGTERM
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_without_the_kernel_s_word_the_holder_is_the_process_with_the_lock_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where ``/proc/locks`` names the lock's inode otherwise (a file system stacked on
+    another), the pid file's process is taken as the holder only while it has the lock
+    file open: a pid written there by anyone else is no process to signal."""
+    monkeypatch.setattr(locks, "kernel_holder", lambda lock: 0)
+    checkpoint = tmp_path / "cp"
+    bystander = subprocess.Popen(["sleep", "600"])
+    try:
+        with held_by_another_process("checkpoint_lock", checkpoint) as holder:
+            assert orch.running_holder(str(checkpoint)) == locks.Holder(holder.pid)
+            (checkpoint / PID_FILE).write_text(str(bystander.pid))
+            assert orch.running_holder(str(checkpoint)) == locks.Holder(
+                bystander.pid, here=False)
+            assert orch.running_pid(str(checkpoint)) is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+_STOPS_FROM_ANOTHER_CONTAINER = """
+import json, subprocess, sys
+from pathlib import Path
+from sessionlake import locks
+from sessionlake import orchestration as orch
+from sessionlake.checkpoint import CONTINUOUS_RUN, HOLDER_FILE, PID_FILE
+checkpoint = Path(sys.argv[1])
+bystander = subprocess.Popen(["sleep", "600"])  # what the holder's pid names here
+noted = json.loads((checkpoint / HOLDER_FILE).read_text())
+(checkpoint / PID_FILE).write_text(str(bystander.pid))
+(checkpoint / HOLDER_FILE).write_text(json.dumps({**noted, "pid": bystander.pid}))
+(checkpoint / CONTINUOUS_RUN).write_text(json.dumps(
+    {"pid": bystander.pid, "host": noted["host"], "args": ["run"]}))
+said = {}
+for name, stop in [("stop", orch.stop_continuous_run), ("restore", orch.stop_for_restore),
+                   ("scheduler's end", orch.stop_restart_dag_run)]:
+    try:
+        said[name] = repr(stop(str(checkpoint), timeout=5))
+    except Exception as error:
+        said[name] = f"{type(error).__name__}: {error}"
+said["bystander"] = bystander.poll()
+said["bystander_pid"] = bystander.pid
+print(json.dumps(said))
+"""
+
+
+def test_a_run_in_another_container_is_not_signalled_by_its_pid_here(tmp_path: Path) -> None:
+    """A pid names a process in its own pid namespace: the restart and restore DAGs, and
+    the scheduler container's end, must not SIGTERM whatever has the run's pid in their
+    container (before, they did), but say where the run is and leave it running."""
+    unshare = ["unshare", "--pid", "--fork", "--uts", "--mount-proc"]
+    if shutil.which("unshare") is None or subprocess.run(
+            [*unshare, "true"], capture_output=True).returncode:
+        pytest.skip("unshare --pid --uts --mount-proc is not permitted here (needs root)")
+    checkpoint = tmp_path / "cp"
+    holder = subprocess.Popen(
+        [*unshare, "sh", "-c", 'hostname other-container && exec "$0" -c "$1" "$2"',
+         sys.executable,
+         "import sys, time; from sessionlake.locks import checkpoint_lock\n"
+         "with checkpoint_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)",
+         str(checkpoint)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        stops = subprocess.run([*unshare, sys.executable, "-c", _STOPS_FROM_ANOTHER_CONTAINER,
+                                str(checkpoint)], capture_output=True, text=True, timeout=120)
+        said = json.loads(stops.stdout)
+        where = f"pid {said['bystander_pid']} on host other-container"
+        assert said["stop"].startswith(f"ValueError: sessionlake run {where} holds checkpoint")
+        assert f"`kill -TERM {said['bystander_pid']}` on other-container" in said["stop"]
+        assert said["restore"].startswith(f"ValueError: sessionlake run {where}")
+        assert said["scheduler's end"] == "None"
+        assert said["bystander"] is None and holder.poll() is None
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 @pytest.mark.parametrize(("tamper", "accepted"), [
