@@ -200,6 +200,9 @@ COMPOSE := docker compose -f docker/compose.yaml
 #   SESSIONLAKE_API_SECRET_KEY  signs the api-server's requests to the log servers; 64 bytes
 #   SESSIONLAKE_FERNET_KEY      encrypts connections and variables in the database; a Fernet
 #                               key (urlsafe base64 of 32 bytes): a new one cannot read them
+#   SESSIONLAKE_POSTGRES_PASSWORD  the metadata database's; Postgres takes it when its volume
+#                               is first made, so a file from before it was written here (it
+#                               holds the JWT secret) gets the password then fixed, `airflow`
 # Each run adds the keys the file lacks (one written by an older Makefile holds only the
 # first) and keeps those it has, so that running services keep working.
 DOCKER_ENV ?= docker/.env
@@ -209,9 +212,12 @@ $(DOCKER_ENV):
 	umask 077 && touch $@ && chmod 600 $@ && \
 	add() { grep -q "^$$1=" $@ || printf '%s=%s\n' "$$1" \
 	  "$$(python3 -c "import base64, secrets; print($$2)")" >> $@; } && \
+	if grep -q '^SESSIONLAKE_JWT_SECRET=' $@; then \
+	  add SESSIONLAKE_POSTGRES_PASSWORD '"airflow"'; fi && \
 	add SESSIONLAKE_JWT_SECRET 'secrets.token_hex(64)' && \
 	add SESSIONLAKE_API_SECRET_KEY 'secrets.token_hex(64)' && \
-	add SESSIONLAKE_FERNET_KEY 'base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()'
+	add SESSIONLAKE_FERNET_KEY 'base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()' && \
+	add SESSIONLAKE_POSTGRES_PASSWORD 'secrets.token_hex(32)'
 
 docker-up: $(DOCKER_ENV)
 	$(COMPOSE) up --detach --build --wait --wait-timeout 600

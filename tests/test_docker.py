@@ -237,10 +237,25 @@ def _make_env(path: Path) -> str:
     return path.read_text()
 
 
+def test_the_metadata_database_s_password_is_the_deployment_s_not_the_file_s(
+    compose: dict[str, Any],
+) -> None:
+    """The Spark workers share the compose network with Postgres: a password written in
+    the public compose file would be everyone's (before 2026-12-06 it was `airflow`)."""
+    services = _services(compose)
+    variable = r"\$\{SESSIONLAKE_POSTGRES_PASSWORD:\?[^}]+\}"
+    assert re.fullmatch(variable, services["postgres"]["environment"]["POSTGRES_PASSWORD"])
+    for name in (*AIRFLOW_SERVICES, "airflow-init"):
+        connection = services[name]["environment"]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+        assert re.fullmatch(rf"postgresql\+psycopg2://airflow:{variable}@postgres:5432/airflow",
+                            connection), (name, connection)
+
+
 def test_make_writes_random_keys_once_readable_by_their_owner_only(tmp_path: Path) -> None:
     first = _make_env(tmp_path / "a.env")
     keys = dict(line.split("=", 1) for line in first.splitlines())
-    assert set(keys) == set(SHARED_KEYS.values())
+    assert set(keys) == {*SHARED_KEYS.values(), "SESSIONLAKE_POSTGRES_PASSWORD"}
+    assert re.fullmatch(r"[0-9a-f]{64}", keys["SESSIONLAKE_POSTGRES_PASSWORD"])
     assert re.fullmatch(r"[0-9a-f]{128}", keys["SESSIONLAKE_JWT_SECRET"])
     assert re.fullmatch(r"[0-9a-f]{128}", keys["SESSIONLAKE_API_SECRET_KEY"])
     assert keys["SESSIONLAKE_API_SECRET_KEY"] != keys["SESSIONLAKE_JWT_SECRET"]
@@ -258,8 +273,10 @@ def test_make_adds_the_keys_a_file_of_an_older_makefile_lacks(tmp_path: Path) ->
     path.write_text(f"SESSIONLAKE_JWT_SECRET={'ab' * 64}\n")
     path.chmod(0o644)
     keys = dict(line.split("=", 1) for line in _make_env(path).splitlines())
-    assert set(keys) == set(SHARED_KEYS.values())
+    assert set(keys) == {*SHARED_KEYS.values(), "SESSIONLAKE_POSTGRES_PASSWORD"}
     assert keys["SESSIONLAKE_JWT_SECRET"] == "ab" * 64
+    # Its Postgres volume was made with the password the compose file then fixed.
+    assert keys["SESSIONLAKE_POSTGRES_PASSWORD"] == "airflow"
     assert path.stat().st_mode & 0o777 == 0o600
 
 
