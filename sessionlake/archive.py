@@ -87,6 +87,9 @@ class ArchiveReport:
     #: Files moved (below the landing folder) that changed after the stream read them:
     #: what was added to them later was never read.
     changed_after_read: tuple[str, ...] = ()
+    #: Read files left where they are: a symbolic link leads them out of the landing
+    #: folder, and a move would take the file of the folder the link leads to.
+    leading_out: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """One line for the command line and task logs."""
@@ -94,8 +97,11 @@ class ArchiveReport:
         kept = (f"; {self.kept_for_snapshots} read file(s) kept in the landing folder: a "
                 "snapshot had not read them, and a restore to it reads them again"
                 if self.kept_for_snapshots else "")
+        out = (f"; {len(self.leading_out)} read file(s) left, a symbolic link leads them out "
+               f"of the landing folder: {', '.join(self.leading_out[:CHANGED_NAMED])}"
+               if self.leading_out else "")
         return (f"{verb} {self.moved} file(s), {self.moved_bytes} bytes, to "
-                f"{self.target}{kept}{self._changed_summary()}{self._trim_summary()}")
+                f"{self.target}{kept}{out}{self._changed_summary()}{self._trim_summary()}")
 
     def _changed_summary(self) -> str:
         changed = self.changed_after_read
@@ -165,7 +171,12 @@ def archive_read_files(settings: Settings, target: str, *, dry_run: bool = False
     landing, checkpoint, destination = check_archive_request(settings, target)
     read, safe = read_by_every_restore_point(checkpoint, settings.lake)
     prefix = f"{landing}{os.sep}"
-    moving = sorted(p for p in safe if p.startswith(prefix) and os.path.isfile(p))
+    listed = sorted(p for p in safe if p.startswith(prefix) and os.path.isfile(p))
+    # Spark reads through symbolic links: a file read as landing/x/f may be one of
+    # anywhere (x -> the lake's _delta_log); only what truly lies in the folder moves.
+    inside = {p: within(p, str(landing)) for p in listed}
+    moving = [p for p in listed if inside[p]]
+    leading_out = tuple(str(Path(p).relative_to(landing)) for p in listed if not inside[p])
     kept = sum(1 for p in read.keys() - safe if p.startswith(prefix) and os.path.isfile(p))
     moved = moved_bytes = 0
     changed = []
@@ -186,7 +197,7 @@ def archive_read_files(settings: Settings, target: str, *, dry_run: bool = False
                     "later was never read: %s", len(changed), ", ".join(changed[:CHANGED_NAMED]))
     trim, skipped = forget_archived(settings, landing, checkpoint, destination, dry_run)
     return ArchiveReport(str(destination), moved, moved_bytes, kept, dry_run, trim, skipped,
-                         tuple(changed))
+                         tuple(changed), leading_out)
 
 
 def forget_archived(

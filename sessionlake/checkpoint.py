@@ -476,8 +476,9 @@ class LoggedFile(NamedTuple):
     timestamp_ms: int | None  #: its modification time when the source listed it
 
 
-def batch_file_count(spark: SparkSession | None, checkpoint: str, batch_id: int) -> int | None:
-    """How many files the stream's batch ``batch_id`` reads: those of the file source log's
+def batch_files(spark: SparkSession | None, checkpoint: str,
+                batch_id: int) -> list[LoggedFile] | None:
+    """The files the stream's batch ``batch_id`` reads: those of the file source log's
     entries after the previous batch's offset up to its own (:func:`file_source_offset`),
     as Spark's file source reads them (``None``: an entry of either log is missing)."""
     spark_checkpoint = f"{checkpoint.rstrip('/')}/{SPARK_CHECKPOINT}"
@@ -491,13 +492,13 @@ def batch_file_count(spark: SparkSession | None, checkpoint: str, batch_id: int)
     start, end = offset(batch_id - 1), offset(batch_id)
     if start is None or end is None:
         return None
-    total = 0
+    files: list[LoggedFile] = []
     for number in range(start + 1, end + 1):
         logged = _entry_s_own_files(spark, spark_checkpoint, number)
         if logged is None:
             return None
-        total += sum(1 for file in logged if file.batch_id == number)
-    return total
+        files += [file for file in logged if file.batch_id == number]
+    return files
 
 
 def _entry_s_own_files(

@@ -47,6 +47,26 @@ def within(path: str, folder: str) -> bool:
     return path == folder or path.startswith(f"{folder}/")
 
 
+def links_leading_out(folder: Path) -> list[tuple[str, str]]:
+    """The symbolic links under the local ``folder`` that lead out of it, each with the
+    path it leads to, sorted. Linked folders are not walked into."""
+    root = os.path.realpath(folder)
+    found: list[tuple[str, str]] = []
+
+    def walk(path: str) -> None:
+        with os.scandir(path) as entries:  # their types come with the names: no stat each
+            for entry in entries:
+                if entry.is_symlink():
+                    if not within(entry.path, root):
+                        found.append((entry.path, os.path.realpath(entry.path)))
+                elif entry.is_dir(follow_symlinks=False):
+                    walk(entry.path)
+
+    if os.path.isdir(folder):
+        walk(str(folder))
+    return sorted(found)
+
+
 def _needed(spark: SparkSession | None, uri: str) -> SparkSession:
     if spark is None:
         raise ValueError(f"{uri} is not a local path: a Spark session is needed to reach it")

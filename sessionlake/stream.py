@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -35,7 +35,7 @@ from sessionlake.checkpoint import (
     LANDING_NOTE,
     RESTORING_MARKER,
     SPARK_CHECKPOINT,
-    batch_file_count,
+    batch_files,
     changed_since_read,
     forget_archived_files,
     forget_requested,
@@ -323,6 +323,53 @@ def check_landing_folder(spark: SparkSession, settings: Settings) -> None:
             )
 
 
+#: Why a landing folder must hold files, not links out of it.
+LINKS_OUT_WHY = (
+    "Spark follows symbolic links, so the stream would read a file of wherever the link "
+    "leads (into quarantine, whatever it holds), and `sessionlake archive` would move the "
+    "files of the folder it leads to")
+
+
+def check_no_links_out(settings: Settings) -> None:
+    """Refuse, before the stream reads anything, a local landing folder that holds a
+    symbolic link leading out of it (:data:`LINKS_OUT_WHY`): whoever may drop files there
+    is not thereby given every file the run may read. Links within it are fine.
+
+    :raises ConfigError: naming the links and where they lead.
+    """
+    landing = local_path(settings.source or "")
+    if landing is None or is_glob(settings.source or ""):
+        return
+    if out := storage.links_leading_out(landing):
+        named = ", ".join(f"{link} -> {target}" for link, target in out[:5])
+        more = f" (and {len(out) - 5} more)" if len(out) > 5 else ""
+        raise ConfigError(
+            f"the landing folder {settings.source} holds symbolic links leading out of it: "
+            f"{named}{more}. {LINKS_OUT_WHY}. Remove them, or put the files themselves in "
+            "the landing folder")
+
+
+def check_batch_stays_in_landing(settings: Settings, batch_id: int,
+                                 files: Sequence[str]) -> None:
+    """Refuse batch ``batch_id`` before it reads anything when one of its ``files`` leads
+    out of the landing folder: a link made there after the run started
+    (:func:`check_no_links_out`).
+
+    :raises ConfigError: naming the file, where it leads, and how to run on.
+    """
+    landing = settings.source or ""
+    if local_path(landing) is None or is_glob(landing):
+        return
+    for path in files:
+        if not storage.within(path, landing):
+            raise ConfigError(
+                f"batch {batch_id} would read {path}, a symbolic link leading out of the "
+                f"landing folder to {os.path.realpath(path)}: {LINKS_OUT_WHY}. Nothing of the "
+                "batch was read or written. Put a file in its place (the file it leads "
+                f"to: `cp --remove-destination {os.path.realpath(path)} {path}`, or an empty "
+                "one), and run again: the batch then reads that file")
+
+
 def forget_files_archived_meanwhile(settings: Settings) -> None:
     """Drop from the source log the files ``sessionlake archive`` moved out while this
     stream ran, which kept it from doing so
@@ -437,6 +484,7 @@ def check_and_register_stream(spark: SparkSession, settings: Settings,
         check_no_kafka_records_lost(spark, settings, topic)
     else:
         check_landing_folder(spark, settings)
+        check_no_links_out(settings)
     check_gap_unchanged(spark, settings)
     format_unnoted = check_format_unchanged(spark, settings)
     if topic is None:
@@ -568,11 +616,15 @@ class _BatchHandler:
         self.in_flight.start(batch_id)
         try:
             faults.set_batch(batch_id)
+            files = None if self.settings.reads_kafka else batch_files(
+                self.spark, self.settings.checkpoint, batch_id)
+            if files:
+                check_batch_stays_in_landing(self.settings, batch_id,
+                                             [file.path for file in files])
             report = process_lines(self.spark, self.to_lines(frame), batch_id, self.settings,
                                    self.identity, self.clock, self.in_flight.begin)
-            if not self.settings.reads_kafka:
-                report = replace(report, input_files=batch_file_count(
-                    self.spark, self.settings.checkpoint, batch_id))
+            if files is not None:
+                report = replace(report, input_files=len(files))
             self.summary.batches.append(report)
             self.reports[batch_id] = report
             log.debug("batch %s: %s", batch_id, report.row)  # -v has its line

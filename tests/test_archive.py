@@ -80,6 +80,25 @@ def test_read_files_move_with_their_paths_and_times(tmp_path: Path) -> None:
     assert moved.stat().st_mtime == 1_700_000_000
 
 
+def test_files_read_through_a_link_out_of_the_landing_folder_stay_where_they_are(
+    tmp_path: Path,
+) -> None:
+    """Spark reads through symbolic links, and its log names a file by the path it read:
+    moving landing/sub/f where sub leads to another folder (the lake's ``_delta_log``, say)
+    would empty that folder. Before, it did."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "landing").mkdir()
+    (tmp_path / "landing" / "sub").symlink_to(outside)
+    landing_with(tmp_path, "a.jsonl", "sub/notes.jsonl")
+    report = archive_read_files(settings(tmp_path), str(tmp_path / "archive"))
+    assert (outside / "notes.jsonl").exists()
+    assert (report.moved, report.leading_out) == (1, ("sub/notes.jsonl",))
+    assert sorted(p.name for p in (tmp_path / "archive").rglob("*")) == ["a.jsonl"]
+    assert ("1 read file(s) left, a symbolic link leads them out of the landing folder: "
+            "sub/notes.jsonl") in report.summary()
+
+
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_files_changed_after_they_were_read_are_named(tmp_path: Path, dry_run: bool) -> None:
     """Spark read each file once, as it was then: lines added later were never read, and

@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from sessionlake import cli, faults
+from sessionlake import cli, faults, stream
 from sessionlake.checkpoint import (
     LANDING_NOTE,
     LOCK_FILE,
@@ -195,6 +195,41 @@ def test_a_run_with_nothing_new_changes_nothing(spark: SparkSession, tmp_path: P
     split_log(tmp_path / "landing", 1)
     run(spark, tmp_path / "landing", tmp_path / "lake")
     assert run(spark, tmp_path / "landing", tmp_path / "lake") == []
+
+
+def test_a_symbolic_link_out_of_the_landing_folder_is_refused_before_it_is_read(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark follows links: one in the landing folder to a file elsewhere put that file's
+    lines in quarantine, for anyone who queries the lake. A run is refused at its start,
+    naming the link; a link made after the start refuses its batch before it reads
+    anything, and a file put in its place, as the refusal says, lets the batch run."""
+    first, second = split_log(tmp_path / "all", 2)
+    landing, lake, secret = tmp_path / "landing", tmp_path / "lake", tmp_path / "secret.txt"
+    landing.mkdir()
+    first.rename(landing / first.name)
+    secret.write_text("PASSWORD=hunter2\n")
+    (landing / "link.log").symlink_to(secret)
+    with pytest.raises(ConfigError, match=f"holds symbolic links leading out of it: "
+                                          f"{landing / 'link.log'} -> {secret}"):
+        run(spark, landing, lake)
+    (landing / "link.log").unlink()
+    assert len(run(spark, landing, lake)) == 1
+
+    second.rename(landing / second.name)
+    (landing / "link.log").symlink_to(secret)
+    monkeypatch.setattr(stream, "check_no_links_out", lambda settings: None)  # made after
+    with pytest.raises(ConfigError, match=f"batch 1 would read {landing / 'link.log'}, a "
+                                          "symbolic link leading out of the landing folder"):
+        run(spark, landing, lake)
+    assert read_table(spark, str(lake), "batch_metrics").count() == 1
+    (landing / "link.log").unlink()
+    (landing / "link.log").write_text("")
+    assert [m["batch_id"] for m in run(spark, landing, lake)] == [1]
+    assert read_table(spark, str(lake), "quarantine").where("raw LIKE '%hunter2%'").count() == 0
+    expected = reference_sessions(spark, [landing / first.name, landing / second.name])
+    assertDataFrameEqual(all_sessions(spark, str(lake)).drop("distinct_pages"),
+                         expected.select("session_id", *SESSION_KEY), checkRowOrder=False)
 
 
 def test_missing_source_folder_is_refused_before_anything_is_written(
