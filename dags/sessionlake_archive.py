@@ -24,7 +24,7 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from sessionlake import orchestration as orch
-from sessionlake.airflow_tasks import at_run_time, trigger_params
+from sessionlake.airflow_tasks import at_run_time, dag_defaults, trigger_params
 
 with DAG(
     dag_id="sessionlake_archive",
@@ -34,6 +34,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["sessionlake", "maintenance"],
+    default_args=dag_defaults(),
     params={
         "archive_to": Param(None, type=["null", "string"],
                             description="folder to move read files to (default "

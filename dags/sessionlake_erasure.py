@@ -22,6 +22,7 @@ from airflow.sdk import DAG, task
 
 from sessionlake import orchestration as orch
 from sessionlake.airflow_tasks import (
+    dag_defaults,
     submit_job,
     trigger_params,
     users_to_erase_params,
@@ -36,6 +37,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["sessionlake", "maintenance", "privacy"],
+    default_args=dag_defaults(),
     params={
         **users_to_erase_params(),
         **vacuum_params(),

@@ -31,7 +31,7 @@ from airflow.sdk import DAG, Param, task
 from airflow.sdk.exceptions import AirflowSkipException
 
 from sessionlake import orchestration as orch
-from sessionlake.airflow_tasks import submit_job, trigger_params
+from sessionlake.airflow_tasks import dag_defaults, submit_job, trigger_params
 
 with DAG(
     dag_id="sessionlake_microbatch",
@@ -42,6 +42,7 @@ with DAG(
     max_active_runs=1,
     dagrun_timeout=timedelta(hours=1),
     tags=["sessionlake", "streaming"],
+    default_args=dag_defaults(),
     params={
         "shuffle_partitions": Param(4, type="integer", minimum=1,
                                     description="spark.sql.shuffle.partitions of this run"),

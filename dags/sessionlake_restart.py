@@ -31,7 +31,12 @@ import pendulum
 from airflow.sdk import DAG, Param, chain, task
 
 from sessionlake import orchestration as orch
-from sessionlake.airflow_tasks import at_run_time, connection_master, trigger_params
+from sessionlake.airflow_tasks import (
+    at_run_time,
+    connection_master,
+    dag_defaults,
+    trigger_params,
+)
 from sessionlake.spark import check_master_answers
 
 with DAG(
@@ -42,6 +47,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["sessionlake", "streaming", "maintenance"],
+    default_args=dag_defaults(),
     params={
         "shuffle_partitions": Param(4, type="integer", minimum=1),
         "master": Param("", type="string",

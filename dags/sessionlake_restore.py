@@ -33,7 +33,13 @@ from airflow.sdk import DAG, Param, chain, task
 from airflow.sdk.exceptions import AirflowSkipException
 
 from sessionlake import orchestration as orch
-from sessionlake.airflow_tasks import at_run_time, connection_master, submit_job, trigger_params
+from sessionlake.airflow_tasks import (
+    at_run_time,
+    connection_master,
+    dag_defaults,
+    submit_job,
+    trigger_params,
+)
 
 with DAG(
     dag_id="sessionlake_restore",
@@ -43,6 +49,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["sessionlake", "maintenance"],
+    default_args=dag_defaults(),
     params={
         "snapshot_id": Param(type="string", minLength=1, maxLength=128,
                              description="the id sessionlake_snapshot printed"),

@@ -21,6 +21,7 @@ from airflow.sdk import DAG, Param, task
 
 from sessionlake import orchestration as orch
 from sessionlake.airflow_tasks import (
+    dag_defaults,
     submit_job,
     trigger_params,
     users_to_erase_params,
@@ -35,6 +36,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["sessionlake", "maintenance", "privacy"],
+    default_args=dag_defaults(),
     params={
         **users_to_erase_params(),
         "sessions_max_age_days": Param(365, type=["null", "integer"], minimum=1),

@@ -18,7 +18,7 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from sessionlake import orchestration as orch
-from sessionlake.airflow_tasks import submit_job, trigger_params
+from sessionlake.airflow_tasks import dag_defaults, submit_job, trigger_params
 
 with DAG(
     dag_id="sessionlake_snapshot",
@@ -28,6 +28,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["sessionlake", "maintenance"],
+    default_args=dag_defaults(),
     params={
         "name": Param(None, type=["null", "string"], maxLength=128,
                       description="optional label of the restore point"),

@@ -10,8 +10,12 @@ and the Spark jobs, run without Airflow.
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import shlex
 import subprocess
+import urllib.request
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -21,13 +25,63 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, XComArg, get_current_context
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
-from sessionlake.orchestration import JOB_SCRIPT, child_env, python_executable, unknown_param
+from sessionlake.orchestration import (
+    ALERT_WEBHOOK_ENV,
+    JOB_SCRIPT,
+    child_env,
+    python_executable,
+    unknown_param,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 #: The Airflow connection whose host is the Spark master the DAGs submit to.
 SPARK_CONNECTION = "spark_default"
+#: How long a webhook has to answer: the alert waits in the failed task's process.
+ALERT_WEBHOOK_TIMEOUT_S = 10.0
+
+log = logging.getLogger("sessionlake.alerts")
+
+
+def dag_defaults() -> dict[str, Any]:
+    """What every sessionlake DAG gives its tasks: a failure is told
+    (:func:`alert_on_failure`)."""
+    return {"on_failure_callback": alert_on_failure}
+
+
+def failure_alert(context: Context) -> dict[str, Any]:
+    """What is told of a failed task: its DAG, task, run, try and error, and the ``ALERT``
+    line that sums them up (the error's last line: a sessionlake job ends its error
+    with its cause)."""
+    ti = context["ti"]
+    error = str(context.get("exception") or "no error given").strip()
+    cause = error.splitlines()[-1] if error else "no error given"
+    fields = {"dag_id": ti.dag_id, "task_id": ti.task_id, "run_id": ti.run_id,
+              "try_number": ti.try_number, "error": cause}
+    text = (f"ALERT sessionlake DAG {ti.dag_id} task {ti.task_id} failed (run {ti.run_id}, "
+            f"try {ti.try_number}): {cause}")
+    return {"text": text, **fields}
+
+
+def alert_on_failure(context: Context) -> None:
+    """Tell a task's failure in an ``ALERT`` line of its log and, when
+    ``SESSIONLAKE_ALERT_WEBHOOK`` is set, to that URL: a maintenance DAG that fails at
+    night (a restore refused, an erasure that could not run) is otherwise seen only by
+    whoever opens the UI. A webhook that fails is logged (without its URL, which may hold
+    a token), never raised: the task has failed already."""
+    alert = failure_alert(context)
+    log.error("%s", alert["text"])
+    url = os.environ.get(ALERT_WEBHOOK_ENV, "").strip()
+    if not url:
+        return
+    request = urllib.request.Request(url, data=json.dumps(alert).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=ALERT_WEBHOOK_TIMEOUT_S) as answer:
+            answer.read()
+    except (OSError, ValueError) as error:
+        log.error("the alert was not delivered to %s: %s", ALERT_WEBHOOK_ENV, error)
 
 
 def connection_master() -> str:

@@ -574,6 +574,13 @@ def spark_submit_conf(quick_start: bool = False) -> dict[str, str]:
 AIRFLOW_ENV_PREFIXES = ("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_")
 
 
+#: A URL that a failed task of a sessionlake DAG is POSTed to, as JSON whose ``text`` is
+#: its ``ALERT`` line (what Slack's and Mattermost's incoming webhooks take); read by the
+#: DAGs' failure callback (``sessionlake.airflow_tasks.alert_on_failure``), kept from the
+#: processes tasks start (it may hold a token).
+ALERT_WEBHOOK_ENV = "SESSIONLAKE_ALERT_WEBHOOK"
+
+
 def child_env() -> dict[str, str]:
     """The environment of a ``sessionlake`` process a DAG task starts itself (a command on
     a local lake, the restart DAG's detached continuous run): the worker's, without
@@ -583,7 +590,7 @@ def child_env() -> dict[str, str]:
     which passes on the whole environment.)
     """
     kept = {name: value for name, value in os.environ.items()
-            if not name.startswith(AIRFLOW_ENV_PREFIXES)}
+            if not name.startswith(AIRFLOW_ENV_PREFIXES) and name != ALERT_WEBHOOK_ENV}
     return {**kept, **spark_submit_env()}
 
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +193,59 @@ def test_maintenance_dag_runs_its_cli_command(
     if command == "restore":
         assert f"restore to {conf['snapshot_id']} possible; nothing changed" in said
         assert f"restored {conf['snapshot_id']}" in said
+
+
+@pytest.fixture
+def webhook() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A local HTTP server taking JSON POSTs, as an incoming webhook does: its URL and
+    what was posted."""
+    posted: list[dict[str, Any]] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            posted.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/hooks/T0K3N", posted
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_failed_task_is_told_to_the_alert_webhook(
+    webhook: tuple[str, list[dict[str, Any]]], locations: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A DAG that fails at night is otherwise seen only by whoever opens the UI: its
+    failed task is POSTed to SESSIONLAKE_ALERT_WEBHOOK, and logged as an ALERT line; a
+    webhook that does not answer changes nothing of the run, and its URL (a token) is not
+    logged."""
+    url, posted = webhook
+    monkeypatch.setenv(orch.ALERT_WEBHOOK_ENV, url)
+    run = run_dag("sessionlake_microbatch", {"shuffle_partition": 2})
+    assert str(run.state) == "failed"
+    assert [(p["dag_id"], p["task_id"], p["run_id"]) for p in posted] == [
+        ("sessionlake_microbatch", "validate_params", run.run_id)]
+    assert posted[0]["text"].startswith(
+        "ALERT sessionlake DAG sessionlake_microbatch task validate_params failed (run ")
+    assert "param shuffle_partition" in posted[0]["error"]  # misspelt
+    assert posted[0]["error"] in posted[0]["text"]
+
+    monkeypatch.setenv(orch.ALERT_WEBHOOK_ENV, url.replace("127.0.0.1:", "127.0.0.1:1"))
+    capsys.readouterr()
+    assert str(run_dag("sessionlake_microbatch", {"shuffle_partition": 2}).state) == "failed"
+    said = caplog.text + capsys.readouterr().out
+    assert "ALERT sessionlake DAG sessionlake_microbatch task validate_params failed" in said
+    assert f"the alert was not delivered to {orch.ALERT_WEBHOOK_ENV}" in said
+    assert "T0K3N" not in said and len(posted) == 1
 
 
 def test_a_command_run_in_the_worker_that_fails_fails_its_task_with_its_error(
