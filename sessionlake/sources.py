@@ -178,19 +178,31 @@ class JsonLinesAdapter:
                         {"mode": "PERMISSIVE"}),
             lambda k, _: ~k.isin(*JSONL_FIELDS),
         )
+        # A field named both at the top level and in properties keeps the properties'
+        # value: Spark refuses a map with a key twice, which failed the batch for good.
+        given = F.coalesce("props", F.create_map())
         properties = F.when(
-            F.col("keys") > known, F.map_concat(extras, F.coalesce("props", F.create_map()))
+            F.col("keys") > known,
+            F.map_concat(
+                F.map_filter(extras, lambda k, _: ~F.array_contains(F.map_keys(given), k)),
+                given),
         ).otherwise(F.col("props"))
         return frame.select(
             F.col("text_event_id").alias("event_id"),
             F.col("text_user_id").alias("user_id"),
             "event_time",
-            F.coalesce("text_event_type", F.lit("event")).alias("event_type"),
-            F.col("text_page").alias("page"),
+            # Blank is absent: a type's default, no page (not a page named "").
+            F.coalesce(_unless_blank("text_event_type"), F.lit("event")).alias("event_type"),
+            _unless_blank("text_page").alias("page"),
             properties.cast("map<string,string>").alias("properties"),
             "source_file", "source_line", "raw",
             reason.alias("reason"),
         )
+
+
+def _unless_blank(name: str) -> Column:
+    """The string column ``name``, null where it is empty or blank."""
+    return F.when(F.trim(name) != "", F.col(name))
 
 
 class ApacheAccessLogAdapter:

@@ -143,6 +143,29 @@ def test_good_jsonl_record_keeps_every_field(spark: SparkSession) -> None:
     assert parsed["properties"] == {"plan": "pro", "n": "3", "new_field": "true"}
 
 
+def test_a_field_both_top_level_and_in_properties_keeps_the_properties_value(
+    spark: SparkSession,
+) -> None:
+    """Spark refuses a map with a key twice (DUPLICATED_MAP_KEY): before, such a record
+    failed its batch, and every run after, with nothing quarantined."""
+    line = json.dumps({"user_id": "c", "event_time": "2026-01-05T10:09:00Z",
+                       "user_agent": "X", "plan": "free",
+                       "properties": {"user_agent": "Y", "n": 1}})
+    [parsed] = parse(spark, [line])
+    assert parsed["reason"] is None
+    assert parsed["properties"] == {"user_agent": "Y", "n": "1", "plan": "free"}
+
+
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_blank_type_or_page_is_absent(spark: SparkSession, blank: str) -> None:
+    """SPEC's default type for a blank one, and no page named "" (a page view of it
+    counted as a distinct page)."""
+    line = json.dumps({"user_id": "u1", "event_time": "2026-01-05T10:00:00Z",
+                       "event_type": blank, "page": blank})
+    [parsed] = parse(spark, [line])
+    assert (parsed["reason"], parsed["event_type"], parsed["page"]) == (None, "event", None)
+
+
 def test_defaults_for_optional_fields(spark: SparkSession) -> None:
     lines = [json.dumps({"user_id": "u1", "event_time": "2026-01-05T10:00:00Z"})] * 2
     first, second = parse(spark, lines)
