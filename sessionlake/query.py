@@ -451,11 +451,57 @@ def names_hint(missing: str, queries: Mapping[str, NamedQuery] | None = None) ->
             "lists the named queries")
 
 
+#: The statements besides queries that ``sessionlake sql`` runs: they read, never write.
+READ_ONLY_STATEMENTS = frozenset({
+    "DescribeRelation", "DescribeColumn", "DescribeDeltaHistory", "DescribeDeltaDetailCommand",
+    "DescribeFunction", "DescribeNamespace", "ShowTables", "ShowTablesExtended", "ShowViews",
+    "ShowColumns", "ShowCreateTable", "ShowTableProperties", "ShowPartitions",
+    "ShowFunctions", "ShowNamespaces", "ExplainCommand",
+})
+#: Statements that write without being Spark commands (a command runs as soon as
+#: ``spark.sql`` is called; these when their result is).
+_WRITES = frozenset({"InsertIntoStatement", "InsertIntoDir", "RestoreTableStatement",
+                     "UnresolvedExecuteImmediate", "Call", "CompoundBody"})
+
+
+def check_read_only(spark: SparkSession, statement: str) -> None:
+    """Refuse a statement that would change the lake, before it runs: a query, or a
+    DESCRIBE, SHOW or EXPLAIN (:data:`READ_ONLY_STATEMENTS`) only.
+
+    The tables change through the commands that keep the stream's locks and the audit
+    (run, backfill, retention, restore, compact); a ``DELETE`` or ``UPDATE`` typed here
+    changed closed sessions, or the state later batches build on, with neither, and
+    ``doctor`` saw nothing. A statement Spark cannot parse is left to Spark's own error.
+
+    :raises QueryError: naming the statement refused and what changes the lake instead.
+    """
+    from py4j.protocol import Py4JJavaError
+
+    try:
+        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(statement)
+    except Py4JJavaError:
+        return  # spark.sql says what is wrong with it
+    while plan.getClass().getSimpleName() == "UnresolvedWith":  # WITH ... <statement>
+        plan = plan.child()
+    kind = plan.getClass().getSimpleName()
+    jvm = spark._jvm
+    assert jvm is not None  # a classic session's
+    command = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.plans.logical.Command")
+    if kind in READ_ONLY_STATEMENTS or not (command.isInstance(plan) or kind in _WRITES):
+        return
+    raise QueryError(
+        f"sessionlake sql reads the lake and does not change it ({kind} refused; "
+        "queries, DESCRIBE, SHOW and EXPLAIN run): the tables change through sessionlake "
+        "run, backfill, retention, compact and restore, which keep the stream's locks and "
+        "the audit")
+
+
 def run_sql(
     spark: SparkSession, lake: str, statement: str, as_of: AsOf | None = None
 ) -> DataFrame:
     """Run ``statement`` with the lake's tables and the named queries by name (those it
-    uses: :func:`names_used`)."""
+    uses: :func:`names_used`), when it only reads (:func:`check_read_only`)."""
+    check_read_only(spark, statement)
     queries = named_queries()
     used = names_used(statement, queries)
     register_tables(spark, lake, as_of, used)

@@ -472,6 +472,65 @@ def test_cli_errors_are_one_line_and_exit_2(
     assert len(err.splitlines()) == 1 and message in err
 
 
+def _logs(lake: str) -> dict[str, int]:
+    return {t: len(list((Path(table_path(lake, t)) / "_delta_log").glob("*.json")))
+            for t in ("sessions", "open_sessions", "events")}
+
+
+@pytest.mark.parametrize("statement", [
+    "DELETE FROM sessions WHERE user_id = 'u1'",
+    "UPDATE open_sessions SET event_count = 999",
+    "MERGE INTO sessions t USING sessions s ON t.session_id = s.session_id "
+    "WHEN MATCHED THEN DELETE",
+    "INSERT INTO events SELECT * FROM events",
+    "WITH gone AS (SELECT 1) DELETE FROM events",
+    "DELETE FROM delta.`{lake}/events`",
+    "DROP TABLE sessions",
+    "TRUNCATE TABLE events",
+    "OPTIMIZE sessions",
+    "VACUUM sessions RETAIN 0 HOURS",
+    "RESTORE TABLE sessions TO VERSION AS OF 0",
+    "ALTER TABLE sessions SET TBLPROPERTIES ('delta.appendOnly' = 'false')",
+    "CREATE TABLE copied AS SELECT * FROM sessions",
+    "INSERT OVERWRITE DIRECTORY '{lake}/out' SELECT * FROM sessions",
+    "EXECUTE IMMEDIATE 'DELETE FROM sessions'",
+])
+def test_sql_refuses_a_statement_that_would_change_the_lake(
+    known_lake: dict[str, Any], statement: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The tables change through the commands that keep the stream's locks and audit: a
+    DELETE typed into `sessionlake sql` changed closed sessions with neither, and
+    `doctor` saw nothing (the SQL review)."""
+    lake = known_lake["lake"]
+    before = _logs(lake)
+    assert main(["sql", statement.format(lake=lake), "--lake", lake]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "sessionlake sql reads the lake and does not change it" in err
+    assert _logs(lake) == before
+    assert not (Path(lake) / "out").exists()
+
+
+@pytest.mark.parametrize("statement", [
+    "WITH s AS (SELECT * FROM sessions) SELECT count(*) FROM s",
+    "VALUES (1)",
+    "TABLE sessions",
+    "DESCRIBE sessions",
+    "DESCRIBE HISTORY sessions",
+    "DESCRIBE DETAIL events",
+    "SHOW TABLES",
+    "SHOW TBLPROPERTIES sessions",
+    "EXPLAIN DELETE FROM sessions",  # explained, not run
+])
+def test_sql_runs_queries_and_what_only_describes(
+    known_lake: dict[str, Any], statement: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    lake = known_lake["lake"]
+    before = _logs(lake)
+    assert main(["sql", statement, "--lake", lake]) == 0, capsys.readouterr().err
+    assert _logs(lake) == before
+
+
 @pytest.mark.parametrize("argv", [["--query", "nope"],
                                   ["--query", "funnel", "--param", "step3=x"]])
 def test_a_wrong_query_name_or_param_is_told_before_spark_starts(
