@@ -34,7 +34,7 @@ from py4j.java_gateway import is_instance_of
 from py4j.protocol import Py4JJavaError
 from pyspark import SparkContext
 from pyspark.errors.exceptions.captured import UnknownException, convert_exception
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -514,10 +514,19 @@ PARAMS_VIEW = "query_params"
 
 
 def register_params(spark: SparkSession, query: NamedQuery, values: Mapping[str, Any]) -> None:
-    """Make ``values`` the one row of the ``query_params`` view, typed as the query declares."""
-    schema = ", ".join(f"`{p.name}` {_SPARK_TYPES[p.type]}" for p in query.params)
-    row = tuple(values[p.name] for p in query.params)
-    frame = spark.createDataFrame([row], schema) if query.params else spark.range(1)
+    """Make ``values`` the one row of the ``query_params`` view, typed as the query declares.
+
+    Each value is a literal of the plan (bound, never SQL text), which the optimizer folds
+    into the query's filters: a date range then prunes the partitions it reads, where a
+    row of ``createDataFrame`` read every day of ``sessions`` (the SQL review).
+    """
+    def cell(value: Any) -> Column:
+        # A date or time as its ISO text: py4j cannot hand Java 0001-01-01 as a date.
+        return F.lit(value.isoformat() if isinstance(value, date | datetime) else value)
+
+    cells = [cell(values[p.name]).cast(_SPARK_TYPES[p.type]).alias(p.name)
+             for p in query.params]
+    frame = spark.range(1).select(*cells) if cells else spark.range(1)
     frame.createOrReplaceTempView(PARAMS_VIEW)
 
 

@@ -206,6 +206,29 @@ def test_the_funnel_s_later_is_the_session_s_order_of_events(
     assert (row["step1_sessions"], row["step2_sessions"]) == (1, int(converts))
 
 
+def test_the_funnel_reaches_a_step_on_a_session_s_third_day(spark: SparkSession) -> None:
+    """A session may last as long as --max-session-duration allows, over 24 h: its events
+    are joined over every day it spans (before, over its first two: a step on the third
+    was missed, though the session's exit page was that step; the SQL review)."""
+    day7 = DAY5 + timedelta(days=2)
+    events = [("u", datetime(2026, 1, 5, 10), DAY5, "/a", "e1"),
+              ("u", datetime(2026, 1, 7, 10), day7, "/b", "e2")]
+    spark.createDataFrame(events, "user_id string, event_time timestamp, event_date date, "
+                          "page string, event_id string").createOrReplaceTempView("events")
+    spark.createDataFrame(
+        [("s", "u", datetime(2026, 1, 5, 10), datetime(2026, 1, 7, 10), DAY5)],
+        "session_id string, user_id string, session_start timestamp, session_end timestamp, "
+        "session_date date").createOrReplaceTempView("sessions")
+    query = named_queries()["funnel"]
+    register_params(spark, query, {"step1": "/a", "step2": "/b"})
+    try:
+        [row] = spark.sql(query.text).collect()
+    finally:
+        for view in ("events", "sessions", "query_params"):
+            spark.catalog.dropTempView(view)
+    assert (row["step1_sessions"], row["step2_sessions"]) == (1, 1)
+
+
 @pytest.mark.parametrize("name", sorted(HAND_ANSWERS))
 def test_named_query_answers_as_json_lines(
     spark: SparkSession, known_lake: dict[str, Any], name: str
@@ -265,6 +288,18 @@ def test_params_are_bound_values(
 def test_date_params_narrow_the_range(spark: SparkSession, known_lake: dict[str, Any]) -> None:
     got = _rows(spark, known_lake["lake"], "sessions_per_day", from_date="2026-01-06")
     assert [r[0] for r in got] == [DAY6]
+
+
+def test_date_params_prune_the_partitions_read(
+    spark: SparkSession, known_lake: dict[str, Any]
+) -> None:
+    """A day's sessions read that day's files, not every day of the lake's (the SQL
+    review: the params' row came from createDataFrame, which the optimizer cannot fold)."""
+    frame = run_named_query(spark, known_lake["lake"], "sessions_per_day",
+                            {"from_date": "2026-01-06", "to_date": "2026-01-06"})
+    plan = frame._jdf.queryExecution().executedPlan().toString()
+    [scan] = [line for line in plan.splitlines() if "FileScan" in line and "sessions" in line]
+    assert "PartitionFilters: [(session_date" in scan, scan
 
 
 def test_as_of_a_version_of_sessions_sees_the_lake_as_it_was(

@@ -18,7 +18,7 @@ WITH steps AS (
         FROM events) e
     ON e.user_id = s.user_id
    AND e.event_time BETWEEN s.session_start AND s.session_end
-   AND e.event_date BETWEEN s.session_date AND date_add(s.session_date, 1)
+   AND e.event_date BETWEEN s.session_date AND to_date(s.session_end)
   WHERE e.page IN (p.step1, p.step2)
   GROUP BY s.session_id
 )
