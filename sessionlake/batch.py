@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -39,6 +39,7 @@ from sessionlake.checkpoint import batch_locks
 from sessionlake.config import Settings
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltalog import BatchKey
+from sessionlake.erasure import erased_after_landing, erasure_runs, quarantine_erased
 from sessionlake.ledger import (
     STATE_ROWS_PER_RECORD,
     BatchInputs,
@@ -148,9 +149,20 @@ def _moment(micros: int | None) -> datetime | None:
     return None if micros is None else _EPOCH + timedelta(microseconds=int(micros))
 
 
-def watermark_of(max_event_time: datetime | None, grace: timedelta) -> datetime | None:
-    """The watermark: the largest accepted event time so far minus the grace period."""
-    return None if max_event_time is None else max_event_time - grace
+def watermark_of(max_event_time: datetime | None, grace: timedelta,
+                 clock: datetime | None = None) -> datetime | None:
+    """The watermark: the largest accepted event time so far minus the grace period, but
+    never past the batch's ``clock`` minus the grace period.
+
+    An event ahead of the clock (a device whose clock is wrong, by less than
+    ``--max-future-skew``, which is quarantined beyond) is accepted, but does not move
+    time on: before, one event 50 minutes ahead closed every open session at once and made
+    every live event after it late (the Kafka Streams review). A stream reading history
+    (event times long before the clock) is not held back.
+    """
+    if max_event_time is None:
+        return None
+    return (max_event_time if clock is None else min(max_event_time, clock)) - grace
 
 
 #: The tables whose snapshots a batch resolves while it parses (see :func:`resolve_ahead`).
@@ -191,6 +203,7 @@ def process_lines(
     identity: StreamIdentity,
     clock: Clock = utc_now,
     on_phase: Callable[[str], None] | None = None,
+    landed: Mapping[str, int | None] | None = None,
 ) -> BatchReport:
     """Process one micro-batch of lines (``source_file``, ``source_line``, ``line``).
 
@@ -202,6 +215,9 @@ def process_lines(
         them), ``inputs``, then each of :data:`PHASES` (the run names it in its alert for a
         batch that runs too long). The Spark jobs of each are named after it
         (:func:`batch_label`).
+    :param landed: the batch's files (``source_file``) and when each landed (ms): the
+        records of users erased since are kept out (:func:`~sessionlake.erasure.
+        erased_after_landing`).
     """
     told = on_phase or (lambda _: None)
     with naming_jobs(spark) as name_jobs:
@@ -213,7 +229,8 @@ def process_lines(
         tell("locks")
         with batch_locks(settings.lake, settings.checkpoint):
             tell("inputs")
-            return _process_locked(spark, lines, batch_id, settings, identity, clock, tell)
+            return _process_locked(spark, lines, batch_id, settings, identity, clock, tell,
+                                   landed or {})
 
 
 def batch_label(batch_id: int) -> str:
@@ -269,6 +286,7 @@ def _process_locked(
     identity: StreamIdentity,
     clock: Clock,
     on_phase: Callable[[str], None],
+    landed: Mapping[str, int | None],
 ) -> BatchReport:
     """One micro-batch, its locks held (:func:`process_lines`): its inputs pinned in the
     ledger, or its report when it was already done; then its phases (:data:`PHASES`), each
@@ -278,13 +296,15 @@ def _process_locked(
         return BatchReport(row={"batch_id": batch_id}, skipped=True)
     now = inputs.processing_time
     lake, gap, key = settings.lake, settings.gap, (identity.app_id, batch_id)
-    watermark = watermark_of(inputs.max_event_time_before, settings.grace)
+    watermark = watermark_of(inputs.max_event_time_before, settings.grace, now)
     work = _BatchWork(on_phase)
     ahead = ThreadPoolExecutor(max_workers=len(RESOLVED_AHEAD))
     resolving = resolve_ahead(ahead, spark, lake, inputs, batch_label(batch_id))
     try:
         faults.point("ingest")
-        guarded, stats = _parsed(lines, settings, now, watermark, work)
+        # Read under the batch locks, which an erasure holds while it runs.
+        erased = erased_after_landing(erasure_runs(spark, lake), landed) if landed else []
+        guarded, stats = _parsed(lines, settings, now, watermark, work, erased)
         valid = valid_events(guarded)
         buckets = sorted(int(b) for b in stats["buckets"])
         dates = sorted(_EPOCH.date() + timedelta(days=int(d)) for d in stats["days"])
@@ -325,7 +345,7 @@ def _process_locked(
         sessions = batch_sessions(assigned)
         work.phase("sessionize")
         max_event_time = _newest(inputs.max_event_time_before, _moment(outcome["max_t"]))
-        watermark_after = watermark_of(max_event_time, settings.grace)
+        watermark_after = watermark_of(max_event_time, settings.grace, now)
         classified, classified_counts = _classified(sessions, watermark_after, gap, split_ids,
                                                     work)
         # The other users' open sessions, when the state's statistics leave any to close.
@@ -382,15 +402,21 @@ def _newest(*moments: datetime | None) -> datetime | None:
 
 
 def _parsed(lines: DataFrame, settings: Settings, now: datetime, watermark: datetime | None,
-            work: _BatchWork) -> tuple[DataFrame, dict[str, Any]]:
+            work: _BatchWork, erased: Sequence[tuple[Sequence[str], Sequence[str]]] = (),
+            ) -> tuple[DataFrame, dict[str, Any]]:
     """The batch's records parsed by its format's adapter and guarded, computed once; and
     the figures the batch needs of them before it reads any table (:func:`_parse_figures`),
-    observed as they were computed rather than queried again."""
+    observed as they were computed rather than queried again. The records of ``erased``
+    users are quarantined without their text (:func:`~sessionlake.erasure.
+    quarantine_erased`)."""
     fit_codegen_to_parse(lines.sparkSession)
-    parsed, seen = _observed(apply_guards(
+    guarded = apply_guards(
         adapter_for(settings.input_format).parse(cap_record_size(spread(lines))),
         now, settings.max_future_skew,
-    ), **_parse_figures(watermark, settings.user_buckets))
+    )
+    if erased:
+        guarded = quarantine_erased(guarded, erased)
+    parsed, seen = _observed(guarded, **_parse_figures(watermark, settings.user_buckets))
     return work.keep(parsed), seen.get
 
 

@@ -474,6 +474,7 @@ class LoggedFile(NamedTuple):
     path: str  #: its local path
     batch_id: int
     timestamp_ms: int | None  #: its modification time when the source listed it
+    uri: str = ""  #: its URI as Spark wrote it (escaped), as the batch's records name it
 
 
 def batch_files(spark: SparkSession | None, checkpoint: str,
@@ -517,7 +518,8 @@ def _entry_s_own_files(
 def _logged(entry: dict[str, Any]) -> LoggedFile:
     """One JSON object of the file source log as a :class:`LoggedFile`."""
     return LoggedFile(local_file(entry["path"]), int(entry.get("batchId", 0)),
-                      None if "timestamp" not in entry else int(entry["timestamp"]))
+                      None if "timestamp" not in entry else int(entry["timestamp"]),
+                      str(entry["path"]))
 
 
 def _source_log_json(text: str) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from delta.tables import DeltaTable
-from pyspark.sql import Column, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake import storage
@@ -134,6 +134,91 @@ def erase(spark: SparkSession, lake: str, hashes: Sequence[str]) -> dict[str, in
         return deleted
 
     return each_table(erase_from, USER_TABLES)
+
+
+@dataclass(frozen=True)
+class ErasureRun:
+    """A retention run that erased users: when it started, and whom (SHA-256 each)."""
+
+    started_ms: int
+    hashes: tuple[str, ...]
+
+
+#: The erasure runs of each lake's audit as last read, by the audit's version: a stream
+#: asks at every batch, and the audit changes once a retention run.
+_ERASURES_READ: dict[str, tuple[int, list[ErasureRun]]] = {}
+
+
+def erasure_runs(spark: SparkSession | None, lake: str) -> list[ErasureRun]:
+    """The retention audit's runs that erased users, but a restore's re-application of
+    them (the run it re-applies is in the audit itself). Read again only when the audit
+    has a new version."""
+    log_names = storage.list_names(spark, f"{table_path(lake, RETENTION_AUDIT)}/_delta_log")
+    versions = [int(n[:-5]) for n in log_names if n.endswith(".json") and n[:-5].isdigit()]
+    if not versions:
+        return []
+    cached = _ERASURES_READ.get(lake)
+    if cached is not None and cached[0] == max(versions):
+        return cached[1]
+    columns = ["run_id", "started_at", "erased_user_sha256"]
+    if storage.local_path(lake) is not None:
+        audit = read_rows(read_state(table_path(lake, RETENTION_AUDIT)), columns)
+        rows = list(zip(*(audit[c].to_pylist() for c in columns), strict=True))
+    elif spark is None:
+        raise ValueError(f"{lake} is not a local path: a Spark session is needed to reach it")
+    else:
+        rows = [tuple(r) for r in read_table(spark, lake, RETENTION_AUDIT).select(
+            *columns).collect()]
+    runs = sorted((ErasureRun(int(_utc(started).timestamp() * 1000), tuple(hashes))
+                   for run_id, started, hashes in rows
+                   if hashes and not str(run_id).endswith("-restore")),
+                  key=lambda run: run.started_ms)
+    _ERASURES_READ[lake] = (max(versions), runs)
+    return runs
+
+
+def erased_after_landing(runs: Sequence[ErasureRun], landed: Mapping[str, int | None]
+                         ) -> list[tuple[list[str], list[str]]]:
+    """The users each of a batch's files must not bring back: those erased by a run that
+    started after the file landed (``landed``: a file's modification time, in ms, when the
+    stream listed it). A file read after such a run holds records the erasure reached, or
+    would have: a replay after a restore reads them again, and so does a stream that
+    reads a backlog after an erasure. Files that name the same users are grouped, so that
+    the batch's condition has a term per erasure, not per file.
+
+    :return: (files, hashes) pairs; empty when no file of the batch landed before an
+        erasure, which is every batch of a stream that keeps up.
+    """
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name, landed_ms in landed.items():
+        hashes = tuple(sorted({h for run in runs if landed_ms is None
+                               or run.started_ms > landed_ms for h in run.hashes}))
+        if hashes:
+            groups.setdefault(hashes, []).append(name)
+    return [(sorted(files), list(hashes)) for hashes, files in sorted(groups.items())]
+
+
+#: The reason of a record :func:`quarantine_erased` keeps out of the lake.
+ERASED_REASON = ("its user was erased after the record landed (retention_audit): not "
+                 "taken in, and neither its text nor its user kept")
+
+
+def quarantine_erased(guarded: DataFrame,
+                      erased: Sequence[tuple[Sequence[str], Sequence[str]]]) -> DataFrame:
+    """The batch's guarded records with those of the ``erased`` users (files, hashes: see
+    :func:`erased_after_landing`) turned into quarantine rows without their text or user:
+    counted, and traceable to their file and line, but the lake takes nothing of them in.
+    A record that names the user only in its text (one that would be quarantined) is
+    found as an erasure finds it in ``quarantine`` (:func:`users_named`)."""
+    hit = F.lit(False)
+    for files, hashes in erased:
+        hit = hit | (F.col("source_file").isin(list(files))
+                     & F.coalesce(users_named(QUARANTINE, hashes), F.lit(False)))
+    kept_out = {"reason": F.lit(ERASED_REASON), "raw": F.lit(""),
+                "raw_truncated": F.lit(False), "user_id": F.lit(None).cast("string")}
+    return guarded.withColumn("erased", hit).select(*[
+        F.when(F.col("erased"), kept_out[c]).otherwise(F.col(c)).alias(c)
+        if c in kept_out else F.col(c) for c in guarded.columns])
 
 
 @dataclass(frozen=True)

@@ -281,11 +281,12 @@ def _rebuild(spark: SparkSession, settings: Settings, clock: Clock) -> RebuildRe
     _check_no_batch_pending(spark, settings)
     _check_gap(spark, settings)
     metrics = read_table(spark, lake, BATCH_METRICS)
-    newest = metrics.agg(F.max("max_event_time")).head()
-    max_event_time = None if newest is None else newest[0]
-    if max_event_time is not None and max_event_time.tzinfo is None:
-        max_event_time = max_event_time.replace(tzinfo=UTC)  # Spark hands back UTC, naive
-    watermark = watermark_of(max_event_time, settings.grace)
+    newest = metrics.agg(F.max("max_event_time"), F.max("started_at")).head()
+    # Spark hands back UTC, naive; the last batch's clock caps its watermark, as it did.
+    max_event_time, last_clock = (None, None) if newest is None else (
+        None if moment is None else moment.replace(tzinfo=moment.tzinfo or UTC)
+        for moment in newest)
+    watermark = watermark_of(max_event_time, settings.grace, last_clock)
     since = None if watermark is None else (
         watermark - settings.gap - settings.max_session_duration)
     events = read_table(spark, lake, EVENTS)

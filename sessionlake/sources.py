@@ -342,6 +342,13 @@ def number_lines(lines: DataFrame, source_root_path: str) -> DataFrame:
     ).where(F.when(line.startswith("{"), True).otherwise(F.trim(line) != ""))
 
 
+def source_file_of(uri: str, source_root_path: str) -> str:
+    """The ``source_file`` :func:`number_lines` gives the lines of the file at ``uri`` (as
+    Spark names it, escaped): the part after the source folder, else the whole URI."""
+    root = source_root_path.rstrip("/") + "/"
+    return uri.rsplit(root, 1)[-1] if root in uri else uri
+
+
 def kafka_lines(records: DataFrame) -> DataFrame:
     """One line per Kafka record, in the columns :func:`number_lines` gives for files.
 

@@ -35,6 +35,7 @@ from sessionlake.checkpoint import (
     LANDING_NOTE,
     RESTORING_MARKER,
     SPARK_CHECKPOINT,
+    LoggedFile,
     batch_files,
     changed_since_read,
     forget_archived_files,
@@ -84,7 +85,7 @@ from sessionlake.registry import (
     source_key,
     unfinished_batch_since,
 )
-from sessionlake.sources import file_lines, kafka_lines, number_lines
+from sessionlake.sources import file_lines, kafka_lines, number_lines, source_file_of
 from sessionlake.spark import QUERY_FAILURE_LOGGER, fit_to_stream, quiet_task_failures
 from sessionlake.storage import is_glob, local_path
 from sessionlake.tables import (
@@ -622,7 +623,8 @@ class _BatchHandler:
                 check_batch_stays_in_landing(self.settings, batch_id,
                                              [file.path for file in files])
             report = process_lines(self.spark, self.to_lines(frame), batch_id, self.settings,
-                                   self.identity, self.clock, self.in_flight.begin)
+                                   self.identity, self.clock, self.in_flight.begin,
+                                   landed=self._landed(files or []))
             if files is not None:
                 report = replace(report, input_files=len(files))
             self.summary.batches.append(report)
@@ -635,6 +637,12 @@ class _BatchHandler:
             raise
         finally:
             self.in_flight.end()
+
+    def _landed(self, files: Sequence[LoggedFile]) -> dict[str, int | None]:
+        """The batch's files as its records name them (``source_file``, below the landing
+        folder), each with when it landed: its modification time when Spark listed it."""
+        root = storage.path_part(self.spark, self.settings.source or "")
+        return {source_file_of(file.uri, root): file.timestamp_ms for file in files}
 
     def _refuse(self, batch_id: int) -> NoReturn:
         """End batch ``batch_id`` before it reads or writes anything: the run was asked to

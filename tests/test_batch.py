@@ -392,6 +392,31 @@ def test_events_too_far_in_the_future_are_quarantined(
         assert first(read_table(spark, lake, "batch_metrics"))["watermark_after"] is None
 
 
+def test_an_event_ahead_of_the_clock_does_not_move_time_on(
+    spark: SparkSession, lake: str
+) -> None:
+    """An event 50 minutes ahead of the batch clock (a wrong device clock, inside the hour
+    --max-future-skew allows) is taken in, but the watermark stops at the clock minus the
+    grace: before, it closed every open session and every live event after it was late
+    (the Kafka Streams review)."""
+    def at(minutes: int) -> str:
+        return (NOW + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    run_batches(spark, settings(lake), [
+        [event("alice", at(-5)), event("bob", at(-4))],
+        [event("skewed", at(50))],
+        [event("alice", at(0)), event("carol", at(0))],
+    ])
+    metrics = rows(read_table(spark, lake, "batch_metrics").orderBy("batch_id"),
+                   "late", "closed_sessions", "watermark_after")
+    grace = timedelta(minutes=5)
+    assert metrics == [(0, 0, (NOW - timedelta(minutes=4) - grace).replace(tzinfo=None)),
+                       (0, 0, (NOW - grace).replace(tzinfo=None)),
+                       (0, 0, (NOW - grace).replace(tzinfo=None))]
+    assert sorted(rows(read_table(spark, lake, "open_sessions"), "user_id", "event_count")
+                  ) == [("alice", 2), ("bob", 1), ("carol", 1), ("skewed", 1)]
+
+
 def test_long_sessions_split_across_batches_like_in_one_batch(
     spark: SparkSession, tmp_path: Path
 ) -> None:

@@ -21,7 +21,7 @@ from sessionlake import faults, rebuild, snapshots
 from sessionlake.checkpoint import BATCH_LOCK_FILE, lake_lock_folder, lock_held
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
-from sessionlake.erasure import user_hash, users_hashed
+from sessionlake.erasure import ERASED_REASON, user_hash, users_hashed
 from sessionlake.ledger import stream_identity
 from sessionlake.locks import lake_lock
 from sessionlake.rebuild import rebuild_open_sessions
@@ -36,6 +36,7 @@ from sessionlake.retention import (
     plan_vacuum,
 )
 from sessionlake.snapshots import create_snapshot, list_snapshots, restore_snapshot
+from sessionlake.stream import run_stream
 from sessionlake.tables import (
     STREAM_TABLES,
     USER_TABLES,
@@ -43,7 +44,7 @@ from sessionlake.tables import (
     table_path,
     table_version,
 )
-from tests.helpers import event, run_batches
+from tests.helpers import NOW, event, run_batches
 
 #: A batch after BATCHES whose time moves the watermark past u2's open session: the batch
 #: closes it, writing u2's session to `sessions` from the state it read when it started.
@@ -556,3 +557,41 @@ def test_an_erasure_finds_the_user_named_only_in_quarantined_text(
     files = [str(p) for p in Path(table_path(settings.lake, "quarantine")).rglob("*.parquet")
              if "_delta_log" not in p.parts]
     assert sorted(r["raw"] for r in spark.read.parquet(*files).collect()) == sorted(others)
+
+
+def test_records_that_landed_before_their_user_s_erasure_are_kept_out_when_read_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A restore to a snapshot from before an erasure applies it again to the tables, and
+    the stream then reads again the files it had read since the snapshot: before, the
+    erased user's events came back with them. A record that landed before its user's
+    erasure is kept out whenever it is read (a quarantine row without its text or user);
+    one that landed after the erasure is taken in."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    landing.mkdir()
+    settings = settings_from({"lake": str(lake), "source": str(landing)}, env={})
+
+    def run() -> None:
+        run_stream(spark, settings, clock=lambda: NOW)
+
+    (landing / "f1.jsonl").write_text(f"{event('u1', '10:00', '/a')}\n"
+                                      f"{event('u2', '10:01', '/b')}\n")
+    run()
+    snapshot = create_snapshot(spark, settings)
+    (landing / "f 2.jsonl").write_text(f"{event('u2', '10:05', '/c')}\n"
+                                       f"{event('u1', '10:06', '/d')}\n")
+    run()
+    enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    restore_snapshot(spark, settings, snapshot.snapshot_id)
+    (landing / "f3.jsonl").write_text(f"{event('u2', '10:20', '/e')}\n")  # u2 is back
+    run()
+
+    pages = read_table(spark, str(lake), "events").select("user_id", "page").collect()
+    assert sorted(tuple(r) for r in pages) == [("u1", "/a"), ("u1", "/d"), ("u2", "/e")]
+    [kept_out] = read_table(spark, str(lake), "quarantine").collect()
+    assert (kept_out["source_file"], kept_out["source_line"], kept_out["raw"],
+            kept_out["user_id"], kept_out["reason"]) == ("f%202.jsonl", 1, "", None,
+                                                         ERASED_REASON)  # named as Spark does
+    changelog = read_table(spark, str(lake), "session_changelog")
+    assert changelog.where("user_id = 'u2' AND session_start < '2026-01-05 10:20:00'"
+                           ).count() == 0
