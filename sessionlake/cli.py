@@ -943,6 +943,14 @@ def _run(argv: Sequence[str] | None) -> int:
         unreadable = _unreadable_file(error)
         if unreadable is None:
             return _failed(args.command, error)
+        if args.command == "sql" and _travels_in_time(args):
+            print(f"sessionlake: error: a data file of the version read is gone "
+                  f"({unreadable}): VACUUM removes the files of versions older than its "
+                  "retention, so time travel reaches back only as far as the last VACUUM "
+                  "left files (`DESCRIBE HISTORY <table>` lists the VACUUM commits); read a "
+                  "later version. `sessionlake doctor` tells damage to the lake as it is now",
+                  file=sys.stderr)
+            return EXIT_USAGE
         print(f"sessionlake: error: a data file of the lake cannot be read ({unreadable}): "
               "`sessionlake doctor` names the damage and how to recover from it",
               file=sys.stderr)
@@ -979,21 +987,37 @@ def _kafka_data_lost(error: BaseException) -> str | None:
     return reasons[0] if reasons else "Kafka's offsets no longer hold them"
 
 
+def _travels_in_time(args: argparse.Namespace) -> bool:
+    """Whether a ``sql`` command reads an earlier version: ``--as-of``, or ``VERSION AS
+    OF`` / ``TIMESTAMP AS OF`` in its statement."""
+    statement = args.statement or ""
+    return bool(args.as_of) or re.search(r"\b(VERSION|TIMESTAMP)\s+AS\s+OF\b", statement,
+                                         re.IGNORECASE) is not None
+
+
 def _unreadable_file(error: BaseException) -> str | None:
     """Spark's message when ``error`` is its failure to read a data file that the Delta log
     names (deleted, or cut short): damage, which ``sessionlake doctor`` diagnoses. Spark
     raises it as PySpark's own exception or, from a collect, as a ``Py4JJavaError``
-    around the JVM's."""
+    around the JVM's; a subquery's failure comes wrapped in another ("Exception thrown in
+    awaitResult"), so the causes are looked through."""
     java = getattr(error, "java_exception", None)
     source: Any = error if java is None else java
-    try:
-        condition = str(source.getCondition() or "")
-        message = str(error) if java is None else str(java.getMessage())
-    except Exception:  # not a Spark error: no condition to ask for
-        return None
-    if not condition.startswith("FAILED_READ_FILE"):
-        return None
-    return message.strip().splitlines()[0]
+    for _ in range(8):
+        try:
+            condition = str(source.getCondition() or "")
+            message = str(error) if source is error else str(source.getMessage())
+        except Exception:  # not a Spark error: no condition to ask for
+            condition, message = "", ""
+        if condition.startswith("FAILED_READ_FILE"):
+            return message.strip().splitlines()[0]
+        try:
+            source = source.getCause() if java is not None else None
+        except Exception:
+            return None
+        if source is None:
+            return None
+    return None
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ from sessionlake.query import (
     write_frame,
 )
 from sessionlake.report import duration_classes
+from sessionlake.retention import RetentionRequest, enforce_retention
 from sessionlake.tables import PUBLIC_TABLES, table_path
 from tests.helpers import event, run_batches
 
@@ -333,6 +334,23 @@ def test_as_of_a_version_sessions_never_had_names_those_it_has(
     with pytest.raises(QueryError, match=rf"--as-of 999: sessions has no version 999 \(it has "
                                          rf"versions 0 to {newest}\)$"):
         run_sql(spark, known_lake["lake"], "SELECT 1", AsOf(version=999))
+
+
+def test_time_travel_to_a_vacuumed_version_says_so_in_one_line(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A version whose files a VACUUM removed is no damage: before, the error sent the user
+    to `doctor`, which found none, and a subquery's failure printed 130 lines of trace."""
+    settings = settings_from({"lake": str(tmp_path / "lake")}, env={})
+    run_batches(spark, settings, [BATCH_A, BATCH_B])
+    enforce_retention(spark, settings, RetentionRequest(erase_users=("u1",),
+                                                        vacuum_retain_hours=0))
+    for argv in (["--as-of", "1", "SELECT (SELECT count(DISTINCT user_id) FROM events) AS n"],
+                 ["SELECT count(*) FROM events VERSION AS OF 1 WHERE user_id = 'u1'"]):
+        assert main(["sql", "--lake", settings.lake, *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert err.startswith("sessionlake: error: a data file of the version read is gone")
 
 
 def test_delta_sql_reaches_the_tables_by_name(
