@@ -153,7 +153,8 @@ def test_files_read_follow_spark_s_source_log(
 def test_a_logged_uri_gives_the_path_spark_read(uri: str, path: str) -> None:
     assert local_file(uri) == path
     text = "v1\n" + json.dumps({"path": uri, "timestamp": 5, "batchId": 2}) + "\n\n"
-    assert [tuple(f) for f in logged_after(text, -1)] == [(path, 2, 5)]
+    # The URI is kept as written too: the batch's records name their file by it.
+    assert [tuple(f) for f in logged_after(text, -1)] == [(path, 2, 5, uri)]
 
 
 @pytest.mark.parametrize(("batch_id", "batches"), [(-1, [0, 0, 1, 2, 3]), (1, [2, 3]),

@@ -19,6 +19,7 @@ from sessionlake.sources import (
     file_lines,
     kafka_lines,
     number_lines,
+    source_file_of,
 )
 from sessionlake.validation import MAX_RECORD_CHARS, apply_guards, cap_record_size
 from tests.conftest import DATA
@@ -267,6 +268,21 @@ def test_number_lines_numbers_records_from_one(
     numbered = _numbered(spark, tmp_path / "day")
     assert [(number, line) for _, number, line in numbered] == expected
     assert {name for name, _, _ in numbered} <= {"f.jsonl"}
+
+
+def test_source_file_of_names_a_file_as_its_lines_are_named(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The name a batch gives a file's records, from the URI its source log keeps: what
+    keeps an erased user's records out of a file read again must match them."""
+    for name in ("a.jsonl", "sub/b c.jsonl", "d%e.jsonl"):
+        (tmp_path / "land" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "land" / name).write_text("{}\n")
+    lines = file_lines(spark.read.option("recursiveFileLookup", "true"), str(tmp_path / "land"))
+    uris = sorted(r.file_path for r in lines.select("file_path").distinct().collect())
+    named = {r.source_file for r in number_lines(lines, str(tmp_path / "land")).collect()}
+    assert {source_file_of(uri, str(tmp_path / "land")) for uri in uris} == named
+    assert named == {"a.jsonl", "sub/b%20c.jsonl", "d%25e.jsonl"}
 
 
 def test_a_file_read_in_many_splits_is_numbered_as_one(
