@@ -308,20 +308,28 @@ def reapply_retention(spark: SparkOnDemand, lake: str, taken: datetime,
             deleted[table] = deleted.get(table, 0) + rows
     log.warning("re-applied %s: rows deleted %s", " and ".join(what),
                 ", ".join(f"{t} {n}" for t, n in deleted.items() if n) or "none")
-    append(literal_row(spark(), {
+    append_audit_row(spark(), lake, {
         "run_id": f"{started.strftime('%Y%m%dT%H%M%SZ')}-restore",
         "started_at": started,
-        "finished_at": datetime.now(UTC),
-        "erased_users": len(since.erased),
         "erased_user_sha256": since.erased,
         "sessions_cutoff": since.sessions_cutoff,
         "events_cutoff": since.events_cutoff,
         "rows_deleted": deleted,
         "versions_before": before,
-        "versions_after": {t: table_version(spark(), lake, t) for t in STREAM_TABLES},
         "files_vacuumed": 0,
         "time_travel_purged": False,
         "note": f"re-applied by the restore to snapshot {snapshot_id}: deleted rows stay "
                 "readable by time travel until a retention run with VACUUM removes them",
-    }, read_table(spark(), lake, RETENTION_AUDIT).schema), lake, RETENTION_AUDIT)
+    })
     return deleted
+
+
+def append_audit_row(spark: SparkSession, lake: str, row: Mapping[str, Any]) -> None:
+    """Append one run's row to ``retention_audit``, its last write: ``row`` with when it
+    finished, how many users it erased and the tables' versions after it filled in."""
+    append(literal_row(spark, {
+        **row,
+        "finished_at": datetime.now(UTC),
+        "erased_users": len(row["erased_user_sha256"]),
+        "versions_after": {t: table_version(spark, lake, t) for t in STREAM_TABLES},
+    }, read_table(spark, lake, RETENTION_AUDIT).schema), lake, RETENTION_AUDIT)

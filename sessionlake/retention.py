@@ -38,6 +38,7 @@ from sessionlake.config import Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.erasure import (
     USER_HASH,
+    append_audit_row,
     delete_rows,
     erase,
     user_hash,
@@ -48,14 +49,11 @@ from sessionlake.registry import checkpoint_key, lake_streams, unfinished_batch_
 from sessionlake.snapshots import oldest_kept
 from sessionlake.tables import (
     OPEN_SESSIONS,
-    RETENTION_AUDIT,
     STREAM_TABLES,
     USER_TABLES,
-    append,
     commit_metrics_since,
     each_table,
     ensure_tables,
-    literal_row,
     path_identifier,
     read_table,
     table_exists,
@@ -515,22 +513,17 @@ def _append_audit(
     events_cutoff: date | None,
     versions_before: dict[str, int],
 ) -> None:
-    row = dict(
-        run_id=report.run_id,
-        started_at=started,
-        finished_at=datetime.now(UTC),
-        erased_users=len(request.erased_hashes),
-        erased_user_sha256=request.erased_hashes,
-        sessions_cutoff=sessions_cutoff,
-        events_cutoff=events_cutoff,
-        rows_deleted=report.rows_deleted,
-        versions_before=versions_before,
-        versions_after={t: table_version(spark, lake, t) for t in STREAM_TABLES},
-        vacuum_retain_hours=report.vacuum.hours if report.vacuum else None,
-        vacuum_requested_hours=report.vacuum.requested_hours if report.vacuum else None,
-        files_vacuumed=report.files_vacuumed,
-        time_travel_purged=report.time_travel_purged,
-        note=report.note,
-    )
-    schema = read_table(spark, lake, RETENTION_AUDIT).schema
-    append(literal_row(spark, row, schema), lake, RETENTION_AUDIT)
+    append_audit_row(spark, lake, {
+        "run_id": report.run_id,
+        "started_at": started,
+        "erased_user_sha256": request.erased_hashes,
+        "sessions_cutoff": sessions_cutoff,
+        "events_cutoff": events_cutoff,
+        "rows_deleted": report.rows_deleted,
+        "versions_before": versions_before,
+        "vacuum_retain_hours": report.vacuum.hours if report.vacuum else None,
+        "vacuum_requested_hours": report.vacuum.requested_hours if report.vacuum else None,
+        "files_vacuumed": report.files_vacuumed,
+        "time_travel_purged": report.time_travel_purged,
+        "note": report.note,
+    })
