@@ -454,14 +454,14 @@ def names_hint(missing: str, queries: Mapping[str, NamedQuery] | None = None) ->
 #: The statements besides queries that ``sessionlake sql`` runs: they read, never write.
 READ_ONLY_STATEMENTS = frozenset({
     "DescribeRelation", "DescribeColumn", "DescribeDeltaHistory", "DescribeDeltaDetailCommand",
-    "DescribeFunction", "DescribeNamespace", "ShowTables", "ShowTablesExtended", "ShowViews",
-    "ShowColumns", "ShowCreateTable", "ShowTableProperties", "ShowPartitions",
-    "ShowFunctions", "ShowNamespaces", "ExplainCommand",
+    "DescribeFunction", "DescribeNamespace", "DescribeQueryCommand", "ShowTables",
+    "ShowTablesExtended", "ShowViews", "ShowColumns", "ShowCreateTable",
+    "ShowTableProperties", "ShowPartitions", "ShowFunctions", "ShowNamespaces",
+    "ShowCatalogsCommand", "ShowCurrentNamespaceCommand", "ExplainCommand",
 })
 #: Statements that write without being Spark commands (a command runs as soon as
-#: ``spark.sql`` is called; these when their result is).
-_WRITES = frozenset({"InsertIntoStatement", "InsertIntoDir", "RestoreTableStatement",
-                     "UnresolvedExecuteImmediate", "Call", "CompoundBody"})
+#: ``spark.sql`` is called; these when their result is). Any ``...Statement`` node too.
+_WRITES = frozenset({"InsertIntoDir", "UnresolvedExecuteImmediate", "Call", "CompoundBody"})
 
 
 def check_read_only(spark: SparkSession, statement: str) -> None:
@@ -471,7 +471,10 @@ def check_read_only(spark: SparkSession, statement: str) -> None:
     The tables change through the commands that keep the stream's locks and the audit
     (run, backfill, retention, restore, compact); a ``DELETE`` or ``UPDATE`` typed here
     changed closed sessions, or the state later batches build on, with neither, and
-    ``doctor`` saw nothing. A statement Spark cannot parse is left to Spark's own error.
+    ``doctor`` saw nothing. The whole parsed plan is looked through: a Hive multi-insert
+    (``FROM t INSERT INTO ... INSERT INTO ...``) is a union of inserts, and a Delta
+    ``CLONE`` a statement that is no command. A statement Spark cannot parse is left to
+    Spark's own error.
 
     :raises QueryError: naming the statement refused and what changes the lake instead.
     """
@@ -481,19 +484,23 @@ def check_read_only(spark: SparkSession, statement: str) -> None:
         plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(statement)
     except Py4JJavaError:
         return  # spark.sql says what is wrong with it
-    while plan.getClass().getSimpleName() == "UnresolvedWith":  # WITH ... <statement>
-        plan = plan.child()
-    kind = plan.getClass().getSimpleName()
+    if plan.getClass().getSimpleName() in READ_ONLY_STATEMENTS:
+        return
     jvm = spark._jvm
     assert jvm is not None  # a classic session's
     command = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.plans.logical.Command")
-    if kind in READ_ONLY_STATEMENTS or not (command.isInstance(plan) or kind in _WRITES):
-        return
-    raise QueryError(
-        f"sessionlake sql reads the lake and does not change it ({kind} refused; "
-        "queries, DESCRIBE, SHOW and EXPLAIN run): the tables change through sessionlake "
-        "run, backfill, retention, compact and restore, which keep the stream's locks and "
-        "the audit")
+    nodes = [plan]
+    while nodes:
+        node = nodes.pop()
+        kind = node.getClass().getSimpleName()
+        if command.isInstance(node) or kind in _WRITES or kind.endswith("Statement"):
+            raise QueryError(
+                f"sessionlake sql reads the lake and does not change it ({kind} refused; "
+                "queries, DESCRIBE, SHOW and EXPLAIN run): the tables change through "
+                "sessionlake run, backfill, retention, compact and restore, which keep the "
+                "stream's locks and the audit")
+        children = node.children()
+        nodes.extend(children.apply(i) for i in range(children.size()))
 
 
 def run_sql(

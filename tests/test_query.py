@@ -547,6 +547,11 @@ def _logs(lake: str) -> dict[str, int]:
     "CREATE TABLE copied AS SELECT * FROM sessions",
     "INSERT OVERWRITE DIRECTORY '{lake}/out' SELECT * FROM sessions",
     "EXECUTE IMMEDIATE 'DELETE FROM sessions'",
+    # A Hive multi-insert is a union of inserts; a CLONE is no Spark command (the diff
+    # review ran both through the first version of the check).
+    "FROM delta.`{lake}/events` e INSERT INTO delta.`{lake}/events` SELECT * "
+    "INSERT INTO delta.`{lake}/events` SELECT *",
+    "CREATE TABLE delta.`{lake}/cloned` SHALLOW CLONE delta.`{lake}/sessions`",
 ])
 def test_sql_refuses_a_statement_that_would_change_the_lake(
     known_lake: dict[str, Any], statement: str, capsys: pytest.CaptureFixture[str],
@@ -561,7 +566,7 @@ def test_sql_refuses_a_statement_that_would_change_the_lake(
     assert len(err.splitlines()) == 1
     assert "sessionlake sql reads the lake and does not change it" in err
     assert _logs(lake) == before
-    assert not (Path(lake) / "out").exists()
+    assert not (Path(lake) / "out").exists() and not (Path(lake) / "cloned").exists()
 
 
 @pytest.mark.parametrize("statement", [
@@ -574,6 +579,9 @@ def test_sql_refuses_a_statement_that_would_change_the_lake(
     "SHOW TABLES",
     "SHOW TBLPROPERTIES sessions",
     "EXPLAIN DELETE FROM sessions",  # explained, not run
+    "DESCRIBE QUERY SELECT * FROM sessions",
+    "SHOW CATALOGS",
+    "SHOW CURRENT NAMESPACE",
 ])
 def test_sql_runs_queries_and_what_only_describes(
     known_lake: dict[str, Any], statement: str, capsys: pytest.CaptureFixture[str],
