@@ -75,13 +75,16 @@ def alert_on_failure(context: Context) -> None:
     url = os.environ.get(ALERT_WEBHOOK_ENV, "").strip()
     if not url:
         return
-    request = urllib.request.Request(url, data=json.dumps(alert).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
     try:
+        request = urllib.request.Request(url, data=json.dumps(alert).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=ALERT_WEBHOOK_TIMEOUT_S) as answer:
             answer.read()
-    except (OSError, ValueError) as error:
-        log.error("the alert was not delivered to %s: %s", ALERT_WEBHOOK_ENV, error)
+    except Exception as error:  # whatever it is, the task has failed already
+        # Not the error's text: a malformed URL's quotes the URL, token and all.
+        status = getattr(error, "code", None)
+        log.error("the alert was not delivered to %s: %s%s", ALERT_WEBHOOK_ENV,
+                  type(error).__name__, f" (HTTP {status})" if status else "")
 
 
 def connection_master() -> str:

@@ -600,10 +600,13 @@ def spark_submit_env() -> dict[str, str]:
     ``PYTHONPATH`` puts this project first, so the submitted driver imports the same
     ``sessionlake`` as the DAG that built the job (and whose ``jobs/`` script and jars it
     runs), not another copy installed in the interpreter. The driver ships that package to
-    the executors (:func:`sessionlake.spark.ship_package`).
+    the executors (:func:`sessionlake.spark.ship_package`). The alert webhook
+    (:data:`ALERT_WEBHOOK_ENV`, which may hold a token) is blanked: the Spark provider
+    hands a spark-submit the worker's whole environment.
     """
     inherited = os.environ.get("PYTHONPATH")
     return {
+        ALERT_WEBHOOK_ENV: "",
         "PYSPARK_PYTHON": python_executable(),
         "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
         "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), *([inherited] if inherited else [])]),

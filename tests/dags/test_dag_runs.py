@@ -239,13 +239,17 @@ def test_a_failed_task_is_told_to_the_alert_webhook(
     assert "param shuffle_partition" in posted[0]["error"]  # misspelt
     assert posted[0]["error"] in posted[0]["text"]
 
-    monkeypatch.setenv(orch.ALERT_WEBHOOK_ENV, url.replace("127.0.0.1:", "127.0.0.1:1"))
-    capsys.readouterr()
-    assert str(run_dag("sessionlake_microbatch", {"shuffle_partition": 2}).state) == "failed"
-    said = caplog.text + capsys.readouterr().out
-    assert "ALERT sessionlake DAG sessionlake_microbatch task validate_params failed" in said
-    assert f"the alert was not delivered to {orch.ALERT_WEBHOOK_ENV}" in said
-    assert "T0K3N" not in said and len(posted) == 1
+    # No answer, no scheme, a space: a malformed URL's error quotes it (the diff review).
+    for bad in (url.replace("127.0.0.1:", "127.0.0.1:1"), url.split("//", 1)[1],
+                url + " x"):
+        monkeypatch.setenv(orch.ALERT_WEBHOOK_ENV, bad)
+        caplog.clear()
+        capsys.readouterr()
+        assert str(run_dag("sessionlake_microbatch", {"shuffle_partition": 2}).state) == "failed"
+        said = caplog.text + capsys.readouterr().out
+        assert "ALERT sessionlake DAG sessionlake_microbatch task validate_params failed" in said
+        assert f"the alert was not delivered to {orch.ALERT_WEBHOOK_ENV}" in said, bad
+        assert "T0K3N" not in said and len(posted) == 1
 
 
 def test_a_command_run_in_the_worker_that_fails_fails_its_task_with_its_error(
