@@ -17,6 +17,7 @@ erasure again after a restore returned the tables to a version from before it.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,6 +31,7 @@ from pyspark.sql import functions as F
 
 from sessionlake import storage
 from sessionlake.agelimits import cutoff_conditions
+from sessionlake.checkpoint import lake_lock_folder
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltareader import read_rows, read_state
 from sessionlake.spark import SparkOnDemand
@@ -149,10 +151,46 @@ class ErasureRun:
 _ERASURES_READ: dict[str, tuple[int, list[ErasureRun]]] = {}
 
 
+#: Beside the lake's locks (``<lake>/_checkpoints/``): a file per erasure that has let go
+#: of the batch locks but not yet written its audit row (:func:`note_erasure`).
+ERASURES_UNDER_WAY = "erasures-under-way"
+
+
+def _under_way(lake: str) -> str:
+    return f"{lake_lock_folder(lake)}/{ERASURES_UNDER_WAY}"
+
+
+def note_erasure(spark: SparkSession | None, lake: str, run_id: str, started: datetime,
+                 hashes: Sequence[str]) -> None:
+    """Note an erasure under way, for the batches that run between its deletes and its
+    audit row (its age limits and VACUUM come in between): read from the audit alone, they
+    would take the erased users' waiting records in (the diff review did so)."""
+    storage.write_text(spark, f"{_under_way(lake)}/{run_id}.json", json.dumps(
+        {"started_ms": int(_utc(started).timestamp() * 1000), "hashes": list(hashes)}))
+
+
+def erasure_noted(spark: SparkSession | None, lake: str, run_id: str) -> None:
+    """The erasure ``run_id`` wrote its audit row: its note goes (:func:`note_erasure`)."""
+    storage.delete(spark, f"{_under_way(lake)}/{run_id}.json")
+
+
 def erasure_runs(spark: SparkSession | None, lake: str) -> list[ErasureRun]:
     """The retention audit's runs that erased users, but a restore's re-application of
-    them (the run it re-applies is in the audit itself). Read again only when the audit
-    has a new version."""
+    them (the run it re-applies is in the audit itself), and the erasures under way
+    (:func:`note_erasure`). The audit is read again only when it has a new version."""
+    under_way = []
+    for name in storage.list_names(spark, _under_way(lake)):
+        text = storage.read_text(spark, f"{_under_way(lake)}/{name}") or "{}"
+        try:
+            noted = json.loads(text)
+            under_way.append(ErasureRun(int(noted["started_ms"]), tuple(noted["hashes"])))
+        except (ValueError, KeyError, TypeError):
+            log.warning("unreadable note of an erasure under way: %s", name)
+    return _audited_erasures(spark, lake) + under_way
+
+
+def _audited_erasures(spark: SparkSession | None, lake: str) -> list[ErasureRun]:
+    """The audit's part of :func:`erasure_runs`."""
     log_names = storage.list_names(spark, f"{table_path(lake, RETENTION_AUDIT)}/_delta_log")
     versions = [int(n[:-5]) for n in log_names if n.endswith(".json") and n[:-5].isdigit()]
     if not versions:
@@ -177,14 +215,21 @@ def erasure_runs(spark: SparkSession | None, lake: str) -> list[ErasureRun]:
     return runs
 
 
+#: How long after an erasure's start a file may have landed and still be kept out of:
+#: times are cut to milliseconds, and a file's comes from its file system's clock (a file
+#: server's), not the erasure's. Errs toward keeping an erased user out.
+LANDING_MARGIN_MS = 5_000
+
+
 def erased_after_landing(runs: Sequence[ErasureRun], landed: Mapping[str, int | None]
                          ) -> list[tuple[list[str], list[str]]]:
     """The users each of a batch's files must not bring back: those erased by a run that
-    started after the file landed (``landed``: a file's modification time, in ms, when the
-    stream listed it). A file read after such a run holds records the erasure reached, or
-    would have: a replay after a restore reads them again, and so does a stream that
-    reads a backlog after an erasure. Files that name the same users are grouped, so that
-    the batch's condition has a term per erasure, not per file.
+    started after the file landed, or up to :data:`LANDING_MARGIN_MS` before (``landed``:
+    a file's modification time, in ms, when the stream listed it). A file read after such
+    a run holds records the erasure reached, or would have: a replay after a restore reads
+    them again, and so does a stream that reads a backlog after an erasure. Files that
+    name the same users are grouped, so that the batch's condition has a term per erasure,
+    not per file.
 
     :return: (files, hashes) pairs; empty when no file of the batch landed before an
         erasure, which is every batch of a stream that keeps up.
@@ -192,7 +237,8 @@ def erased_after_landing(runs: Sequence[ErasureRun], landed: Mapping[str, int | 
     groups: dict[tuple[str, ...], list[str]] = {}
     for name, landed_ms in landed.items():
         hashes = tuple(sorted({h for run in runs if landed_ms is None
-                               or run.started_ms > landed_ms for h in run.hashes}))
+                               or run.started_ms + LANDING_MARGIN_MS >= landed_ms
+                               for h in run.hashes}))
         if hashes:
             groups.setdefault(hashes, []).append(name)
     return [(sorted(files), list(hashes)) for hashes, files in sorted(groups.items())]

@@ -41,6 +41,8 @@ from sessionlake.erasure import (
     append_audit_row,
     delete_rows,
     erase,
+    erasure_noted,
+    note_erasure,
     user_hash,
     users_named,
 )
@@ -441,6 +443,7 @@ def enforce_retention(
     erased: dict[str, int] = {}
     if to_erase := request.erased_hashes:
         with batches_held(spark, settings):
+            note_erasure(spark, lake, run_id, started, to_erase)  # until its audit row
             erased = erase(spark, lake, to_erase)
         for table, rows in erased.items():
             deleted[table] = deleted.get(table, 0) + rows
@@ -464,6 +467,8 @@ def enforce_retention(
     report = RetentionReport(run_id, deleted, plan, files, purged, note)
     _append_audit(spark, lake, report, request, started, sessions_cutoff, events_cutoff,
                   versions_before)
+    if to_erase:
+        erasure_noted(spark, lake, run_id)
     log.info("%s", report.summary())
     return report
 

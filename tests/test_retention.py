@@ -17,11 +17,18 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake import faults, rebuild, snapshots
+from sessionlake import faults, rebuild, retention, snapshots
 from sessionlake.checkpoint import BATCH_LOCK_FILE, lake_lock_folder, lock_held
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
-from sessionlake.erasure import ERASED_REASON, user_hash, users_hashed
+from sessionlake.erasure import (
+    ERASED_REASON,
+    ERASURES_UNDER_WAY,
+    ErasureRun,
+    erased_after_landing,
+    user_hash,
+    users_hashed,
+)
 from sessionlake.ledger import stream_identity
 from sessionlake.locks import lake_lock
 from sessionlake.rebuild import rebuild_open_sessions
@@ -595,3 +602,43 @@ def test_records_that_landed_before_their_user_s_erasure_are_kept_out_when_read_
     changelog = read_table(spark, str(lake), "session_changelog")
     assert changelog.where("user_id = 'u2' AND session_start < '2026-01-05 10:20:00'"
                            ).count() == 0
+
+
+def test_a_batch_between_an_erasure_s_deletes_and_its_audit_row_keeps_the_user_out(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An erasure lets go of the batch locks after its deletes, then applies age limits
+    and VACUUM before its audit row: a batch in between read an audit without it, and took
+    in the erased user's waiting records (the diff review). It reads the erasure's note."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    landing.mkdir()
+    settings = settings_from({"lake": str(lake), "source": str(landing)}, env={})
+    (landing / "f0.jsonl").write_text(f"{event('u1', '10:00', '/a')}\n")
+    run_stream(spark, settings, clock=lambda: NOW)
+    (landing / "f1.jsonl").write_text(f"{event('u2', '10:01', '/b')}\n"
+                                      f"{event('u3', '10:02', '/c')}\n")
+    age_limits = retention.age_limits
+
+    def batch_first(*args: Any, **kwargs: Any) -> Any:
+        run_stream(spark, settings, clock=lambda: NOW)  # the stream's next trigger
+        return age_limits(*args, **kwargs)
+
+    monkeypatch.setattr(retention, "age_limits", batch_first)
+    enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    users = {r[0] for r in read_table(spark, str(lake), "events").select("user_id").collect()}
+    assert users == {"u1", "u3"}
+    assert [r["reason"] for r in read_table(spark, str(lake), "quarantine").collect()] == [
+        ERASED_REASON]
+    assert not list((lake / "_checkpoints" / ERASURES_UNDER_WAY).iterdir())  # noted, gone
+
+
+@pytest.mark.parametrize(("landed_after_s", "kept_out"), [
+    (-60, True), (0, True), (2, True),  # within the margin: times come from two clocks
+    (10, False), (None, True)])  # a file whose time is not known is kept out of
+def test_a_file_is_kept_out_of_by_the_erasures_after_it_landed(
+    landed_after_s: int | None, kept_out: bool
+) -> None:
+    run = ErasureRun(1_000_000, (user_hash("u2"),))
+    landed = None if landed_after_s is None else run.started_ms + landed_after_s * 1000
+    groups = erased_after_landing([run], {"f.jsonl": landed})
+    assert groups == ([(["f.jsonl"], [user_hash("u2")])] if kept_out else [])
