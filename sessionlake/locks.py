@@ -100,6 +100,8 @@ def checkpoint_holder(folder: Path) -> Holder | None:
         return Holder(pid)
     if pid is None:
         return None if noted_pid is None else Holder(noted_pid)
+    if not lock_held(folder):
+        return None  # the run let go since the caller asked
     if noted_pid is not None and has_open(noted_pid, folder / LOCK_FILE):
         return Holder(noted_pid)  # a file system whose inodes /proc/locks names otherwise
     try:

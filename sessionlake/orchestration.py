@@ -852,6 +852,12 @@ def stop_continuous_run(checkpoint: str, timeout: float = 300.0) -> int | None:
     :raises TimeoutError: when it still holds the checkpoint after ``timeout`` seconds.
     """
     holder = running_holder(checkpoint)
+    if holder is not None and holder.here and not _is_sessionlake(holder.pid):
+        time.sleep(0.2)  # perhaps a reader's probe of a lock just let go (the health page)
+        holder = running_holder(checkpoint)
+        if holder is not None and holder.here and not _is_sessionlake(holder.pid):
+            raise ValueError(f"pid {holder.pid} holds the lock of checkpoint {checkpoint} "
+                             "and is no sessionlake process: not signalled; trigger again")
     if holder is None:
         return None
     refuse_signal_elsewhere(holder, checkpoint)
@@ -869,6 +875,18 @@ def stop_continuous_run(checkpoint: str, timeout: float = 300.0) -> int | None:
             )
         time.sleep(1)
     return pid
+
+
+def _is_sessionlake(pid: int | None) -> bool:
+    """Whether process ``pid`` runs sessionlake (its command line names it: ``sessionlake
+    run``, ``python -m sessionlake.cli``, a spark-submit of ``sessionlake_job.py``); also
+    when that cannot be read (no ``/proc``)."""
+    try:
+        return b"sessionlake" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return False  # gone
+    except OSError:
+        return True
 
 
 def stop_restart_dag_run(checkpoint: str | None = None,

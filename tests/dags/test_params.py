@@ -467,6 +467,29 @@ def test_without_the_kernel_s_word_the_holder_is_the_process_with_the_lock_open(
         bystander.wait()
 
 
+def test_a_process_that_is_no_sessionlake_run_is_not_signalled(tmp_path: Path) -> None:
+    """Whatever holds the lock when the stop looks (a reader's probe just after the run
+    let go: the health page probes it in Airflow's API server) is signalled only if it
+    runs sessionlake (the diff review)."""
+    checkpoint = tmp_path / "cp"
+    checkpoint.mkdir()
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, time\n"
+         "lock = open(os.environ['LOCK'], 'a+'); fcntl.flock(lock, fcntl.LOCK_EX)\n"
+         "print('held', flush=True); time.sleep(600)"],
+        env={**os.environ, "LOCK": str(checkpoint / "sessionlake.lock")},
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match=f"pid {other.pid} holds the lock of checkpoint "
+                                             ".* is no sessionlake process: not signalled"):
+            orch.stop_continuous_run(str(checkpoint), timeout=5)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
 _STOPS_FROM_ANOTHER_CONTAINER = """
 import json, subprocess, sys
 from pathlib import Path
