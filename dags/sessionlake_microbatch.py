@@ -31,7 +31,7 @@ from airflow.sdk import DAG, Param, task
 from airflow.sdk.exceptions import AirflowSkipException
 
 from sessionlake import orchestration as orch
-from sessionlake.airflow_tasks import dag_defaults, submit_job, trigger_params
+from sessionlake.airflow_tasks import alert_on_dag_failure, dag_defaults, submit_job, trigger_params
 
 with DAG(
     dag_id="sessionlake_microbatch",
@@ -43,6 +43,7 @@ with DAG(
     dagrun_timeout=timedelta(hours=1),
     tags=["sessionlake", "streaming"],
     default_args=dag_defaults(),
+    on_failure_callback=alert_on_dag_failure,
     params={
         "shuffle_partitions": Param(4, type="integer", minimum=1,
                                     description="spark.sql.shuffle.partitions of this run"),

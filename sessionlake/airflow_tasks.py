@@ -50,6 +50,17 @@ def dag_defaults() -> dict[str, Any]:
     return {"on_failure_callback": alert_on_failure}
 
 
+def alert_on_dag_failure(context: Context) -> None:
+    """Tell a DAG run's failure that no task's tells: a run past its ``dagrun_timeout``
+    (a micro-batch stuck for an hour) has its tasks skipped, not failed, so only the DAG's
+    own callback sees it."""
+    run = context["dag_run"]
+    reason = str(context.get("reason") or "failed")
+    _deliver({"text": f"ALERT sessionlake DAG {run.dag_id} run {run.run_id} failed: {reason}",
+              "dag_id": run.dag_id, "task_id": None, "run_id": run.run_id,
+              "try_number": None, "error": reason})
+
+
 def failure_alert(context: Context) -> dict[str, Any]:
     """What is told of a failed task: its DAG, task, run, try and error, and the ``ALERT``
     line that sums them up (the error's last line: a sessionlake job ends its error
@@ -70,7 +81,11 @@ def alert_on_failure(context: Context) -> None:
     night (a restore refused, an erasure that could not run) is otherwise seen only by
     whoever opens the UI. A webhook that fails is logged (without its URL, which may hold
     a token), never raised: the task has failed already."""
-    alert = failure_alert(context)
+    _deliver(failure_alert(context))
+
+
+def _deliver(alert: dict[str, Any]) -> None:
+    """Log ``alert``'s line, and POST it to ``SESSIONLAKE_ALERT_WEBHOOK`` when set."""
     log.error("%s", alert["text"])
     url = os.environ.get(ALERT_WEBHOOK_ENV, "").strip()
     if not url:

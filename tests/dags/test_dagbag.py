@@ -52,8 +52,10 @@ def test_each_dag_is_documented_tagged_and_validates_first(dagbag: Any, dag_id: 
     # The params are checked before any other task runs.
     assert [t.task_id for t in dag.roots] == ["validate_params"]
     # Every task's failure is told (docs/monitoring.md).
-    from sessionlake.airflow_tasks import alert_on_failure
+    from sessionlake.airflow_tasks import alert_on_dag_failure, alert_on_failure
     assert all(alert_on_failure in (t.on_failure_callback or []) for t in dag.tasks), dag_id
+    callbacks = dag.on_failure_callback
+    assert alert_on_dag_failure in (callbacks if isinstance(callbacks, list) else [callbacks])
 
 
 def test_microbatch_never_runs_twice_at_once(dagbag: Any) -> None:
