@@ -371,6 +371,35 @@ def check_batch_stays_in_landing(settings: Settings, batch_id: int,
                 "one), and run again: the batch then reads that file")
 
 
+def file_identities(paths: Sequence[str]) -> dict[str, tuple[int, int] | None]:
+    """Each path's device and inode, not following a link (``None``: not there)."""
+    def identity(path: str) -> tuple[int, int] | None:
+        try:
+            status = os.lstat(path)
+        except OSError:
+            return None
+        return status.st_dev, status.st_ino
+
+    return {path: identity(path) for path in paths}
+
+
+def check_batch_files_unchanged(settings: Settings, batch_id: int,
+                                before: Mapping[str, tuple[int, int] | None]) -> None:
+    """Refuse batch ``batch_id``, after it read its files and before it writes anything,
+    when one was replaced since :func:`check_batch_stays_in_landing` looked (another file,
+    or a link, put in its place while the batch waited for its locks): what it read may
+    be a file of anywhere (the diff review).
+
+    :raises ConfigError: naming the file.
+    """
+    for path, was in file_identities(list(before)).items():
+        if was is not None and was != before[path]:
+            raise ConfigError(
+                f"batch {batch_id}: {path} was replaced while the batch read it (another "
+                f"file, or a link, in its place: {LINKS_OUT_WHY}). Nothing of the batch was "
+                "written; run again, and the batch reads the file as it is then")
+
+
 def forget_files_archived_meanwhile(settings: Settings) -> None:
     """Drop from the source log the files ``sessionlake archive`` moved out while this
     stream ran, which kept it from doing so
@@ -619,11 +648,19 @@ class _BatchHandler:
             faults.set_batch(batch_id)
             files = None if self.settings.reads_kafka else batch_files(
                 self.spark, self.settings.checkpoint, batch_id)
-            if files:
-                check_batch_stays_in_landing(self.settings, batch_id,
-                                             [file.path for file in files])
+            paths = [file.path for file in files or []]
+            identities = file_identities(paths) if local_path(
+                self.settings.source or "") else {}
+            if paths:
+                check_batch_stays_in_landing(self.settings, batch_id, paths)
+
+            def on_phase(phase: str) -> None:
+                self.in_flight.begin(phase)
+                if phase == PHASES[1] and identities:  # the files read, nothing written
+                    check_batch_files_unchanged(self.settings, batch_id, identities)
+
             report = process_lines(self.spark, self.to_lines(frame), batch_id, self.settings,
-                                   self.identity, self.clock, self.in_flight.begin,
+                                   self.identity, self.clock, on_phase,
                                    landed=self._landed(files or []))
             if files is not None:
                 report = replace(report, input_files=len(files))

@@ -7,6 +7,7 @@ import os
 import threading
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
@@ -230,6 +231,38 @@ def test_a_symbolic_link_out_of_the_landing_folder_is_refused_before_it_is_read(
     expected = reference_sessions(spark, [landing / first.name, landing / second.name])
     assertDataFrameEqual(all_sessions(spark, str(lake)).drop("distinct_pages"),
                          expected.select("session_id", *SESSION_KEY), checkRowOrder=False)
+
+
+def test_a_file_swapped_for_a_link_after_the_check_stops_its_batch_before_it_writes(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check comes before the batch waits for its locks and reads: a file replaced by
+    a link in between was read through it (the diff review). The batch looks again once
+    it has read, and writes nothing; the next run reads the folder as it is then."""
+    first, second = split_log(tmp_path / "all", 2)
+    landing, lake, secret = tmp_path / "landing", tmp_path / "lake", tmp_path / "secret.txt"
+    landing.mkdir()
+    first.rename(landing / first.name)
+    secret.write_text("PASSWORD=hunter2\n")
+    check = stream.check_batch_stays_in_landing
+
+    def then_swap(settings: Any, batch_id: int, files: Any) -> None:
+        check(settings, batch_id, files)
+        (landing / first.name).rename(tmp_path / first.name)  # kept aside
+        (landing / first.name).symlink_to(secret)
+
+    monkeypatch.setattr(stream, "check_batch_stays_in_landing", then_swap)
+    with pytest.raises(ConfigError, match=f"batch 0: {landing / first.name} was replaced "
+                                          "while the batch read it"):
+        run(spark, landing, lake)
+    assert read_table(spark, str(lake), "batch_metrics").count() == 0
+    assert read_table(spark, str(lake), "quarantine").count() == 0
+    monkeypatch.undo()
+    (landing / first.name).unlink()
+    (tmp_path / first.name).rename(landing / first.name)
+    second.rename(landing / second.name)
+    assert [m["batch_id"] for m in run(spark, landing, lake)] == [0, 1]  # 0 planned before
+    assert read_table(spark, str(lake), "quarantine").count() == 0
 
 
 def test_missing_source_folder_is_refused_before_anything_is_written(
