@@ -520,7 +520,7 @@ def test_a_run_in_another_container_is_not_signalled_by_its_pid_here(tmp_path: P
     """A pid names a process in its own pid namespace: the restart and restore DAGs, and
     the scheduler container's end, must not SIGTERM whatever has the run's pid in their
     container (before, they did), but say where the run is and leave it running."""
-    unshare = ["unshare", "--pid", "--fork", "--uts", "--mount-proc"]
+    unshare = ["unshare", "--pid", "--fork", "--uts", "--mount-proc", "--kill-child"]
     if shutil.which("unshare") is None or subprocess.run(
             [*unshare, "true"], capture_output=True).returncode:
         pytest.skip("unshare --pid --uts --mount-proc is not permitted here (needs root)")
