@@ -25,7 +25,6 @@ from airflow.sdk import DAG, Param, task
 
 from sessionlake import orchestration as orch
 from sessionlake.airflow_tasks import (
-    alert_on_dag_failure,
     at_run_time,
     dag_defaults,
     trigger_params,
@@ -40,7 +39,6 @@ with DAG(
     max_active_runs=1,
     tags=["sessionlake", "maintenance"],
     default_args=dag_defaults(),
-    on_failure_callback=alert_on_dag_failure,
     params={
         "archive_to": Param(None, type=["null", "string"],
                             description="folder to move read files to (default "

@@ -15,7 +15,7 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from sessionlake import orchestration as orch
-from sessionlake.airflow_tasks import alert_on_dag_failure, dag_defaults, submit_job, trigger_params
+from sessionlake.airflow_tasks import dag_defaults, submit_job, trigger_params
 
 with DAG(
     dag_id="sessionlake_backfill",
@@ -26,7 +26,6 @@ with DAG(
     max_active_runs=1,
     tags=["sessionlake", "maintenance"],
     default_args=dag_defaults(),
-    on_failure_callback=alert_on_dag_failure,
     params={
         "from_date": Param(type="string", format="date", description="first day, YYYY-MM-DD"),
         "to_date": Param(type="string", format="date", description="last day, YYYY-MM-DD"),

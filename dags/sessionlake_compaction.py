@@ -13,7 +13,7 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from sessionlake import orchestration as orch
-from sessionlake.airflow_tasks import alert_on_dag_failure, dag_defaults, submit_job, trigger_params
+from sessionlake.airflow_tasks import dag_defaults, submit_job, trigger_params
 
 with DAG(
     dag_id="sessionlake_compaction",
@@ -24,7 +24,6 @@ with DAG(
     max_active_runs=1,
     tags=["sessionlake", "maintenance"],
     default_args=dag_defaults(),
-    on_failure_callback=alert_on_dag_failure,
     params={
         "min_files": Param(16, type="integer", minimum=1,
                            description="compact a table only with at least this many small files"),

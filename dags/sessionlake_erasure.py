@@ -22,7 +22,6 @@ from airflow.sdk import DAG, task
 
 from sessionlake import orchestration as orch
 from sessionlake.airflow_tasks import (
-    alert_on_dag_failure,
     dag_defaults,
     submit_job,
     trigger_params,
@@ -39,7 +38,6 @@ with DAG(
     max_active_runs=1,
     tags=["sessionlake", "maintenance", "privacy"],
     default_args=dag_defaults(),
-    on_failure_callback=alert_on_dag_failure,
     params={
         **users_to_erase_params(),
         **vacuum_params(),

@@ -32,7 +32,6 @@ from airflow.sdk import DAG, Param, chain, task
 
 from sessionlake import orchestration as orch
 from sessionlake.airflow_tasks import (
-    alert_on_dag_failure,
     at_run_time,
     connection_master,
     dag_defaults,
@@ -49,7 +48,6 @@ with DAG(
     max_active_runs=1,
     tags=["sessionlake", "streaming", "maintenance"],
     default_args=dag_defaults(),
-    on_failure_callback=alert_on_dag_failure,
     params={
         "shuffle_partitions": Param(4, type="integer", minimum=1),
         "master": Param("", type="string",

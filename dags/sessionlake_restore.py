@@ -34,7 +34,6 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from sessionlake import orchestration as orch
 from sessionlake.airflow_tasks import (
-    alert_on_dag_failure,
     at_run_time,
     connection_master,
     dag_defaults,
@@ -51,7 +50,6 @@ with DAG(
     max_active_runs=1,
     tags=["sessionlake", "maintenance"],
     default_args=dag_defaults(),
-    on_failure_callback=alert_on_dag_failure,
     params={
         "snapshot_id": Param(type="string", minLength=1, maxLength=128,
                              description="the id sessionlake_snapshot printed"),

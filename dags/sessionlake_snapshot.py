@@ -18,7 +18,7 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from sessionlake import orchestration as orch
-from sessionlake.airflow_tasks import alert_on_dag_failure, dag_defaults, submit_job, trigger_params
+from sessionlake.airflow_tasks import dag_defaults, submit_job, trigger_params
 
 with DAG(
     dag_id="sessionlake_snapshot",
@@ -29,7 +29,6 @@ with DAG(
     max_active_runs=1,
     tags=["sessionlake", "maintenance"],
     default_args=dag_defaults(),
-    on_failure_callback=alert_on_dag_failure,
     params={
         "name": Param(None, type=["null", "string"], maxLength=128,
                       description="optional label of the restore point"),
