@@ -198,15 +198,7 @@ def _audited_erasures(spark: SparkSession | None, lake: str) -> list[ErasureRun]
     cached = _ERASURES_READ.get(lake)
     if cached is not None and cached[0] == max(versions):
         return cached[1]
-    columns = ["run_id", "started_at", "erased_user_sha256"]
-    if storage.local_path(lake) is not None:
-        audit = read_rows(read_state(table_path(lake, RETENTION_AUDIT)), columns)
-        rows = list(zip(*(audit[c].to_pylist() for c in columns), strict=True))
-    elif spark is None:
-        raise ValueError(f"{lake} is not a local path: a Spark session is needed to reach it")
-    else:
-        rows = [tuple(r) for r in read_table(spark, lake, RETENTION_AUDIT).select(
-            *columns).collect()]
+    rows = _audit_rows(spark, lake, ["run_id", "started_at", "erased_user_sha256"])
     runs = sorted((ErasureRun(int(_utc(started).timestamp() * 1000), tuple(hashes))
                    for run_id, started, hashes in rows
                    if hashes and not str(run_id).endswith("-restore")),
@@ -219,6 +211,20 @@ def _audited_erasures(spark: SparkSession | None, lake: str) -> list[ErasureRun]
 #: times are cut to milliseconds, and a file's comes from its file system's clock (a file
 #: server's), not the erasure's. Errs toward keeping an erased user out.
 LANDING_MARGIN_MS = 5_000
+
+
+def _audit_rows(spark: SparkSession | None, lake: str,
+                columns: Sequence[str]) -> list[tuple[Any, ...]]:
+    """The retention audit's ``columns``, a tuple per run; a local lake's read without
+    Spark (:mod:`sessionlake.deltareader`), so that a restore or a batch asks without a
+    JVM of its own."""
+    if storage.local_path(lake) is not None:
+        audit = read_rows(read_state(table_path(lake, RETENTION_AUDIT)), list(columns))
+        return list(zip(*(audit[c].to_pylist() for c in columns), strict=True))
+    if spark is None:
+        raise ValueError(f"{lake} is not a local path: a Spark session is needed to reach it")
+    return [tuple(r) for r in read_table(spark, lake, RETENTION_AUDIT).select(
+        *columns).collect()]
 
 
 def erased_after_landing(runs: Sequence[ErasureRun], landed: Mapping[str, int | None]
@@ -291,16 +297,8 @@ def runs_not_in(spark: SparkSession | None, lake: str, taken: datetime,
     """
     if not table_exists(spark, lake, RETENTION_AUDIT):
         return NotHeld([])
-    columns = ["finished_at", "versions_after", "erased_user_sha256", "sessions_cutoff",
-               "events_cutoff"]
-    if storage.local_path(lake) is not None:
-        audit = read_rows(read_state(table_path(lake, RETENTION_AUDIT)), columns)
-        runs = list(zip(*(audit[c].to_pylist() for c in columns), strict=True))
-    elif spark is None:
-        raise ValueError(f"{lake} is not a local path: a Spark session is needed to reach it")
-    else:
-        runs = [tuple(r) for r in read_table(spark, lake, RETENTION_AUDIT).select(
-            *columns).collect()]
+    runs = _audit_rows(spark, lake, ["finished_at", "versions_after", "erased_user_sha256",
+                                     "sessions_cutoff", "events_cutoff"])
     taken_utc = _utc(taken)
 
     def not_held(finished: datetime, after: Any) -> bool:

@@ -62,13 +62,14 @@ def has_open(pid: int, path: Path) -> bool:
     """Whether process ``pid`` of this pid namespace has the file ``path`` open."""
     try:
         wanted = path.stat()
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            with contextlib.suppress(OSError):  # closed meanwhile
-                opened = fd.stat()
-                if (opened.st_dev, opened.st_ino) == (wanted.st_dev, wanted.st_ino):
-                    return True
-    except OSError:
-        pass
+        descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:  # no such file or process, or not ours to look at
+        return False
+    for fd in descriptors:
+        with contextlib.suppress(OSError):  # closed meanwhile
+            opened = fd.stat()
+            if (opened.st_dev, opened.st_ino) == (wanted.st_dev, wanted.st_ino):
+                return True
     return False
 
 

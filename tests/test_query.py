@@ -177,6 +177,26 @@ def test_duration_distribution_uses_the_report_s_classes(spark: SparkSession) ->
     ]
 
 
+def _funnel(spark: SparkSession, events: list[tuple[Any, ...]], session_end: datetime,
+            ) -> tuple[int, int]:
+    """The funnel from /a to /b over ``events`` (user u) and u's one session of
+    2026-01-05 10:00 to ``session_end``: its step1 and step2 sessions."""
+    spark.createDataFrame(events, "user_id string, event_time timestamp, event_date date, "
+                          "page string, event_id string").createOrReplaceTempView("events")
+    spark.createDataFrame(
+        [("s", "u", datetime(2026, 1, 5, 10), session_end, DAY5)],
+        "session_id string, user_id string, session_start timestamp, session_end timestamp, "
+        "session_date date").createOrReplaceTempView("sessions")
+    query = named_queries()["funnel"]
+    register_params(spark, query, {"step1": "/a", "step2": "/b"})
+    try:
+        [row] = spark.sql(query.text).collect()
+    finally:
+        for view in ("events", "sessions", "query_params"):
+            spark.catalog.dropTempView(view)
+    return row["step1_sessions"], row["step2_sessions"]
+
+
 @pytest.mark.parametrize(("step1", "step2", "converts"), [
     (("10:00:00", "x.log#7"), ("10:00:00", "x.log#15"), True),   # #7 before #15, as a number
     (("10:00:00", "x.log#15"), ("10:00:00", "x.log#7"), False),
@@ -191,20 +211,7 @@ def test_the_funnel_s_later_is_the_session_s_order_of_events(
     (entry and exit pages follow it): by time, then by id, its final number as a number."""
     events = [("u", datetime.fromisoformat(f"2026-01-05T{clock}"), DAY5, page, event_id)
               for (clock, event_id), page in ((step1, "/a"), (step2, "/b"))]
-    spark.createDataFrame(events, "user_id string, event_time timestamp, event_date date, "
-                          "page string, event_id string").createOrReplaceTempView("events")
-    spark.createDataFrame(
-        [("s", "u", datetime(2026, 1, 5, 10), datetime(2026, 1, 5, 10, 0, 1), DAY5)],
-        "session_id string, user_id string, session_start timestamp, session_end timestamp, "
-        "session_date date").createOrReplaceTempView("sessions")
-    query = named_queries()["funnel"]
-    register_params(spark, query, {"step1": "/a", "step2": "/b"})
-    try:
-        [row] = spark.sql(query.text).collect()
-    finally:
-        for view in ("events", "sessions", "query_params"):
-            spark.catalog.dropTempView(view)
-    assert (row["step1_sessions"], row["step2_sessions"]) == (1, int(converts))
+    assert _funnel(spark, events, datetime(2026, 1, 5, 10, 0, 1)) == (1, int(converts))
 
 
 def test_the_funnel_reaches_a_step_on_a_session_s_third_day(spark: SparkSession) -> None:
@@ -214,20 +221,7 @@ def test_the_funnel_reaches_a_step_on_a_session_s_third_day(spark: SparkSession)
     day7 = DAY5 + timedelta(days=2)
     events = [("u", datetime(2026, 1, 5, 10), DAY5, "/a", "e1"),
               ("u", datetime(2026, 1, 7, 10), day7, "/b", "e2")]
-    spark.createDataFrame(events, "user_id string, event_time timestamp, event_date date, "
-                          "page string, event_id string").createOrReplaceTempView("events")
-    spark.createDataFrame(
-        [("s", "u", datetime(2026, 1, 5, 10), datetime(2026, 1, 7, 10), DAY5)],
-        "session_id string, user_id string, session_start timestamp, session_end timestamp, "
-        "session_date date").createOrReplaceTempView("sessions")
-    query = named_queries()["funnel"]
-    register_params(spark, query, {"step1": "/a", "step2": "/b"})
-    try:
-        [row] = spark.sql(query.text).collect()
-    finally:
-        for view in ("events", "sessions", "query_params"):
-            spark.catalog.dropTempView(view)
-    assert (row["step1_sessions"], row["step2_sessions"]) == (1, 1)
+    assert _funnel(spark, events, datetime(2026, 1, 7, 10)) == (1, 1)
 
 
 @pytest.mark.parametrize("name", sorted(HAND_ANSWERS))
