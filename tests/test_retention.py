@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import threading
@@ -591,6 +592,9 @@ def test_records_that_landed_before_their_user_s_erasure_are_kept_out_when_read_
     enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
     restore_snapshot(spark, settings, snapshot.snapshot_id)
     (landing / "f3.jsonl").write_text(f"{event('u2', '10:20', '/e')}\n")  # u2 is back
+    # ... well after the erasure: within LANDING_MARGIN_MS of it, a file is kept out of.
+    later = time.time() + 60
+    os.utime(landing / "f3.jsonl", (later, later))
     run()
 
     pages = read_table(spark, str(lake), "events").select("user_id", "page").collect()
