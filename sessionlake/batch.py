@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -39,7 +39,7 @@ from sessionlake.checkpoint import batch_locks
 from sessionlake.config import Settings
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltalog import BatchKey
-from sessionlake.erasure import erased_after_landing, erasure_runs, quarantine_erased
+from sessionlake.erasure import KeepOut, KeptOut, erasure_runs, quarantine_erased
 from sessionlake.ledger import (
     STATE_ROWS_PER_RECORD,
     BatchInputs,
@@ -203,7 +203,7 @@ def process_lines(
     identity: StreamIdentity,
     clock: Clock = utc_now,
     on_phase: Callable[[str], None] | None = None,
-    landed: Mapping[str, int | None] | None = None,
+    keep_out: KeepOut | None = None,
 ) -> BatchReport:
     """Process one micro-batch of lines (``source_file``, ``source_line``, ``line``).
 
@@ -215,9 +215,9 @@ def process_lines(
         them), ``inputs``, then each of :data:`PHASES` (the run names it in its alert for a
         batch that runs too long). The Spark jobs of each are named after it
         (:func:`batch_label`).
-    :param landed: the batch's files (``source_file``) and when each landed (ms): the
-        records of users erased since are kept out (:func:`~sessionlake.erasure.
-        erased_after_landing`).
+    :param keep_out: which of the batch's records landed before an erasure of their user
+        (:data:`~sessionlake.erasure.KeepOut`; the stream's source knows when they
+        landed): they are kept out of the lake.
     """
     told = on_phase or (lambda _: None)
     with naming_jobs(spark) as name_jobs:
@@ -230,7 +230,7 @@ def process_lines(
         with batch_locks(settings.lake, settings.checkpoint):
             tell("inputs")
             return _process_locked(spark, lines, batch_id, settings, identity, clock, tell,
-                                   landed or {})
+                                   keep_out)
 
 
 def batch_label(batch_id: int) -> str:
@@ -286,7 +286,7 @@ def _process_locked(
     identity: StreamIdentity,
     clock: Clock,
     on_phase: Callable[[str], None],
-    landed: Mapping[str, int | None],
+    keep_out: KeepOut | None,
 ) -> BatchReport:
     """One micro-batch, its locks held (:func:`process_lines`): its inputs pinned in the
     ledger, or its report when it was already done; then its phases (:data:`PHASES`), each
@@ -303,7 +303,8 @@ def _process_locked(
     try:
         faults.point("ingest")
         # Read under the batch locks, which an erasure holds while it runs.
-        erased = erased_after_landing(erasure_runs(spark, lake), landed) if landed else []
+        runs = erasure_runs(spark, lake) if keep_out else []
+        erased = keep_out(runs) if keep_out and runs else []
         guarded, stats = _parsed(lines, settings, now, watermark, work, erased)
         valid = valid_events(guarded)
         buckets = sorted(int(b) for b in stats["buckets"])
@@ -402,7 +403,7 @@ def _newest(*moments: datetime | None) -> datetime | None:
 
 
 def _parsed(lines: DataFrame, settings: Settings, now: datetime, watermark: datetime | None,
-            work: _BatchWork, erased: Sequence[tuple[Sequence[str], Sequence[str]]] = (),
+            work: _BatchWork, erased: Sequence[KeptOut] = (),
             ) -> tuple[DataFrame, dict[str, Any]]:
     """The batch's records parsed by its format's adapter and guarded, computed once; and
     the figures the batch needs of them before it reads any table (:func:`_parse_figures`),

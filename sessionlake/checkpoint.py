@@ -88,6 +88,10 @@ FORGET_REQUEST = "archived.pending"
 #: In a checkpoint: whether its stream reads the landing folder's subfolders,
 #: ``{"subfolders": true}`` (:func:`landing_subfolders_read`).
 LANDING_NOTE = "landing.json"
+#: In a checkpoint of a Kafka stream: where the records that landed after each erasure
+#: begin, by the erasure's start (ms), ``{"<ms>": {"<partition>": offset}}``
+#: (``sessionlake.kafkastream.kafka_erasure_offsets``).
+KAFKA_ERASURE_NOTE = "kafka-erasures.json"
 #: In a checkpoint: the format its stream parses records with, ``{"format": "apache"}``
 #: (:func:`noted_input_format`).
 FORMAT_NOTE = "format.json"

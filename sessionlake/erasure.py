@@ -20,7 +20,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
@@ -250,22 +250,44 @@ def erased_after_landing(runs: Sequence[ErasureRun], landed: Mapping[str, int | 
     return [(sorted(files), list(hashes)) for hashes, files in sorted(groups.items())]
 
 
+@dataclass(frozen=True)
+class KeptOut:
+    """Records a batch keeps out of the lake: those of the users with these SHA-256
+    ``hashes`` among the records ``where`` selects (by ``source_file`` and
+    ``source_line``: those that landed before the users' erasure)."""
+
+    where: Column
+    hashes: tuple[str, ...]
+
+
+#: What a batch keeps out of the lake, given the erasure runs (:func:`erasure_runs`): it
+#: knows when its records landed (:func:`files_kept_out`, ``sessionlake.kafkastream.
+#: kafka_kept_out``).
+KeepOut = Callable[[Sequence[ErasureRun]], list[KeptOut]]
+
+
+def files_kept_out(runs: Sequence[ErasureRun], landed: Mapping[str, int | None]
+                   ) -> list[KeptOut]:
+    """The records of a batch of files to keep out (:func:`erased_after_landing`)."""
+    return [KeptOut(F.col("source_file").isin(files), tuple(hashes))
+            for files, hashes in erased_after_landing(runs, landed)]
+
+
 #: The reason of a record :func:`quarantine_erased` keeps out of the lake.
 ERASED_REASON = ("its user was erased after the record landed (retention_audit): not "
                  "taken in, and neither its text nor its user kept")
 
 
-def quarantine_erased(guarded: DataFrame,
-                      erased: Sequence[tuple[Sequence[str], Sequence[str]]]) -> DataFrame:
-    """The batch's guarded records with those of the ``erased`` users (files, hashes: see
-    :func:`erased_after_landing`) turned into quarantine rows without their text or user:
-    counted, and traceable to their file and line, but the lake takes nothing of them in.
-    A record that names the user only in its text (one that would be quarantined) is
-    found as an erasure finds it in ``quarantine`` (:func:`users_named`)."""
+def quarantine_erased(guarded: DataFrame, erased: Sequence[KeptOut]) -> DataFrame:
+    """The batch's guarded records that are ``erased`` turned into quarantine rows
+    without their text or user: counted, and traceable to their file and line (or
+    partition and offset), but the lake takes nothing of them in. A record that names the
+    user only in its text (one that would be quarantined) is found as an erasure finds it
+    in ``quarantine`` (:func:`users_named`)."""
     hit = F.lit(False)
-    for files, hashes in erased:
-        hit = hit | (F.col("source_file").isin(list(files))
-                     & F.coalesce(users_named(QUARANTINE, hashes), F.lit(False)))
+    for kept in erased:
+        hit = hit | (kept.where
+                     & F.coalesce(users_named(QUARANTINE, kept.hashes), F.lit(False)))
     kept_out = {"reason": F.lit(ERASED_REASON), "raw": F.lit(""),
                 "raw_truncated": F.lit(False), "user_id": F.lit(None).cast("string")}
     return guarded.withColumn("erased", hit).select(*[

@@ -201,17 +201,48 @@ def _topic_id(description: Any) -> str | None:
 
 def _offsets(
     spark: SparkSession, admin: Any, topic: str, partitions: Sequence[int], timeout_s: float,
-    which: str,
+    which: str, *args: int,
 ) -> dict[int, int]:
     """The first offset each of ``partitions`` of ``topic`` still holds (``which``
-    ``earliest``), or the offset its next record gets (``latest``)."""
+    ``earliest``), the offset its next record gets (``latest``), or that of its first
+    record whose timestamp is at least ``args[0]`` ms (``forTimestamp``; -1 for none)."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     kafka = jvm.org.apache.kafka
-    spec = getattr(kafka.clients.admin.OffsetSpec, which)()
+    spec = getattr(kafka.clients.admin.OffsetSpec, which)(*args)
     wanted = {kafka.common.TopicPartition(topic, p): spec for p in partitions}
     found = _wait(spark, admin.listOffsets(wanted).all(), timeout_s)
     return {int(tp.partition()): int(info.offset()) for tp, info in found.items()}
+
+
+def first_offsets_after(
+    spark: SparkSession, bootstrap: str, topic: str, moment_ms: int,
+    timeout_s: float = ADMIN_TIMEOUT_S, properties: Mapping[str, str] | None = None,
+) -> dict[int, int]:
+    """Where the records that landed after ``moment_ms`` begin in each partition of
+    ``topic``: the offset of its first record whose Kafka timestamp is later (Kafka's time
+    index, ``OffsetSpec.forTimestamp``), or, in a partition with none, its end.
+
+    A record's timestamp is when the broker appended it on a topic with
+    ``message.timestamp.type=LogAppendTime``, and the producer's clock at the send with
+    Kafka's default, ``CreateTime``.
+
+    :raises KafkaUnavailable: the brokers did not answer, or refused the client.
+    """
+    try:
+        with kafka_admin(spark, bootstrap, timeout_s, properties) as admin:
+            described = _wait(
+                spark, admin.describeTopics([topic]).allTopicNames(), timeout_s
+            ).get(topic)
+            numbers = [int(p.partition()) for p in described.partitions()]
+            after = _offsets(spark, admin, topic, numbers, timeout_s, "forTimestamp",
+                             moment_ms + 1)
+            end = _offsets(spark, admin, topic, numbers, timeout_s, "latest")
+    except Exception as error:  # py4j wraps the Java exceptions
+        raise KafkaUnavailable(
+            f"the Kafka brokers at {bootstrap} did not tell where the records of topic "
+            f"{topic} that landed after {moment_ms} ms begin ({_cause(error)})") from None
+    return {p: after[p] if after.get(p, -1) >= 0 else end[p] for p in numbers}
 
 
 def create_topic(spark: SparkSession, bootstrap: str, topic: str, partitions: int) -> None:

@@ -9,14 +9,18 @@ another checkpoint of the lake read.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from sessionlake import storage
 from sessionlake.checkpoint import (
+    KAFKA_ERASURE_NOTE,
     KAFKA_LOG_MARK,
     KAFKA_SOURCE_LOG_START,
     SOURCE_LOG,
@@ -27,12 +31,14 @@ from sessionlake.checkpoint import (
     recorded_source_file,
 )
 from sessionlake.config import ENV, ConfigError, Settings
+from sessionlake.erasure import LANDING_MARGIN_MS, ErasureRun, KeptOut
 from sessionlake.kafkaadmin import (
     KafkaRefused,
     KafkaTopic,
     KafkaTopicMissing,
     KafkaUnavailable,
     describe_topic,
+    first_offsets_after,
 )
 from sessionlake.registry import checkpoint_key, lake_stream_entries, same_kafka_topic, source_key
 from sessionlake.sources import KAFKA_SCHEME
@@ -107,6 +113,71 @@ def kafka_resume_offsets(spark: SparkSession | None, checkpoint: str) -> dict[in
         return None
     by_topic = kafka_offsets(line)
     return next(iter(by_topic.values()), {})
+
+
+def kafka_kept_out(spark: SparkSession, settings: Settings, runs: Sequence[ErasureRun]
+                   ) -> list[KeptOut]:
+    """The records of a Kafka batch to keep out of the lake: each erased user's records
+    at offsets before the erasure's (:func:`kafka_erasure_offsets`). A replay after a
+    restore reads them again, and so does a stream that reads a backlog after an
+    erasure; a stream that keeps up reads from past every erasure's offsets, and its
+    batches get no condition.
+
+    (``sessionlake.erasure.files_kept_out`` does the same for files, by when each landed.)
+    """
+    if not runs:
+        return []
+    start = kafka_resume_offsets(spark, settings.checkpoint) or {}
+    offsets = kafka_erasure_offsets(spark, settings, runs)
+    kept = []
+    for run in runs:
+        reach = {partition: end for partition, end in offsets[run.started_ms].items()
+                 if end > start.get(partition, 0)}
+        if reach:
+            kept.append(KeptOut(_before(settings.kafka_topic or "", reach), run.hashes))
+    return kept
+
+
+def _before(topic: str, ends: Mapping[int, int]) -> Column:
+    """The records of ``topic`` before offset ``ends[p]`` in each partition ``p``, as
+    :func:`sessionlake.sources.kafka_lines` names them."""
+    where = F.lit(False)
+    for partition, end in sorted(ends.items()):
+        where = where | ((F.col("source_file") == f"{KAFKA_SCHEME}{topic}/{partition}")
+                         & (F.col("source_line") < end))
+    return where
+
+
+def kafka_erasure_offsets(spark: SparkSession, settings: Settings,
+                          runs: Sequence[ErasureRun]) -> dict[int, dict[int, int]]:
+    """Where the records that landed after each erasure began (up to
+    ``LANDING_MARGIN_MS`` later, as for files) begin in the topic, by the erasure's start:
+    the first offset per partition (:func:`~sessionlake.kafkaadmin.first_offsets_after`).
+
+    Asked of the brokers once an erasure and noted in the checkpoint
+    (:data:`~sessionlake.checkpoint.KAFKA_ERASURE_NOTE`), so that a batch replayed after a
+    crash keeps out the same records, and the topic's retention deleting the records of
+    the time does not move them. Not noted until the margin has passed, while records
+    that count as before the erasure may still land.
+    """
+    note = f"{settings.checkpoint.rstrip('/')}/{KAFKA_ERASURE_NOTE}"
+    try:
+        noted = {int(started): {int(p): int(end) for p, end in ends.items()} for started, ends
+                 in json.loads(storage.read_text(spark, note) or "{}").items()}
+    except (ValueError, AttributeError, TypeError):
+        log.warning("%s is not readable: the brokers are asked again", note)
+        noted = {}
+    found = dict(noted)
+    for started in sorted({run.started_ms for run in runs} - set(noted)):
+        found[started] = first_offsets_after(
+            spark, settings.kafka_bootstrap or "", settings.kafka_topic or "",
+            started + LANDING_MARGIN_MS, properties=settings.kafka_client_properties())
+    now_ms = time.time() * 1000
+    settled = {started: ends for started, ends in found.items()
+               if started + LANDING_MARGIN_MS < now_ms}
+    if settled != noted:
+        storage.write_text(spark, note, json.dumps(settled, sort_keys=True))
+    return found
 
 
 def kafka_records_lost(

@@ -51,6 +51,7 @@ from sessionlake.checkpoint import (
     recorded_source_file,
 )
 from sessionlake.config import ConfigError, Settings, format_duration
+from sessionlake.erasure import KeepOut, files_kept_out
 from sessionlake.kafkaadmin import (
     KafkaTopic,
     kafka_timeout,
@@ -62,6 +63,7 @@ from sessionlake.kafkastream import (
     check_kafka_topic_unchanged,
     check_no_kafka_records_lost,
     check_topic_not_read_elsewhere,
+    kafka_kept_out,
     kafka_records,
     kafka_topic_gone,
 )
@@ -661,7 +663,7 @@ class _BatchHandler:
 
             report = process_lines(self.spark, self.to_lines(frame), batch_id, self.settings,
                                    self.identity, self.clock, on_phase,
-                                   landed=self._landed(files or []))
+                                   keep_out=self._keep_out(files))
             if files is not None:
                 report = replace(report, input_files=len(files))
             self.summary.batches.append(report)
@@ -675,11 +677,15 @@ class _BatchHandler:
         finally:
             self.in_flight.end()
 
-    def _landed(self, files: Sequence[LoggedFile]) -> dict[str, int | None]:
-        """The batch's files as its records name them (``source_file``, below the landing
-        folder), each with when it landed: its modification time when Spark listed it."""
+    def _keep_out(self, files: Sequence[LoggedFile] | None) -> KeepOut:
+        """Which of the batch's records landed before an erasure of their user: those of
+        its files that landed before it (each file's modification time when Spark listed
+        it), or, read from Kafka, its records before the erasure's offsets."""
+        if files is None:
+            return lambda runs: kafka_kept_out(self.spark, self.settings, runs)
         root = storage.path_part(self.spark, self.settings.source or "")
-        return {source_file_of(file.uri, root): file.timestamp_ms for file in files}
+        landed = {source_file_of(file.uri, root): file.timestamp_ms for file in files}
+        return lambda runs: files_kept_out(runs, landed)
 
     def _refuse(self, batch_id: int) -> NoReturn:
         """End batch ``batch_id`` before it reads or writes anything: the run was asked to

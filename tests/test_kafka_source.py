@@ -41,10 +41,12 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from sessionlake.checkpoint import KAFKA_ERASURE_NOTE
 from sessionlake.cli import main
 from sessionlake.config import ConfigError, Settings, settings_from
 from sessionlake.devkafka import KafkaBroker, free_port, start_broker
 from sessionlake.doctor import check_lake
+from sessionlake.erasure import ERASED_REASON, LANDING_MARGIN_MS, erasure_runs
 from sessionlake.generate import generate_clickstream
 from sessionlake.kafkaadmin import (
     KafkaUnavailable,
@@ -56,9 +58,10 @@ from sessionlake.kafkaadmin import (
     load_topic,
     produce_lines,
 )
-from sessionlake.kafkastream import kafka_topic_gone
+from sessionlake.kafkastream import kafka_kept_out, kafka_topic_gone
 from sessionlake.orchestration import stream_position
 from sessionlake.registry import lake_streams
+from sessionlake.retention import RetentionRequest, enforce_retention
 from sessionlake.snapshots import create_snapshot, restore_snapshot
 from sessionlake.stream import check_landing_folder, run_stream
 from sessionlake.tables import STREAM_TABLES, read_table, table_version
@@ -419,6 +422,74 @@ def test_a_partition_that_ends_before_where_the_stream_reads_on_is_told_not_repl
     produce_lines(spark, broker.bootstrap, topic, lines[10:13], 1)  # offsets 10-12
     run_stream(spark, settings)
     assert input_records(spark, lake) == 13
+
+
+def send_at(spark: SparkSession, bootstrap: str, topic: str, partition: int, line: str,
+            timestamp_ms: int) -> None:
+    """Send ``line`` to ``partition`` of ``topic`` with its own Kafka timestamp (Kafka's
+    default ``CreateTime``: the producer's), through Kafka's Java client."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    props = jvm.java.util.Properties()
+    serializer = "org.apache.kafka.common.serialization.StringSerializer"
+    for key, value in {"bootstrap.servers": bootstrap, "key.serializer": serializer,
+                       "value.serializer": serializer}.items():
+        props.put(key, value)
+    producer = jvm.org.apache.kafka.clients.producer.KafkaProducer(props)
+    try:
+        record = jvm.org.apache.kafka.clients.producer.ProducerRecord(
+            topic, jvm.java.lang.Integer.valueOf(partition),
+            jvm.java.lang.Long.valueOf(str(timestamp_ms)), None, line)
+        producer.send(record).get()
+    finally:
+        producer.close()
+
+
+def _page_event(user: str, minute: int, page: str) -> str:
+    return json.dumps({"user_id": user, "event_time": f"2026-01-05T10:{minute:02d}:00Z",
+                       "event_id": f"{user}-{minute}", "page": page})
+
+
+@pytest.mark.kafka
+def test_records_that_landed_before_their_user_s_erasure_are_kept_out_when_read_again(
+    spark: SparkSession, broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """A restore to a snapshot from before an erasure applies it again to the tables,
+    and the stream reads again the records it had read since the snapshot: before, the
+    erased user's events came back with them. A record that landed in the topic before
+    its user's erasure is kept out (a quarantine row without its text or user, naming its
+    partition and offset); one that landed after it is taken in."""
+    topic = "erasures"
+    create_topic(spark, broker.bootstrap, topic, 2)
+    lake = tmp_path / "lake"
+    settings = kafka_settings(lake, broker.bootstrap).with_overrides(kafka_topic=topic)
+    produce_lines(spark, broker.bootstrap, topic,
+                  [_page_event("u1", 0, "/a"), _page_event("u2", 1, "/b")], 2)
+    run_stream(spark, settings)
+    snapshot = create_snapshot(spark, settings)
+    produce_lines(spark, broker.bootstrap, topic,  # u2 at partition 0, offset 1
+                  [_page_event("u2", 5, "/c"), _page_event("u1", 6, "/d")], 2)
+    run_stream(spark, settings)
+    enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    restore_snapshot(spark, settings, snapshot.snapshot_id)
+    # The margin after the erasure's start passed: where its records end is noted.
+    [erasure] = erasure_runs(spark, str(lake))
+    time.sleep(max(0.0, (erasure.started_ms + LANDING_MARGIN_MS) / 1000 - time.time() + 0.1))
+    # u2 is back, a minute after the erasure (beyond the margin).
+    send_at(spark, broker.bootstrap, topic, 1, _page_event("u2", 20, "/e"),
+            int(time.time() * 1000) + 60_000)
+    run_stream(spark, settings)
+
+    pages = read_table(spark, str(lake), "events").select("user_id", "page").collect()
+    assert sorted(tuple(r) for r in pages) == [("u1", "/a"), ("u1", "/d"), ("u2", "/e")]
+    [kept_out] = read_table(spark, str(lake), "quarantine").collect()
+    assert (kept_out["source_file"], kept_out["source_line"], kept_out["raw"],
+            kept_out["user_id"], kept_out["reason"]) == (
+        f"kafka://{topic}/0", 1, "", None, ERASED_REASON)
+    noted = json.loads((Path(settings.checkpoint) / KAFKA_ERASURE_NOTE).read_text())
+    assert list(noted.values()) == [{"0": 2, "1": 2}]  # asked of the brokers once
+    # The stream has read past the erasure's offsets: its batches get no condition.
+    assert kafka_kept_out(spark, settings, erasure_runs(spark, str(lake))) == []
 
 
 @contextmanager
