@@ -53,6 +53,10 @@ LAKE_HOLDER_FILE = "lake-holder.json"
 #: In the lake's ``_checkpoints`` folder: the gap its stream cuts sessions with, noted at
 #: the first run (:func:`sessionlake.stream.check_gap_unchanged`).
 GAP_NOTE = "gap.json"
+#: In the lake's ``_checkpoints`` folder: where each Kafka stream's partitions ended when an
+#: erasure erased, a file per erasure, ``<its start, ms>.json``, ``{"<checkpoint>":
+#: {"<partition>": offset}}`` (``sessionlake.kafkastream.note_kafka_ends``).
+KAFKA_ERASURES_DIR = "kafka-erasures"
 #: The checkpoints that ever ran a stream on the lake, a file each in this folder of
 #: ``<lake>/_checkpoints/`` (see ``sessionlake.registry.register_stream``).
 STREAMS_DIR = "streams"

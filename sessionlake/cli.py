@@ -387,6 +387,10 @@ def _add_maintenance(commands: Any) -> None:
     retention.add_argument("--dry-run", dest="dry_run", action="store_true",
                            help="only count the rows it would delete and the files VACUUM "
                                 "would remove; change nothing, write no audit row")
+    retention.add_argument("--kafka-properties", dest="kafka_properties", metavar="FILE",
+                           help="for a lake with Kafka streams: the Kafka client settings "
+                                "an erasure asks their brokers with, to note where their "
+                                "records end (default $SESSIONLAKE_KAFKA_PROPERTIES)")
     _common_spark(retention)
 
     doctor = commands.add_parser(

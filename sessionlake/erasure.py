@@ -156,6 +156,11 @@ _ERASURES_READ: dict[str, tuple[int, list[ErasureRun]]] = {}
 ERASURES_UNDER_WAY = "erasures-under-way"
 
 
+def erasure_ms(started: datetime) -> int:
+    """An erasure's start as :class:`ErasureRun` keeps it, in ms since the epoch (UTC)."""
+    return int(_utc(started).timestamp() * 1000)
+
+
 def _under_way(lake: str) -> str:
     return f"{lake_lock_folder(lake)}/{ERASURES_UNDER_WAY}"
 
@@ -166,7 +171,7 @@ def note_erasure(spark: SparkSession | None, lake: str, run_id: str, started: da
     audit row (its age limits and VACUUM come in between): read from the audit alone, they
     would take the erased users' waiting records in (the diff review did so)."""
     storage.write_text(spark, f"{_under_way(lake)}/{run_id}.json", json.dumps(
-        {"started_ms": int(_utc(started).timestamp() * 1000), "hashes": list(hashes)}))
+        {"started_ms": erasure_ms(started), "hashes": list(hashes)}))
 
 
 def erasure_noted(spark: SparkSession | None, lake: str, run_id: str) -> None:
@@ -199,7 +204,7 @@ def _audited_erasures(spark: SparkSession | None, lake: str) -> list[ErasureRun]
     if cached is not None and cached[0] == max(versions):
         return cached[1]
     rows = _audit_rows(spark, lake, ["run_id", "started_at", "erased_user_sha256"])
-    runs = sorted((ErasureRun(int(_utc(started).timestamp() * 1000), tuple(hashes))
+    runs = sorted((ErasureRun(erasure_ms(started), tuple(hashes))
                    for run_id, started, hashes in rows
                    if hashes and not str(run_id).endswith("-restore")),
                   key=lambda run: run.started_ms)

@@ -216,16 +216,17 @@ def _offsets(
 
 
 def first_offsets_after(
-    spark: SparkSession, bootstrap: str, topic: str, moment_ms: int,
+    spark: SparkSession, bootstrap: str, topic: str, moments_ms: Sequence[int],
     timeout_s: float = ADMIN_TIMEOUT_S, properties: Mapping[str, str] | None = None,
-) -> dict[int, int]:
-    """Where the records that landed after ``moment_ms`` begin in each partition of
-    ``topic``: the offset of its first record whose Kafka timestamp is later (Kafka's time
-    index, ``OffsetSpec.forTimestamp``), or, in a partition with none, its end.
+) -> dict[int, dict[int, int]]:
+    """Where the records that landed after each of ``moments_ms`` begin in each partition
+    of ``topic``: the offset of its first record whose Kafka timestamp is later (Kafka's
+    time index, ``OffsetSpec.forTimestamp``), or, in a partition with none, its end as it
+    was before the question (a record that lands meanwhile counts as after).
 
     A record's timestamp is when the broker appended it on a topic with
-    ``message.timestamp.type=LogAppendTime``, and the producer's clock at the send with
-    Kafka's default, ``CreateTime``.
+    ``message.timestamp.type=LogAppendTime``, and what the producer set with Kafka's
+    default, ``CreateTime``: its clock at the send, or whatever time it chose.
 
     :raises KafkaUnavailable: the brokers did not answer, or refused the client.
     """
@@ -235,14 +236,15 @@ def first_offsets_after(
                 spark, admin.describeTopics([topic]).allTopicNames(), timeout_s
             ).get(topic)
             numbers = [int(p.partition()) for p in described.partitions()]
-            after = _offsets(spark, admin, topic, numbers, timeout_s, "forTimestamp",
-                             moment_ms + 1)
             end = _offsets(spark, admin, topic, numbers, timeout_s, "latest")
+            after = {moment: _offsets(spark, admin, topic, numbers, timeout_s,
+                                      "forTimestamp", moment + 1) for moment in moments_ms}
     except Exception as error:  # py4j wraps the Java exceptions
         raise KafkaUnavailable(
             f"the Kafka brokers at {bootstrap} did not tell where the records of topic "
-            f"{topic} that landed after {moment_ms} ms begin ({_cause(error)})") from None
-    return {p: after[p] if after.get(p, -1) >= 0 else end[p] for p in numbers}
+            f"{topic} that landed after an erasure begin ({_cause(error)})") from None
+    return {moment: {p: found[p] if found.get(p, -1) >= 0 else end[p] for p in numbers}
+            for moment, found in after.items()}
 
 
 def create_topic(spark: SparkSession, bootstrap: str, topic: str, partitions: int) -> None:

@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -21,6 +22,7 @@ from pyspark.sql import functions as F
 from sessionlake import storage
 from sessionlake.checkpoint import (
     KAFKA_ERASURE_NOTE,
+    KAFKA_ERASURES_DIR,
     KAFKA_LOG_MARK,
     KAFKA_SOURCE_LOG_START,
     SOURCE_LOG,
@@ -28,10 +30,11 @@ from sessionlake.checkpoint import (
     SPARK_OFFSETS_LOG,
     kafka_offsets,
     kafka_topics_read,
+    lake_lock_folder,
     recorded_source_file,
 )
 from sessionlake.config import ENV, ConfigError, Settings
-from sessionlake.erasure import LANDING_MARGIN_MS, ErasureRun, KeptOut
+from sessionlake.erasure import LANDING_MARGIN_MS, ErasureRun, KeptOut, erasure_ms
 from sessionlake.kafkaadmin import (
     KafkaRefused,
     KafkaTopic,
@@ -115,13 +118,51 @@ def kafka_resume_offsets(spark: SparkSession | None, checkpoint: str) -> dict[in
     return next(iter(by_topic.values()), {})
 
 
+def note_kafka_ends(spark: SparkSession, settings: Settings, started: datetime) -> None:
+    """Note where each of the lake's Kafka streams' partitions end as an erasure that
+    began at ``started`` erases: the records before those offsets landed before it, and
+    a batch that reads them later keeps the erased users' records out
+    (:func:`kafka_kept_out`). Called under the batch locks, while no batch reads.
+
+    Brokers that do not answer leave the erasure to go on: its stream then finds the line
+    by the records' timestamps (:func:`kafka_erasure_offsets`), as said in a warning.
+    """
+    ends = {}
+    for checkpoint, entry in lake_stream_entries(spark, settings.lake).items():
+        source = str(entry.get("source") or "")
+        if not source.startswith(KAFKA_SCHEME):
+            continue
+        brokers, _, topic = source.removeprefix(KAFKA_SCHEME).partition("/")
+        try:
+            ends[_as_noted(settings.lake, checkpoint)] = dict(describe_topic(
+                spark, brokers, topic, properties=settings.kafka_client_properties()).latest)
+        except KafkaUnavailable as error:
+            log.warning("%s: where the records of topic %s that landed before this erasure "
+                        "end is left to their timestamps", error, topic)
+    if ends:
+        storage.write_text(spark, _ends_note(settings.lake, erasure_ms(started)),
+                           json.dumps(ends, sort_keys=True))
+
+
+def _as_noted(lake: str, checkpoint: str) -> str:
+    """A checkpoint as the erasures' notes name it: inside the lake, relative to it, so that
+    a copy of the lake finds its own."""
+    inside = f"{checkpoint_key(lake)}/"
+    key = checkpoint_key(checkpoint)
+    return key.removeprefix(inside) if key.startswith(inside) else key
+
+
+def _ends_note(lake: str, started_ms: int) -> str:
+    return f"{lake_lock_folder(lake)}/{KAFKA_ERASURES_DIR}/{started_ms}.json"
+
+
 def kafka_kept_out(spark: SparkSession, settings: Settings, runs: Sequence[ErasureRun]
                    ) -> list[KeptOut]:
     """The records of a Kafka batch to keep out of the lake: each erased user's records
     at offsets before the erasure's (:func:`kafka_erasure_offsets`). A replay after a
     restore reads them again, and so does a stream that reads a backlog after an
     erasure; a stream that keeps up reads from past every erasure's offsets, and its
-    batches get no condition.
+    batches get no condition. Erasures that reach the same offsets share one.
 
     (``sessionlake.erasure.files_kept_out`` does the same for files, by when each landed.)
     """
@@ -129,13 +170,15 @@ def kafka_kept_out(spark: SparkSession, settings: Settings, runs: Sequence[Erasu
         return []
     start = kafka_resume_offsets(spark, settings.checkpoint) or {}
     offsets = kafka_erasure_offsets(spark, settings, runs)
-    kept = []
+    reaching: dict[tuple[tuple[int, int], ...], set[str]] = {}
     for run in runs:
-        reach = {partition: end for partition, end in offsets[run.started_ms].items()
-                 if end > start.get(partition, 0)}
+        reach = tuple(sorted((partition, end) for partition, end
+                             in offsets[run.started_ms].items()
+                             if end > start.get(partition, 0)))
         if reach:
-            kept.append(KeptOut(_before(settings.kafka_topic or "", reach), run.hashes))
-    return kept
+            reaching.setdefault(reach, set()).update(run.hashes)
+    return [KeptOut(_before(settings.kafka_topic or "", dict(reach)), tuple(sorted(hashes)))
+            for reach, hashes in sorted(reaching.items())]
 
 
 def _before(topic: str, ends: Mapping[int, int]) -> Column:
@@ -150,34 +193,59 @@ def _before(topic: str, ends: Mapping[int, int]) -> Column:
 
 def kafka_erasure_offsets(spark: SparkSession, settings: Settings,
                           runs: Sequence[ErasureRun]) -> dict[int, dict[int, int]]:
-    """Where the records that landed after each erasure began (up to
-    ``LANDING_MARGIN_MS`` later, as for files) begin in the topic, by the erasure's start:
-    the first offset per partition (:func:`~sessionlake.kafkaadmin.first_offsets_after`).
+    """Where the records that landed after each erasure begin in the topic, by the
+    erasure's start: the first offset per partition.
 
-    Asked of the brokers once an erasure and noted in the checkpoint
+    The erasure noted where the partitions ended as it erased (:func:`note_kafka_ends`).
+    For an erasure that could not (brokers away, an erasure before 2026-12-06, a stream
+    registered since), the brokers are asked which records have a Kafka timestamp after
+    its start, up to ``LANDING_MARGIN_MS`` later as for files
+    (:func:`~sessionlake.kafkaadmin.first_offsets_after`): a line a producer's clock, or
+    a record it dated ahead, moves.
+
+    Found once an erasure and noted in the checkpoint
     (:data:`~sessionlake.checkpoint.KAFKA_ERASURE_NOTE`), so that a batch replayed after a
-    crash keeps out the same records, and the topic's retention deleting the records of
-    the time does not move them. Not noted until the margin has passed, while records
-    that count as before the erasure may still land.
+    crash keeps out the same records; a line by timestamps is not noted until the margin
+    has passed, while records that count as before the erasure may still land.
     """
     note = f"{settings.checkpoint.rstrip('/')}/{KAFKA_ERASURE_NOTE}"
     try:
-        noted = {int(started): {int(p): int(end) for p, end in ends.items()} for started, ends
-                 in json.loads(storage.read_text(spark, note) or "{}").items()}
+        noted = _offsets_by_erasure(json.loads(storage.read_text(spark, note) or "{}"))
     except (ValueError, AttributeError, TypeError):
-        log.warning("%s is not readable: the brokers are asked again", note)
+        log.warning("%s is not readable: the erasures' offsets are found again", note)
         noted = {}
-    found = dict(noted)
+    found, by_time = dict(noted), []
+    me = _as_noted(settings.lake, settings.checkpoint)
     for started in sorted({run.started_ms for run in runs} - set(noted)):
-        found[started] = first_offsets_after(
-            spark, settings.kafka_bootstrap or "", settings.kafka_topic or "",
-            started + LANDING_MARGIN_MS, properties=settings.kafka_client_properties())
+        text = storage.read_text(spark, _ends_note(settings.lake, started))
+        at_erasure = json.loads(text).get(me) if text else None
+        if at_erasure is not None:
+            found[started] = {int(p): int(end) for p, end in at_erasure.items()}
+        else:
+            by_time.append(started)
+    if by_time:
+        try:
+            after = first_offsets_after(
+                spark, settings.kafka_bootstrap or "", settings.kafka_topic or "",
+                [started + LANDING_MARGIN_MS for started in by_time],
+                properties=settings.kafka_client_properties())
+        except KafkaUnavailable as error:
+            raise ConfigError(
+                f"{error}: the batch must know which of its records landed before an "
+                "erasure of their user, and wrote no row: run the stream again once the "
+                "brokers answer") from None
+        found.update({started: after[started + LANDING_MARGIN_MS] for started in by_time})
     now_ms = time.time() * 1000
     settled = {started: ends for started, ends in found.items()
-               if started + LANDING_MARGIN_MS < now_ms}
+               if started not in by_time or started + LANDING_MARGIN_MS < now_ms}
     if settled != noted:
         storage.write_text(spark, note, json.dumps(settled, sort_keys=True))
     return found
+
+
+def _offsets_by_erasure(noted: Mapping[str, Mapping[str, int]]) -> dict[int, dict[int, int]]:
+    return {int(started): {int(p): int(end) for p, end in ends.items()}
+            for started, ends in noted.items()}
 
 
 def kafka_records_lost(

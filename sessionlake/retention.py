@@ -46,6 +46,7 @@ from sessionlake.erasure import (
     user_hash,
     users_named,
 )
+from sessionlake.kafkastream import note_kafka_ends
 from sessionlake.locks import checkpoint_in_use, lake_in_use
 from sessionlake.registry import checkpoint_key, lake_streams, unfinished_batch_since
 from sessionlake.snapshots import oldest_kept
@@ -444,6 +445,7 @@ def enforce_retention(
     if to_erase := request.erased_hashes:
         with batches_held(spark, settings):
             note_erasure(spark, lake, run_id, started, to_erase)  # until its audit row
+            note_kafka_ends(spark, settings, started)  # what Kafka holds of them now
             erased = erase(spark, lake, to_erase)
         for table, rows in erased.items():
             deleted[table] = deleted.get(table, 0) + rows

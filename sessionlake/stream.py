@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from sessionlake import faults, storage
@@ -51,7 +52,7 @@ from sessionlake.checkpoint import (
     recorded_source_file,
 )
 from sessionlake.config import ConfigError, Settings, format_duration
-from sessionlake.erasure import KeepOut, files_kept_out
+from sessionlake.erasure import KeepOut, KeptOut, files_kept_out
 from sessionlake.kafkaadmin import (
     KafkaTopic,
     kafka_timeout,
@@ -680,9 +681,13 @@ class _BatchHandler:
     def _keep_out(self, files: Sequence[LoggedFile] | None) -> KeepOut:
         """Which of the batch's records landed before an erasure of their user: those of
         its files that landed before it (each file's modification time when Spark listed
-        it), or, read from Kafka, its records before the erasure's offsets."""
-        if files is None:
+        it), or, read from Kafka, its records before the erasure's offsets. Files the
+        checkpoint does not name (an entry of its logs missing) count as landed before
+        every erasure, as a file whose time is not known does."""
+        if self.settings.reads_kafka:
             return lambda runs: kafka_kept_out(self.spark, self.settings, runs)
+        if files is None:
+            return lambda runs: [KeptOut(F.lit(True), run.hashes) for run in runs]
         root = storage.path_part(self.spark, self.settings.source or "")
         landed = {source_file_of(file.uri, root): file.timestamp_ms for file in files}
         return lambda runs: files_kept_out(runs, landed)

@@ -41,7 +41,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake.checkpoint import KAFKA_ERASURE_NOTE
+from sessionlake.checkpoint import KAFKA_ERASURE_NOTE, KAFKA_ERASURES_DIR
 from sessionlake.cli import main
 from sessionlake.config import ConfigError, Settings, settings_from
 from sessionlake.devkafka import KafkaBroker, free_port, start_broker
@@ -60,11 +60,11 @@ from sessionlake.kafkaadmin import (
 )
 from sessionlake.kafkastream import kafka_kept_out, kafka_topic_gone
 from sessionlake.orchestration import stream_position
-from sessionlake.registry import lake_streams
+from sessionlake.registry import lake_streams, register_stream, source_key
 from sessionlake.retention import RetentionRequest, enforce_retention
 from sessionlake.snapshots import create_snapshot, restore_snapshot
 from sessionlake.stream import check_landing_folder, run_stream
-from sessionlake.tables import STREAM_TABLES, read_table, table_version
+from sessionlake.tables import STREAM_TABLES, ensure_tables, read_table, table_version
 from tests.conftest import REPO
 
 TOPIC = "clicks"
@@ -451,15 +451,21 @@ def _page_event(user: str, minute: int, page: str) -> str:
 
 
 @pytest.mark.kafka
+@pytest.mark.parametrize("ends_noted", [True, False], ids=["by-offsets", "by-timestamps"])
 def test_records_that_landed_before_their_user_s_erasure_are_kept_out_when_read_again(
-    spark: SparkSession, broker: KafkaBroker, tmp_path: Path
+    spark: SparkSession, broker: KafkaBroker, tmp_path: Path, ends_noted: bool
 ) -> None:
     """A restore to a snapshot from before an erasure applies it again to the tables,
     and the stream reads again the records it had read since the snapshot: before, the
     erased user's events came back with them. A record that landed in the topic before
     its user's erasure is kept out (a quarantine row without its text or user, naming its
-    partition and offset); one that landed after it is taken in."""
-    topic = "erasures"
+    partition and offset); one that landed after it is taken in.
+
+    The erasure notes where the topic's partitions ended. Without that note (brokers away
+    then, or an erasure from before the note) the records' Kafka timestamps tell, and a
+    producer whose clock runs ahead moves the line: the erased user's record after its
+    record comes back."""
+    topic = f"erasures-{ends_noted}"
     create_topic(spark, broker.bootstrap, topic, 2)
     lake = tmp_path / "lake"
     settings = kafka_settings(lake, broker.bootstrap).with_overrides(kafka_topic=topic)
@@ -467,29 +473,63 @@ def test_records_that_landed_before_their_user_s_erasure_are_kept_out_when_read_
                   [_page_event("u1", 0, "/a"), _page_event("u2", 1, "/b")], 2)
     run_stream(spark, settings)
     snapshot = create_snapshot(spark, settings)
-    produce_lines(spark, broker.bootstrap, topic,  # u2 at partition 0, offset 1
+    # Partition 0: a record a producer dated an hour ahead (offset 1), then u2's (2).
+    send_at(spark, broker.bootstrap, topic, 0, _page_event("u3", 4, "/x"),
+            int(time.time() * 1000) + 3_600_000)
+    produce_lines(spark, broker.bootstrap, topic,
                   [_page_event("u2", 5, "/c"), _page_event("u1", 6, "/d")], 2)
     run_stream(spark, settings)
     enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    [ends] = (lake / "_checkpoints" / KAFKA_ERASURES_DIR).iterdir()
+    assert list(json.loads(ends.read_text()).values()) == [{"0": 3, "1": 2}]
     restore_snapshot(spark, settings, snapshot.snapshot_id)
-    # The margin after the erasure's start passed: where its records end is noted.
-    [erasure] = erasure_runs(spark, str(lake))
-    time.sleep(max(0.0, (erasure.started_ms + LANDING_MARGIN_MS) / 1000 - time.time() + 0.1))
+    if not ends_noted:
+        ends.unlink()
+        # The margin after the erasure's start passed: the line is noted once found.
+        [erasure] = erasure_runs(spark, str(lake))
+        time.sleep(max(0.0, (erasure.started_ms + LANDING_MARGIN_MS) / 1000 - time.time()
+                       + 0.1))
     # u2 is back, a minute after the erasure (beyond the margin).
     send_at(spark, broker.bootstrap, topic, 1, _page_event("u2", 20, "/e"),
             int(time.time() * 1000) + 60_000)
     run_stream(spark, settings)
 
     pages = read_table(spark, str(lake), "events").select("user_id", "page").collect()
-    assert sorted(tuple(r) for r in pages) == [("u1", "/a"), ("u1", "/d"), ("u2", "/e")]
-    [kept_out] = read_table(spark, str(lake), "quarantine").collect()
-    assert (kept_out["source_file"], kept_out["source_line"], kept_out["raw"],
-            kept_out["user_id"], kept_out["reason"]) == (
-        f"kafka://{topic}/0", 1, "", None, ERASED_REASON)
+    came_back = [] if ends_noted else [("u2", "/c")]
+    assert sorted(tuple(r) for r in pages) == sorted(
+        [("u1", "/a"), ("u1", "/d"), ("u2", "/e"), ("u3", "/x"), *came_back])
+    quarantined = [(r["source_file"], r["source_line"], r["raw"], r["user_id"], r["reason"])
+                   for r in read_table(spark, str(lake), "quarantine").collect()]
+    assert quarantined == ([(f"kafka://{topic}/0", 2, "", None, ERASED_REASON)]
+                           if ends_noted else [])
     noted = json.loads((Path(settings.checkpoint) / KAFKA_ERASURE_NOTE).read_text())
-    assert list(noted.values()) == [{"0": 2, "1": 2}]  # asked of the brokers once
+    # Found once, for a replay.
+    assert list(noted.values()) == [{"0": 3 if ends_noted else 1, "1": 2}]
     # The stream has read past the erasure's offsets: its batches get no condition.
     assert kafka_kept_out(spark, settings, erasure_runs(spark, str(lake))) == []
+
+
+def test_brokers_away_leave_an_erasure_to_go_on_and_stop_a_batch_that_must_ask_them(
+    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An erasure asks the brokers of the lake's Kafka streams where their partitions end;
+    brokers that do not answer must not stop an erasure request, and the stream finds the
+    line by timestamps instead. A batch that must ask them, and cannot, stops in one line
+    rather than letting the erased users' records in."""
+    lake, nobody = tmp_path / "lake", f"127.0.0.1:{free_port()}"
+    settings = kafka_settings(lake, nobody)
+    ensure_tables(spark, str(lake))
+    register_stream(spark, str(lake), settings.checkpoint, source_key(settings))
+    with caplog.at_level(logging.WARNING, logger="sessionlake.stream"):
+        enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    assert f"brokers at {nobody.lower()} did not answer" in caplog.text
+    assert "is left to their timestamps" in caplog.text
+    assert not (lake / "_checkpoints" / KAFKA_ERASURES_DIR).exists()
+    with pytest.raises(ConfigError, match=(
+            rf"^the Kafka brokers at {nobody} did not tell where the records of topic "
+            rf"{TOPIC} that landed after an erasure begin .*: the batch must know which of "
+            r"its records landed before an erasure of their user, and wrote no row")):
+        kafka_kept_out(spark, settings, erasure_runs(spark, str(lake)))
 
 
 @contextmanager
