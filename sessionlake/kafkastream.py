@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -43,7 +44,13 @@ from sessionlake.kafkaadmin import (
     describe_topic,
     first_offsets_after,
 )
-from sessionlake.registry import checkpoint_key, lake_stream_entries, same_kafka_topic, source_key
+from sessionlake.registry import (
+    checkpoint_key,
+    kafka_source_key,
+    lake_stream_entries,
+    same_kafka_topic,
+    source_key,
+)
 from sessionlake.sources import KAFKA_SCHEME
 
 #: The run's logger: these checks are the run's, and its log lines keep one name.
@@ -118,11 +125,17 @@ def kafka_resume_offsets(spark: SparkSession | None, checkpoint: str) -> dict[in
     return next(iter(by_topic.values()), {})
 
 
+#: How long an erasure waits for a Kafka stream's brokers to tell where its topic ends (each
+#: of their answers): it holds the batch locks meanwhile, and every stream waits with it.
+ERASURE_ADMIN_TIMEOUT_S = 5.0
+
+
 def note_kafka_ends(spark: SparkSession, settings: Settings, started: datetime) -> None:
     """Note where each of the lake's Kafka streams' partitions end as an erasure that
     began at ``started`` erases: the records before those offsets landed before it, and
     a batch that reads them later keeps the erased users' records out
-    (:func:`kafka_kept_out`). Called under the batch locks, while no batch reads.
+    (:func:`kafka_kept_out`). Called under the batch locks (on a local lake), while no
+    batch reads; a checkpoint since deleted is skipped.
 
     Brokers that do not answer leave the erasure to go on: its stream then finds the line
     by the records' timestamps (:func:`kafka_erasure_offsets`), as said in a warning.
@@ -130,18 +143,41 @@ def note_kafka_ends(spark: SparkSession, settings: Settings, started: datetime) 
     ends = {}
     for checkpoint, entry in lake_stream_entries(spark, settings.lake).items():
         source = str(entry.get("source") or "")
-        if not source.startswith(KAFKA_SCHEME):
-            continue
-        brokers, _, topic = source.removeprefix(KAFKA_SCHEME).partition("/")
-        try:
-            ends[_as_noted(settings.lake, checkpoint)] = dict(describe_topic(
-                spark, brokers, topic, properties=settings.kafka_client_properties()).latest)
-        except KafkaUnavailable as error:
-            log.warning("%s: where the records of topic %s that landed before this erasure "
-                        "end is left to their timestamps", error, topic)
+        if source.startswith(KAFKA_SCHEME) and storage.exists(spark, checkpoint):
+            latest = _topic_ends(spark, settings, checkpoint, entry)
+            if latest is not None:
+                ends[_as_noted(settings.lake, checkpoint)] = latest
     if ends:
         storage.write_text(spark, _ends_note(settings.lake, erasure_ms(started)),
                            json.dumps(ends, sort_keys=True))
+
+
+def _topic_ends(spark: SparkSession, settings: Settings, checkpoint: str,
+                entry: Mapping[str, Any]) -> dict[int, int] | None:
+    """Where the topic of the stream on ``checkpoint`` (its register ``entry``) ends now,
+    asked of the brokers it was first noted with, then of those the settings name
+    (``SESSIONLAKE_KAFKA_BOOTSTRAP``: brokers moved within the cluster); brokers of another
+    cluster, or a topic created anew, do not count. ``None``, with a warning, when none
+    tells."""
+    brokers, _, topic = str(entry["source"]).removeprefix(KAFKA_SCHEME).partition("/")
+    tried = []
+    for bootstrap in dict.fromkeys(b for b in (brokers, settings.kafka_bootstrap) if b):
+        try:
+            found = describe_topic(spark, bootstrap, topic, ERASURE_ADMIN_TIMEOUT_S,
+                                   settings.kafka_client_properties())
+        except KafkaUnavailable as error:
+            tried.append(str(error).partition(": check ")[0])
+            continue
+        if same_kafka_topic(entry, kafka_source_key(bootstrap, topic), found.cluster_id,
+                            found.topic_id):
+            return dict(found.latest)
+        tried.append(f"the brokers at {bootstrap} hold another topic {topic}")
+    log.warning("where the records of topic %s, which the stream on %s reads, end as this "
+                "erasure erases is not known (%s): its batches find the line by the "
+                "records' timestamps. SESSIONLAKE_KAFKA_BOOTSTRAP and "
+                "SESSIONLAKE_KAFKA_PROPERTIES name the brokers and their client settings",
+                topic, checkpoint, "; ".join(tried) or "no brokers are known")
+    return None
 
 
 def _as_noted(lake: str, checkpoint: str) -> str:
@@ -217,10 +253,9 @@ def kafka_erasure_offsets(spark: SparkSession, settings: Settings,
     found, by_time = dict(noted), []
     me = _as_noted(settings.lake, settings.checkpoint)
     for started in sorted({run.started_ms for run in runs} - set(noted)):
-        text = storage.read_text(spark, _ends_note(settings.lake, started))
-        at_erasure = json.loads(text).get(me) if text else None
+        at_erasure = _ends_at_erasure(spark, settings.lake, started, me)
         if at_erasure is not None:
-            found[started] = {int(p): int(end) for p, end in at_erasure.items()}
+            found[started] = at_erasure
         else:
             by_time.append(started)
     if by_time:
@@ -241,6 +276,21 @@ def kafka_erasure_offsets(spark: SparkSession, settings: Settings,
     if settled != noted:
         storage.write_text(spark, note, json.dumps(settled, sort_keys=True))
     return found
+
+
+def _ends_at_erasure(spark: SparkSession, lake: str, started_ms: int, checkpoint: str
+                     ) -> dict[int, int] | None:
+    """What :func:`note_kafka_ends` noted of ``checkpoint``'s partitions for the erasure
+    that began at ``started_ms``; ``None`` when it noted nothing (or its note is damaged:
+    the line is then found by timestamps, as said)."""
+    note = _ends_note(lake, started_ms)
+    text = storage.read_text(spark, note)
+    try:
+        ends = json.loads(text).get(checkpoint) if text else None
+        return None if ends is None else {int(p): int(end) for p, end in ends.items()}
+    except (ValueError, AttributeError, TypeError):
+        log.warning("%s is not readable: the line is found by the records' timestamps", note)
+        return None
 
 
 def _offsets_by_erasure(noted: Mapping[str, Mapping[str, int]]) -> dict[int, dict[int, int]]:

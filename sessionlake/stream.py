@@ -52,7 +52,7 @@ from sessionlake.checkpoint import (
     recorded_source_file,
 )
 from sessionlake.config import ConfigError, Settings, format_duration
-from sessionlake.erasure import KeepOut, KeptOut, files_kept_out
+from sessionlake.erasure import ErasureRun, KeepOut, KeptOut, files_kept_out
 from sessionlake.kafkaadmin import (
     KafkaTopic,
     kafka_timeout,
@@ -687,10 +687,19 @@ class _BatchHandler:
         if self.settings.reads_kafka:
             return lambda runs: kafka_kept_out(self.spark, self.settings, runs)
         if files is None:
-            return lambda runs: [KeptOut(F.lit(True), run.hashes) for run in runs]
+            return self._all_kept_out
         root = storage.path_part(self.spark, self.settings.source or "")
         landed = {source_file_of(file.uri, root): file.timestamp_ms for file in files}
         return lambda runs: files_kept_out(runs, landed)
+
+    @staticmethod
+    def _all_kept_out(runs: Sequence[ErasureRun]) -> list[KeptOut]:
+        """Every erased user's records kept out of a batch whose files are not known."""
+        if runs:
+            log.warning("the checkpoint does not name this batch's files (an entry of its "
+                        "logs is missing): the records of every user ever erased are kept "
+                        "out of it, as their files may have landed before the erasure")
+        return [KeptOut(F.lit(True), run.hashes) for run in runs]
 
     def _refuse(self, batch_id: int) -> NoReturn:
         """End batch ``batch_id`` before it reads or writes anything: the run was asked to

@@ -519,17 +519,41 @@ def test_brokers_away_leave_an_erasure_to_go_on_and_stop_a_batch_that_must_ask_t
     lake, nobody = tmp_path / "lake", f"127.0.0.1:{free_port()}"
     settings = kafka_settings(lake, nobody)
     ensure_tables(spark, str(lake))
+    Path(settings.checkpoint).mkdir(parents=True)
     register_stream(spark, str(lake), settings.checkpoint, source_key(settings))
     with caplog.at_level(logging.WARNING, logger="sessionlake.stream"):
         enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
-    assert f"brokers at {nobody.lower()} did not answer" in caplog.text
-    assert "is left to their timestamps" in caplog.text
+    assert (f"where the records of topic {TOPIC}, which the stream on {settings.checkpoint} "
+            f"reads, end as this erasure erases is not known (the Kafka brokers at {nobody} "
+            "did not answer within 5s") in caplog.text
+    assert "its batches find the line by the records' timestamps" in caplog.text
     assert not (lake / "_checkpoints" / KAFKA_ERASURES_DIR).exists()
     with pytest.raises(ConfigError, match=(
             rf"^the Kafka brokers at {nobody} did not tell where the records of topic "
             rf"{TOPIC} that landed after an erasure begin .*: the batch must know which of "
             r"its records landed before an erasure of their user, and wrote no row")):
         kafka_kept_out(spark, settings, erasure_runs(spark, str(lake)))
+
+
+@pytest.mark.kafka
+def test_an_erasure_asks_the_cluster_s_brokers_of_now_when_those_first_noted_are_gone(
+    spark: SparkSession, broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """The lake's register keeps the brokers a stream was first started with; the cluster
+    may since answer elsewhere (``SESSIONLAKE_KAFKA_BOOTSTRAP``). The erasure asks those
+    too, once the cluster's id says they are the same cluster's."""
+    topic, lake, gone = "moved", tmp_path / "lake", f"127.0.0.1:{free_port()}"
+    create_topic(spark, broker.bootstrap, topic, 1)
+    produce_lines(spark, broker.bootstrap, topic, [_page_event("u1", 0, "/a")], 1)
+    settings = kafka_settings(lake, broker.bootstrap).with_overrides(kafka_topic=topic)
+    ensure_tables(spark, str(lake))
+    Path(settings.checkpoint).mkdir(parents=True)
+    cluster = describe_topic(spark, broker.bootstrap, topic).cluster_id
+    register_stream(spark, str(lake), settings.checkpoint,
+                    source_key(settings.with_overrides(kafka_bootstrap=gone)), cluster)
+    enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    [ends] = (lake / "_checkpoints" / KAFKA_ERASURES_DIR).iterdir()
+    assert list(json.loads(ends.read_text()).values()) == [{"0": 1}]
 
 
 @contextmanager
