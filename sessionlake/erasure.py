@@ -316,8 +316,8 @@ def runs_not_in(spark: SparkSession | None, lake: str, taken: datetime,
     ``versions``, may not hold did: runs that finished at or after it was taken, or that
     committed a version of a table after the snapshot's.
 
-    A run's ``started_at`` is stamped before it waits for the batch locks, and a snapshot
-    takes none: one taken while an erasure waited holds the users, though the run
+    An erasure's ``started_at`` is stamped once it holds the batch locks, and a snapshot
+    takes none: one taken while an erasure erased may hold the users, though the run
     "started" before it. Re-applying what the snapshot does hold deletes nothing.
     A local lake's audit is read without Spark (:mod:`sessionlake.deltareader`): a restore
     asks this before it knows whether it needs a JVM at all.

@@ -444,6 +444,9 @@ def enforce_retention(
     erased: dict[str, int] = {}
     if to_erase := request.erased_hashes:
         with batches_held(spark, settings):
+            # The run starts now, the batch in flight done: what landed before this moment,
+            # the erasure reaches (a batch keeps it out when read later), whatever waited.
+            started = now or datetime.now(UTC)
             note_erasure(spark, lake, run_id, started, to_erase)  # until its audit row
             note_kafka_ends(spark, settings, started)  # what Kafka holds of them now
             erased = erase(spark, lake, to_erase)

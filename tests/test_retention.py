@@ -19,12 +19,13 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake import faults, rebuild, retention, snapshots
-from sessionlake.checkpoint import BATCH_LOCK_FILE, lake_lock_folder, lock_held
+from sessionlake.checkpoint import BATCH_LOCK_FILE, batch_locks, lake_lock_folder, lock_held
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
 from sessionlake.erasure import (
     ERASED_REASON,
     ERASURES_UNDER_WAY,
+    LANDING_MARGIN_MS,
     ErasureRun,
     erased_after_landing,
     user_hash,
@@ -606,6 +607,43 @@ def test_records_that_landed_before_their_user_s_erasure_are_kept_out_when_read_
     changelog = read_table(spark, str(lake), "session_changelog")
     assert changelog.where("user_id = 'u2' AND session_start < '2026-01-05 10:20:00'"
                            ).count() == 0
+
+
+def test_a_file_that_landed_while_the_erasure_waited_for_the_batch_in_flight_is_kept_out(
+    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An erasure waits for the batch in flight before it erases; a file of the user that
+    landed meanwhile is older than the erasure, and is kept out when read after it (it
+    counted from the run's start, before the wait, and came in)."""
+    caplog.set_level(logging.INFO, logger="sessionlake.checkpoint")
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    landing.mkdir()
+    settings = settings_from({"lake": str(lake), "source": str(landing)}, env={})
+    (landing / "f0.jsonl").write_text(f"{event('u2', '10:00', '/a')}\n")
+    run_stream(spark, settings, clock=lambda: NOW)
+    failures: list[BaseException] = []
+
+    def erase_u2() -> None:
+        try:
+            enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+        except BaseException as error:  # reported by the test thread
+            failures.append(error)
+
+    eraser = threading.Thread(target=erase_u2)
+    with batch_locks(settings.lake, settings.checkpoint):  # a batch in flight
+        eraser.start()
+        deadline = time.monotonic() + 120
+        while not any("waiting" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "the erasure did not wait"
+            time.sleep(0.2)
+        time.sleep(LANDING_MARGIN_MS / 1000 + 1)
+        (landing / "f1.jsonl").write_text(f"{event('u2', '10:05', '/b')}\n")
+    eraser.join(timeout=300)
+    assert not failures, failures
+    run_stream(spark, settings, clock=lambda: NOW)
+    assert read_table(spark, str(lake), "events").count() == 0
+    assert [(r["source_file"], r["reason"]) for r in read_table(
+        spark, str(lake), "quarantine").collect()] == [("f1.jsonl", ERASED_REASON)]
 
 
 def test_a_batch_between_an_erasure_s_deletes_and_its_audit_row_keeps_the_user_out(
