@@ -174,9 +174,22 @@ def note_erasure(spark: SparkSession | None, lake: str, run_id: str, started: da
         {"started_ms": erasure_ms(started), "hashes": list(hashes)}))
 
 
-def erasure_noted(spark: SparkSession | None, lake: str, run_id: str) -> None:
-    """The erasure ``run_id`` wrote its audit row: its note goes (:func:`note_erasure`)."""
-    storage.delete(spark, f"{_under_way(lake)}/{run_id}.json")
+def erasure_noted(spark: SparkSession | None, lake: str, run_id: str,
+                  hashes: Sequence[str] = ()) -> None:
+    """The erasure ``run_id`` wrote its audit row, or was cut off before its deletes: its
+    note goes (:func:`note_erasure`), and so do those of earlier runs cut off after
+    theirs (killed) that erased none but these ``hashes``: this run's audit row keeps
+    their users out now."""
+    folder = _under_way(lake)
+    for name in storage.list_names(spark, folder) if hashes else []:
+        try:
+            noted = json.loads(storage.read_text(spark, f"{folder}/{name}") or "{}")
+            covered = set(noted["hashes"]) <= set(hashes)
+        except (ValueError, KeyError, TypeError):
+            covered = False
+        if covered and name != f"{run_id}.json":
+            storage.delete(spark, f"{folder}/{name}")
+    storage.delete(spark, f"{folder}/{run_id}.json")
 
 
 def erasure_runs(spark: SparkSession | None, lake: str) -> list[ErasureRun]:

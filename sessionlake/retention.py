@@ -448,8 +448,14 @@ def enforce_retention(
             # the erasure reaches (a batch keeps it out when read later), whatever waited.
             started = now or datetime.now(UTC)
             note_erasure(spark, lake, run_id, started, to_erase)  # until its audit row
-            note_kafka_ends(spark, settings, started)  # what Kafka holds of them now
-            erased = erase(spark, lake, to_erase)
+            try:
+                note_kafka_ends(spark, settings, started)  # what Kafka holds of them now
+                erased = erase(spark, lake, to_erase)
+            except BaseException:
+                # Cut off before its deletes were done (Ctrl-C, a failure): no erasure to
+                # keep the users' records out for, until it is run again.
+                erasure_noted(spark, lake, run_id)
+                raise
         for table, rows in erased.items():
             deleted[table] = deleted.get(table, 0) + rows
     aged, sessions_cutoff, events_cutoff, state_left = age_limits(
@@ -473,7 +479,7 @@ def enforce_retention(
     _append_audit(spark, lake, report, request, started, sessions_cutoff, events_cutoff,
                   versions_before)
     if to_erase:
-        erasure_noted(spark, lake, run_id)
+        erasure_noted(spark, lake, run_id, to_erase)
     log.info("%s", report.summary())
     return report
 

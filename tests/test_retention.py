@@ -28,6 +28,7 @@ from sessionlake.erasure import (
     LANDING_MARGIN_MS,
     ErasureRun,
     erased_after_landing,
+    note_erasure,
     user_hash,
     users_hashed,
 )
@@ -607,6 +608,40 @@ def test_records_that_landed_before_their_user_s_erasure_are_kept_out_when_read_
     changelog = read_table(spark, str(lake), "session_changelog")
     assert changelog.where("user_id = 'u2' AND session_start < '2026-01-05 10:20:00'"
                            ).count() == 0
+
+
+def test_an_erasure_cut_off_before_its_deletes_keeps_nobody_out_and_a_rerun_clears_notes(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An erasure notes itself before it deletes, for the batches between its deletes and
+    its audit row. Cut off before its deletes (Ctrl-C; a mistyped id cancelled), its note
+    stayed, and every later read of the user's earlier records kept them out, for good (a
+    hands-on review). A run killed after its deletes leaves its note; the next erasure of
+    the same users, which writes the audit row, clears it."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    landing.mkdir()
+    settings = settings_from({"lake": str(lake), "source": str(landing)}, env={})
+    (landing / "f0.jsonl").write_text(f"{event('u1', '10:00', '/a')}\n")
+    run_stream(spark, settings, clock=lambda: NOW)
+    (landing / "f1.jsonl").write_text(f"{event('u2', '10:01', '/b')}\n")
+
+    def cut_off(*args: Any) -> dict[str, int]:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(retention, "erase", cut_off)
+        with pytest.raises(KeyboardInterrupt):
+            enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    under_way = lake / "_checkpoints" / ERASURES_UNDER_WAY
+    assert not list(under_way.iterdir())
+    run_stream(spark, settings, clock=lambda: NOW)
+    users = {r[0] for r in read_table(spark, str(lake), "events").select("user_id").collect()}
+    assert users == {"u1", "u2"}
+
+    note_erasure(None, str(lake), "killed-run", NOW, [user_hash("u2")])  # killed after it
+    note_erasure(None, str(lake), "other-run", NOW, [user_hash("u1"), user_hash("u2")])
+    enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    assert sorted(p.name for p in under_way.iterdir()) == ["other-run.json"]  # u1 too
 
 
 def test_a_file_that_landed_while_the_erasure_waited_for_the_batch_in_flight_is_kept_out(
