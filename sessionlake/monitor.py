@@ -199,7 +199,8 @@ def batch_alerts(record: BatchRecord, settings: Settings) -> list[str]:
             f"quarantined ({quarantined / record.input_records:.0%}), over the "
             f"{settings.alert_quarantine_fraction:.0%} limit (--alert-quarantine-fraction, "
             f"SESSIONLAKE_ALERT_QUARANTINE_FRACTION): is the input of --format "
-            f"{settings.input_format}? See the reasons in the quarantine table"
+            f"{settings.input_format}? See the reasons in the quarantine table (records of "
+            "users erased after they landed, read again after a restore, count too)"
         )
     return alerts
 
