@@ -149,13 +149,7 @@ def describe_topic(
     """
     try:
         with kafka_admin(spark, bootstrap, timeout_s, properties) as admin:
-            # Asked of the topic itself, not found in the list of topics: a topic the
-            # client may not describe (ACLs) is left out of that list, and would pass for
-            # one that does not exist.
-            described = _wait(
-                spark, admin.describeTopics([topic]).allTopicNames(), timeout_s
-            ).get(topic)
-            numbers = [int(p.partition()) for p in described.partitions()]
+            described, numbers = _described(spark, admin, topic, timeout_s)
             return KafkaTopic(len(numbers), _cluster_id(spark, admin, bootstrap, timeout_s),
                               _topic_id(described),
                               _offsets(spark, admin, topic, numbers, timeout_s, "earliest"),
@@ -179,6 +173,18 @@ def describe_topic(
             f"({cause}): check --kafka-bootstrap, that the brokers are running and, for a "
             "secured cluster, --kafka-properties"
         ) from None
+
+
+def _described(spark: SparkSession, admin: Any, topic: str, timeout_s: float
+               ) -> tuple[Any, list[int]]:
+    """The topic's ``TopicDescription`` and its partitions' numbers.
+
+    Asked of the topic itself, not found in the list of topics: a topic the client may
+    not describe (ACLs) is left out of that list, and would pass for one that does not
+    exist."""
+    described = _wait(spark, admin.describeTopics([topic]).allTopicNames(), timeout_s
+                      ).get(topic)
+    return described, [int(p.partition()) for p in described.partitions()]
 
 
 def _cluster_id(spark: SparkSession, admin: Any, bootstrap: str, timeout_s: float) -> str | None:
@@ -232,10 +238,7 @@ def first_offsets_after(
     """
     try:
         with kafka_admin(spark, bootstrap, timeout_s, properties) as admin:
-            described = _wait(
-                spark, admin.describeTopics([topic]).allTopicNames(), timeout_s
-            ).get(topic)
-            numbers = [int(p.partition()) for p in described.partitions()]
+            _, numbers = _described(spark, admin, topic, timeout_s)
             end = _offsets(spark, admin, topic, numbers, timeout_s, "latest")
             after = {moment: _offsets(spark, admin, topic, numbers, timeout_s,
                                       "forTimestamp", moment + 1) for moment in moments_ms}

@@ -287,15 +287,19 @@ def _ends_at_erasure(spark: SparkSession, lake: str, started_ms: int, checkpoint
     text = storage.read_text(spark, note)
     try:
         ends = json.loads(text).get(checkpoint) if text else None
-        return None if ends is None else {int(p): int(end) for p, end in ends.items()}
+        return None if ends is None else _partition_offsets(ends)
     except (ValueError, AttributeError, TypeError):
         log.warning("%s is not readable: the line is found by the records' timestamps", note)
         return None
 
 
 def _offsets_by_erasure(noted: Mapping[str, Mapping[str, int]]) -> dict[int, dict[int, int]]:
-    return {int(started): {int(p): int(end) for p, end in ends.items()}
-            for started, ends in noted.items()}
+    return {int(started): _partition_offsets(ends) for started, ends in noted.items()}
+
+
+def _partition_offsets(ends: Mapping[str, int]) -> dict[int, int]:
+    """``{partition: offset}`` as a JSON note spells it (keys are text) made numbers."""
+    return {int(partition): int(end) for partition, end in ends.items()}
 
 
 def kafka_records_lost(

@@ -350,6 +350,25 @@ def test_a_missing_lake_is_refused(spark: SparkSession, tmp_path: Path) -> None:
     assert not (tmp_path / "nowhere").exists()
 
 
+def erase_in_thread(spark: SparkSession, settings: Settings, user: str,
+                    done: threading.Event | None = None
+                    ) -> tuple[threading.Thread, list[BaseException]]:
+    """A thread, not started, that erases ``user`` (and then sets ``done``), with the list
+    of what it raised, for the test thread to report."""
+    failures: list[BaseException] = []
+
+    def erase() -> None:
+        try:
+            enforce_retention(spark, settings, RetentionRequest(erase_users=(user,)))
+        except BaseException as error:  # reported by the test thread
+            failures.append(error)
+        finally:
+            if done is not None:
+                done.set()
+
+    return threading.Thread(target=erase), failures
+
+
 @pytest.mark.parametrize("stream_checkpoint", ["the erasure's", "another"])
 def test_an_erasure_waits_for_the_batch_in_flight_and_stays_erased(
     spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch,
@@ -364,17 +383,7 @@ def test_an_erasure_waits_for_the_batch_in_flight_and_stays_erased(
     """
     caplog.set_level(logging.INFO, logger="sessionlake.checkpoint")
     done = threading.Event()
-    failures: list[BaseException] = []
-
-    def erase_u2() -> None:
-        try:
-            enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
-        except BaseException as error:  # reported by the test thread
-            failures.append(error)
-        finally:
-            done.set()
-
-    eraser = threading.Thread(target=erase_u2)
+    eraser, failures = erase_in_thread(spark, settings, "u2", done)
     real_point = faults.point
 
     def erase_while_in_flight(name: str) -> None:
@@ -656,15 +665,7 @@ def test_a_file_that_landed_while_the_erasure_waited_for_the_batch_in_flight_is_
     settings = settings_from({"lake": str(lake), "source": str(landing)}, env={})
     (landing / "f0.jsonl").write_text(f"{event('u2', '10:00', '/a')}\n")
     run_stream(spark, settings, clock=lambda: NOW)
-    failures: list[BaseException] = []
-
-    def erase_u2() -> None:
-        try:
-            enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
-        except BaseException as error:  # reported by the test thread
-            failures.append(error)
-
-    eraser = threading.Thread(target=erase_u2)
+    eraser, failures = erase_in_thread(spark, settings, "u2")
     with batch_locks(settings.lake, settings.checkpoint):  # a batch in flight
         eraser.start()
         deadline = time.monotonic() + 120
