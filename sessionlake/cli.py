@@ -58,6 +58,8 @@ EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 #: ``sessionlake sql``: the statement was valid but failed while it ran.
 EXIT_QUERY_FAILED = 1
+#: Stopped by Ctrl-C: the status a shell reports for a tool killed by SIGINT.
+EXIT_INTERRUPTED = 128 + signal.SIGINT
 
 log = logging.getLogger("sessionlake.cli")
 
@@ -929,6 +931,8 @@ def _run(argv: Sequence[str] | None) -> int:
         return EXIT_USAGE
     except BrokenPipeError:
         raise  # the output's reader went away: see main
+    except KeyboardInterrupt:
+        return _interrupted(args.command)
     except Exception as error:
         from sessionlake.kafkaadmin import kafka_timeout
 
@@ -959,6 +963,25 @@ def _run(argv: Sequence[str] | None) -> int:
               "`sessionlake doctor` names the damage and how to recover from it",
               file=sys.stderr)
         return EXIT_DAMAGED
+
+
+#: What a command stopped by Ctrl-C left, where there is more to say than that it stopped.
+AFTER_INTERRUPT = {
+    "retention": "its deletes may be done in some tables and not yet in others, and it wrote "
+                 "no audit row: run the same command again, which finishes them",
+    "restore": "run the same restore again, which finishes it: the stream refuses to start "
+               "until then",
+}
+
+
+def _interrupted(command: str) -> int:
+    """Say in one line that ``command`` was stopped by Ctrl-C, and what to do, rather than
+    print the trace of wherever Python was waiting on Spark (Spark's own handler cancels the
+    jobs in flight)."""
+    after = AFTER_INTERRUPT.get(command)
+    print(f"sessionlake: {command} interrupted before it finished"
+          + (f": {after}" if after else ""), file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 #: A command that failed on an error it has no words of its own for.

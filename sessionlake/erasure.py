@@ -29,7 +29,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake import storage
+from sessionlake import faults, storage
 from sessionlake.agelimits import cutoff_conditions
 from sessionlake.checkpoint import lake_lock_folder
 from sessionlake.conflicts import retry_on_conflict
@@ -131,6 +131,7 @@ def erase(spark: SparkSession, lake: str, hashes: Sequence[str]) -> dict[str, in
     """
     def erase_from(table: str) -> int:
         deleted = delete_rows(spark, lake, table, users_named(table, hashes))
+        faults.point("erase")
         if deleted:
             purge_deleted_rows(spark, lake, table)
         return deleted

@@ -7,14 +7,15 @@ point costs one dictionary look-up.
 
 Points, in the order a micro-batch reaches them: ``ingest``, ``before_merge``,
 ``after_merge``, ``after_sessions``, ``after_metrics`` (after the last table write, before
-Spark commits the batch to the checkpoint).
+Spark commits the batch to the checkpoint). Outside the batches: ``erase``, in a
+retention run after each table's DELETE of the erased users, before its purge.
 
 With ``SESSIONLAKE_FAULT_PAUSE=<file>`` the point pauses instead of crashing: it creates
 ``<file>`` and waits until it is removed, then goes on. A test changes the world in that
 pause (it freezes a Kafka broker, say) exactly where the batch stands.
 
-With ``SESSIONLAKE_FAULT_STALL=<file>`` the point creates ``<file>`` and starts a Spark job
-that never ends (its one task sleeps): a batch stuck in Spark, as one waiting for
+With ``SESSIONLAKE_FAULT_STALL=<file>`` the point (once) starts a Spark job that never
+ends (its one task creates ``<file>``, then sleeps): a batch stuck in Spark, as one waiting for
 executors that never come, which only a cancellation of its jobs ends.
 """
 
@@ -64,9 +65,17 @@ def _pause(marker: Path) -> None:
 
 
 def _stall(marker: Path) -> None:
-    """Create ``marker``, then run a Spark job whose one task sleeps for a day."""
+    """Run a Spark job whose one task creates ``marker``, then sleeps for a day: once the
+    marker is there, the job runs, and only its cancellation ends it (a signal sent as the
+    point is reached, before the job began, would cancel nothing and leave it to run). Once:
+    a point other threads reach later goes through."""
     from pyspark.sql import SparkSession
 
-    marker.touch()
-    SparkSession.builder.getOrCreate().sparkContext.parallelize([0], 1).foreach(
-        lambda _: time.sleep(86_400))
+    os.environ.pop("SESSIONLAKE_FAULT", None)
+    where = str(marker)
+
+    def stall(_: object) -> None:
+        Path(where).touch()
+        time.sleep(86_400)
+
+    SparkSession.builder.getOrCreate().sparkContext.parallelize([0], 1).foreach(stall)

@@ -151,9 +151,11 @@ class RetentionReport:
 
 
 #: The note of a request whose erasure found no row: a mistyped id would otherwise read as
-#: an erasure done ("deleted nothing").
-NO_ROW_TO_ERASE = ("no row of the user(s) to erase was found: erased before, or not a user "
-                   "id of this lake")
+#: an erasure done ("deleted nothing"). A user whose records wait unread (in the landing
+#: folder, in Kafka) has no row yet, and the erasure still keeps those out when read.
+NO_ROW_TO_ERASE = ("no row of the user(s) to erase was found: erased before, not a user id "
+                   "of this lake, or none of their records read yet (those that landed "
+                   "before this erasure are kept out when read)")
 
 
 def check_request(request: RetentionRequest) -> None:

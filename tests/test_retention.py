@@ -7,6 +7,9 @@ import logging
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -54,6 +57,7 @@ from sessionlake.tables import (
     table_path,
     table_version,
 )
+from tests.conftest import REPO
 from tests.helpers import NOW, event, run_batches
 
 #: A batch after BATCHES whose time moves the watermark past u2's open session: the batch
@@ -651,6 +655,50 @@ def test_an_erasure_cut_off_before_its_deletes_keeps_nobody_out_and_a_rerun_clea
     note_erasure(None, str(lake), "other-run", NOW, [user_hash("u1"), user_hash("u2")])
     enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
     assert sorted(p.name for p in under_way.iterdir()) == ["other-run.json"]  # u1 too
+
+
+def test_ctrl_c_during_an_erasure_says_what_to_do_in_one_line_and_a_rerun_finishes_it(
+    spark: SparkSession, settings: Settings, tmp_path: Path
+) -> None:
+    """Ctrl-C (SIGINT to the terminal's process group: the command and Spark's JVM, which
+    ignores it) while `sessionlake retention` erases, its DELETEs done and their purge not:
+    it printed a trace through the threads Python waited in and Spark's signal handler, and
+    nothing of what the run left (the deletes done and no audit row). It says so in one
+    line, exits 130 as a shell reports SIGINT, and the same command run again finishes."""
+    before = user_rows(spark, settings.lake, "u2")
+    stalled = tmp_path / "stalled"
+    env = {**{k: v for k, v in os.environ.items() if k != "SESSIONLAKE_FAULT"},
+           "SESSIONLAKE_DRIVER_MEMORY": "1g", "SESSIONLAKE_FAULT": "erase",
+           "SESSIONLAKE_FAULT_STALL": str(stalled)}
+    command = [sys.executable, "-m", "sessionlake.cli", "retention", "--lake", settings.lake,
+               "--erase-user", "u2"]
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not stalled.exists():
+            assert process.poll() is None and time.monotonic() < deadline, \
+                process.communicate()
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+    assert process.returncode == 130, err[-3000:]
+    assert err.splitlines()[-1] == (
+        "sessionlake: retention interrupted before it finished: its deletes may be done in "
+        "some tables and not yet in others, and it wrote no audit row: run the same command "
+        "again, which finishes them"), err[-3000:]
+    assert "Traceback" not in err and "\tat org.apache." not in err, err[-3000:]
+    assert out == ""
+    assert read_table(spark, settings.lake, "retention_audit").count() == 0
+    assert sum(user_rows(spark, settings.lake, "u2").values()) < sum(before.values())  # some done
+
+    assert main(["retention", "--lake", settings.lake, "--erase-user", "u2"]) == 0
+    assert user_rows(spark, settings.lake, "u2") == dict.fromkeys(USER_TABLES, 0)
+    assert read_table(spark, settings.lake, "retention_audit").count() == 1
 
 
 def test_a_file_that_landed_while_the_erasure_waited_for_the_batch_in_flight_is_kept_out(
