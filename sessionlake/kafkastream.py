@@ -192,20 +192,22 @@ def _ends_note(lake: str, started_ms: int) -> str:
     return f"{lake_lock_folder(lake)}/{KAFKA_ERASURES_DIR}/{started_ms}.json"
 
 
-def kafka_kept_out(spark: SparkSession, settings: Settings, runs: Sequence[ErasureRun]
-                   ) -> list[KeptOut]:
+def kafka_kept_out(spark: SparkSession, settings: Settings, runs: Sequence[ErasureRun],
+                   earliest: Mapping[int, int] | None = None) -> list[KeptOut]:
     """The records of a Kafka batch to keep out of the lake: each erased user's records
-    at offsets before the erasure's (:func:`kafka_erasure_offsets`). A replay after a
-    restore reads them again, and so does a stream that reads a backlog after an
-    erasure; a stream that keeps up reads from past every erasure's offsets, and its
-    batches get no condition. Erasures that reach the same offsets share one.
+    at offsets before the erasure's (:func:`kafka_erasure_offsets`; ``earliest``, the
+    first offset each partition held as the run began, tells which erasures Kafka's
+    retention has outlived). A replay after a restore reads them again, and so does a
+    stream that reads a backlog after an erasure; a stream that keeps up reads from past
+    every erasure's offsets, and its batches get no condition. Erasures that reach the
+    same offsets share one.
 
     (``sessionlake.erasure.files_kept_out`` does the same for files, by when each landed.)
     """
     if not runs:
         return []
     start = kafka_resume_offsets(spark, settings.checkpoint) or {}
-    offsets = kafka_erasure_offsets(spark, settings, runs)
+    offsets = kafka_erasure_offsets(spark, settings, runs, earliest or {})
     reaching: dict[tuple[tuple[int, int], ...], set[str]] = {}
     for run in runs:
         reach = tuple(sorted((partition, end) for partition, end
@@ -228,7 +230,8 @@ def _before(topic: str, ends: Mapping[int, int]) -> Column:
 
 
 def kafka_erasure_offsets(spark: SparkSession, settings: Settings,
-                          runs: Sequence[ErasureRun]) -> dict[int, dict[int, int]]:
+                          runs: Sequence[ErasureRun], earliest: Mapping[int, int]
+                          ) -> dict[int, dict[int, int]]:
     """Where the records that landed after each erasure begin in the topic, by the
     erasure's start: the first offset per partition.
 
@@ -242,7 +245,10 @@ def kafka_erasure_offsets(spark: SparkSession, settings: Settings,
     Found once an erasure and noted in the checkpoint
     (:data:`~sessionlake.checkpoint.KAFKA_ERASURE_NOTE`), so that a batch replayed after a
     crash keeps out the same records; a line by timestamps is not noted until the margin
-    has passed, while records that count as before the erasure may still land.
+    has passed, while records that count as before the erasure may still land. An erasure
+    whose line lies at or before the topic's ``earliest`` offsets in every partition
+    reaches no record any read can return (Kafka's retention deleted them all): it is
+    noted without partitions (``{}``), so that the note stays one entry an erasure.
     """
     note = f"{settings.checkpoint.rstrip('/')}/{KAFKA_ERASURE_NOTE}"
     try:
@@ -270,12 +276,20 @@ def kafka_erasure_offsets(spark: SparkSession, settings: Settings,
                 "erasure of their user, and wrote no row: run the stream again once the "
                 "brokers answer") from None
         found.update({started: after[started + LANDING_MARGIN_MS] for started in by_time})
+    found = {started: {} if _outlived(ends, earliest) else ends
+             for started, ends in found.items()}
     now_ms = time.time() * 1000
     settled = {started: ends for started, ends in found.items()
                if started not in by_time or started + LANDING_MARGIN_MS < now_ms}
     if settled != noted:
         storage.write_text(spark, note, json.dumps(settled, sort_keys=True))
     return found
+
+
+def _outlived(ends: Mapping[int, int], earliest: Mapping[int, int]) -> bool:
+    """Whether every record before ``ends`` was deleted from the topic (by Kafka's
+    retention, or ``kafka-delete-records``): its partitions now begin at ``earliest``."""
+    return all(end <= earliest.get(partition, 0) for partition, end in ends.items())
 
 
 def _ends_at_erasure(spark: SparkSession, lake: str, started_ms: int, checkpoint: str

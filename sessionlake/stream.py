@@ -600,7 +600,8 @@ def run_stream(
         settings = prepare_lake(spark, settings)
         identity = stream_identity(spark, settings.checkpoint)
         stream, to_lines = input_lines(spark, settings, source)
-        handler = _BatchHandler(spark, settings, identity, to_lines, clock, on_batch)
+        handler = _BatchHandler(spark, settings, identity, to_lines, clock, on_batch,
+                                topic.earliest if topic is not None else {})
         monitor = handler.monitor
         run = _Supervision(spark, settings, topic, stream_writer(stream, handler, settings,
                                                                  identity), handler)
@@ -629,8 +630,11 @@ class _BatchHandler:
 
     def __init__(self, spark: SparkSession, settings: Settings, identity: StreamIdentity,
                  to_lines: Callable[[DataFrame], DataFrame], clock: Clock,
-                 on_batch: Callable[[BatchReport], None] | None) -> None:
+                 on_batch: Callable[[BatchReport], None] | None,
+                 kafka_earliest: Mapping[int, int]) -> None:
         self.spark, self.settings, self.identity = spark, settings, identity
+        #: The first offset each partition of the topic held as the run began.
+        self.kafka_earliest = kafka_earliest
         self.to_lines, self.clock, self.on_batch = to_lines, clock, on_batch
         self.summary = RunSummary()
         self.reports: dict[int, BatchReport] = {}
@@ -685,7 +689,8 @@ class _BatchHandler:
         checkpoint does not name (an entry of its logs missing) count as landed before
         every erasure, as a file whose time is not known does."""
         if self.settings.reads_kafka:
-            return lambda runs: kafka_kept_out(self.spark, self.settings, runs)
+            return lambda runs: kafka_kept_out(self.spark, self.settings, runs,
+                                               self.kafka_earliest)
         if files is None:
             return self._all_kept_out
         root = storage.path_part(self.spark, self.settings.source or "")

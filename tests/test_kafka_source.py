@@ -58,7 +58,7 @@ from sessionlake.kafkaadmin import (
     load_topic,
     produce_lines,
 )
-from sessionlake.kafkastream import kafka_kept_out, kafka_topic_gone
+from sessionlake.kafkastream import kafka_erasure_offsets, kafka_kept_out, kafka_topic_gone
 from sessionlake.orchestration import stream_position
 from sessionlake.registry import lake_streams, register_stream, source_key
 from sessionlake.retention import RetentionRequest, enforce_retention
@@ -507,6 +507,22 @@ def test_records_that_landed_before_their_user_s_erasure_are_kept_out_when_read_
     assert list(noted.values()) == [{"0": 3 if ends_noted else 1, "1": 2}]
     # The stream has read past the erasure's offsets: its batches get no condition.
     assert kafka_kept_out(spark, settings, erasure_runs(spark, str(lake))) == []
+
+    # Kafka's retention deletes the records before the line in one partition: the other
+    # still holds some. Then in both: the erasure reaches no record any read can return,
+    # and the note keeps one entry for it, without partitions (it grew by erasures x
+    # partitions for good).
+    line = {0: 3 if ends_noted else 1, 1: 2}
+    runs = erasure_runs(spark, str(lake))
+    assert kafka_erasure_offsets(spark, settings, runs, {0: 3, 1: 0}) == {
+        runs[0].started_ms: line}
+    delete_records(spark, broker.bootstrap, topic, {0: 3, 1: 2})
+    send_at(spark, broker.bootstrap, topic, 0, _page_event("u1", 30, "/f"),
+            int(time.time() * 1000))
+    run_stream(spark, settings)
+    noted = json.loads((Path(settings.checkpoint) / KAFKA_ERASURE_NOTE).read_text())
+    assert list(noted.values()) == [{}]
+    assert read_table(spark, str(lake), "events").where(F.col("page") == "/f").count() == 1
 
 
 def test_brokers_away_leave_an_erasure_to_go_on_and_stop_a_batch_that_must_ask_them(
