@@ -969,8 +969,8 @@ def _run(argv: Sequence[str] | None) -> int:
 AFTER_INTERRUPT = {
     "retention": "its deletes may be done in some tables and not yet in others, and it wrote "
                  "no audit row: run the same command again, which finishes them",
-    "restore": "run the same restore again, which finishes it: the stream refuses to start "
-               "until then",
+    "restore": "run the same restore again, which finishes it (one cut off once it began "
+               "changing the lake keeps the stream from starting until then)",
 }
 
 

@@ -147,6 +147,31 @@ def test_an_unforeseen_failure_ends_with_its_cause_in_one_line(
     assert err.splitlines()[-1] == f"sessionlake: error: report failed: {said} (its trace is above)"
 
 
+@pytest.mark.parametrize(("command", "after"), [
+    ("compact", ""),
+    ("restore", ": run the same restore again, which finishes it (one cut off once it began "
+                "changing the lake keeps the stream from starting until then)"),
+])
+def test_ctrl_c_ends_a_command_in_one_line_with_the_status_of_sigint(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    command: str, after: str
+) -> None:
+    """Spark's handler cancels the jobs in flight and raises KeyboardInterrupt wherever
+    Python waits; its trace said nothing of what the command left. (Retention's own line,
+    and a real Ctrl-C: tests/test_retention.py.)"""
+    from sessionlake import cli
+
+    def interrupted(args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.COMMANDS, command, interrupted)
+    argv = [command, "--lake", str(tmp_path)] + (["--snapshot", "x"] if command == "restore"
+                                                 else [])
+    assert main(argv) == 130
+    said = f"sessionlake: {command} interrupted before it finished{after}\n"
+    assert capsys.readouterr().err == said
+
+
 def test_a_standalone_master_that_does_not_answer_is_told_before_spark_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
