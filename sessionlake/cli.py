@@ -968,7 +968,8 @@ def _run(argv: Sequence[str] | None) -> int:
 #: What a command stopped by Ctrl-C left, where there is more to say than that it stopped.
 AFTER_INTERRUPT = {
     "retention": "its deletes may be done in some tables and not yet in others, and it wrote "
-                 "no audit row: run the same command again, which finishes them",
+                 "no audit row: run the same command again, which finishes them and counts "
+                 "them in its audit row",
     "restore": "run the same restore again, which finishes it (one cut off once it began "
                "changing the lake keeps the stream from starting until then)",
 }

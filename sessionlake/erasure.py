@@ -46,6 +46,7 @@ from sessionlake.tables import (
     literal_row,
     path_identifier,
     read_table,
+    table_commit_actions,
     table_exists,
     table_path,
     table_version,
@@ -167,12 +168,66 @@ def _under_way(lake: str) -> str:
 
 
 def note_erasure(spark: SparkSession | None, lake: str, run_id: str, started: datetime,
-                 hashes: Sequence[str]) -> None:
+                 hashes: Sequence[str], versions: Mapping[str, int] | None = None) -> None:
     """Note an erasure under way, for the batches that run between its deletes and its
     audit row (its age limits and VACUUM come in between): read from the audit alone, they
-    would take the erased users' waiting records in (the diff review did so)."""
+    would take the erased users' waiting records in (the diff review did so). The tables'
+    ``versions`` before its deletes tell a run that finishes it what it deleted
+    (:func:`cut_off_erasures`)."""
     storage.write_text(spark, f"{_under_way(lake)}/{run_id}.json", json.dumps(
-        {"started_ms": erasure_ms(started), "hashes": list(hashes)}))
+        {"started_ms": erasure_ms(started), "hashes": list(hashes),
+         "versions": dict(versions or {})}))
+
+
+#: A SHA-256 in a DELETE's condition as Delta keeps it in the commit.
+_HASH_IN_CONDITION = re.compile(r"\b[0-9a-f]{64}\b")
+
+
+def erased_since(spark: SparkSession | None, lake: str, hashes: Sequence[str],
+                 versions: Mapping[str, int]) -> dict[str, int]:
+    """The rows that erasures of these users (DELETEs whose condition names some of these
+    hashes and no other) deleted from each table after its version in ``versions``, read
+    from the tables' commits: what a run cut off before its audit row did."""
+    wanted, found = set(hashes), {}
+    for table, before in versions.items():
+        rows = 0
+        for version in range(before + 1, table_version(spark, lake, table) + 1):
+            for action in table_commit_actions(spark, lake, table, version):
+                info = action.get("commitInfo") or {}
+                if info.get("operation") != "DELETE":
+                    continue
+                named = set(_HASH_IN_CONDITION.findall(
+                    str((info.get("operationParameters") or {}).get("predicate", ""))))
+                if named and named <= wanted:
+                    rows += int((info.get("operationMetrics") or {}).get("numDeletedRows", 0))
+        if rows:
+            found[table] = rows
+    return found
+
+
+def cut_off_erasures(spark: SparkSession | None, lake: str, run_id: str,
+                     hashes: Sequence[str]) -> tuple[list[str], dict[str, int]]:
+    """The runs cut off after some of their deletes (killed, Ctrl-C) that erased none but
+    these users, whose notes (:func:`note_erasure`) are still under way, and the earliest
+    table versions before their deletes: the run that erases the users again finishes
+    theirs, and its audit row counts their deletes too."""
+    folder = _under_way(lake)
+    runs: list[str] = []
+    versions: dict[str, int] = {}
+    for name in storage.list_names(spark, folder):
+        if name == f"{run_id}.json":
+            continue
+        try:
+            noted = json.loads(storage.read_text(spark, f"{folder}/{name}") or "{}")
+            covered = set(noted["hashes"]) <= set(hashes)
+            before = {str(t): int(v) for t, v in (noted.get("versions") or {}).items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if covered and before:
+            runs.append(name.removesuffix(".json"))
+            for table, version in before.items():
+                versions[table] = min(version, versions.get(table, version))
+    return sorted(runs), versions
 
 
 def erasure_noted(spark: SparkSession | None, lake: str, run_id: str,

@@ -39,8 +39,10 @@ from sessionlake.conflicts import retry_on_conflict
 from sessionlake.erasure import (
     USER_HASH,
     append_audit_row,
+    cut_off_erasures,
     delete_rows,
     erase,
+    erased_since,
     erasure_noted,
     note_erasure,
     user_hash,
@@ -444,20 +446,32 @@ def enforce_retention(
 
     deleted: dict[str, int] = {}
     erased: dict[str, int] = {}
+    finishing: str | None = None
     if to_erase := request.erased_hashes:
         with batches_held(spark, settings):
             # The run starts now, the batch in flight done: what landed before this moment,
             # the erasure reaches (a batch keeps it out when read later), whatever waited.
             started = now or datetime.now(UTC)
-            note_erasure(spark, lake, run_id, started, to_erase)  # until its audit row
+            user_versions = {t: versions_before[t] for t in USER_TABLES}
+            note_erasure(spark, lake, run_id, started, to_erase, user_versions)
             try:
                 note_kafka_ends(spark, settings, started)  # what Kafka holds of them now
                 erased = erase(spark, lake, to_erase)
             except BaseException:
-                # Cut off before its deletes were done (Ctrl-C, a failure): no erasure to
-                # keep the users' records out for, until it is run again.
-                erasure_noted(spark, lake, run_id)
+                # Cut off (Ctrl-C, a failure) before any delete: no erasure to keep the
+                # users' records out for, until it is run again. After some: its note
+                # stays, for the run that finishes it.
+                if not erased_since(spark, lake, to_erase, user_versions):
+                    erasure_noted(spark, lake, run_id)
                 raise
+            finished, since = cut_off_erasures(spark, lake, run_id, to_erase)
+            if finished:  # their deletes are this erasure's too: counted from before them
+                versions_before.update({t: min(v, versions_before[t]) for t, v in since.items()
+                                        if t in versions_before})
+                erased = erased_since(spark, lake, to_erase,
+                                      {t: versions_before[t] for t in USER_TABLES})
+                finishing = (f"finishes erasure run(s) {', '.join(finished)}, cut off after "
+                             "some of their deletes (counted here)")
         for table, rows in erased.items():
             deleted[table] = deleted.get(table, 0) + rows
     aged, sessions_cutoff, events_cutoff, state_left = age_limits(
@@ -469,6 +483,8 @@ def enforce_retention(
     files = vacuum_tables(spark, lake, plan.hours) if plan is not None else 0
     purged = plan is not None and plan.hours == 0
     notes = [plan.reason] if plan is not None and plan.reason else []
+    if finishing is not None:
+        notes.append(finishing)
     if state_left is not None:
         notes.append(state_left)
     if to_erase and not any(erased.values()):

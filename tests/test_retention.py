@@ -690,15 +690,24 @@ def test_ctrl_c_during_an_erasure_says_what_to_do_in_one_line_and_a_rerun_finish
     assert err.splitlines()[-1] == (
         "sessionlake: retention interrupted before it finished: its deletes may be done in "
         "some tables and not yet in others, and it wrote no audit row: run the same command "
-        "again, which finishes them"), err[-3000:]
+        "again, which finishes them and counts them in its audit row"), err[-3000:]
     assert "Traceback" not in err and "\tat org.apache." not in err, err[-3000:]
     assert out == ""
     assert read_table(spark, settings.lake, "retention_audit").count() == 0
     assert sum(user_rows(spark, settings.lake, "u2").values()) < sum(before.values())  # some done
 
+    # Its note stays, keeping the user's waiting records out until the rerun.
+    [cut_off] = (Path(settings.lake) / "_checkpoints" / ERASURES_UNDER_WAY).iterdir()
+
     assert main(["retention", "--lake", settings.lake, "--erase-user", "u2"]) == 0
     assert user_rows(spark, settings.lake, "u2") == dict.fromkeys(USER_TABLES, 0)
-    assert read_table(spark, settings.lake, "retention_audit").count() == 1
+    # The rerun's audit row counts the cut-off run's deletes too (it said "deleted
+    # nothing ... no row of the user(s) to erase was found": a hands-on review).
+    [audit] = read_table(spark, settings.lake, "retention_audit").collect()
+    assert {t: n for t, n in audit["rows_deleted"].items() if n} == before
+    assert audit["note"].startswith(f"finishes erasure run(s) {cut_off.stem}, cut off after "
+                                    "some of their deletes (counted here)"), audit["note"]
+    assert not cut_off.exists()
 
 
 def test_a_file_that_landed_while_the_erasure_waited_for_the_batch_in_flight_is_kept_out(
