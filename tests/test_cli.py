@@ -13,6 +13,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -149,6 +151,7 @@ def test_an_unforeseen_failure_ends_with_its_cause_in_one_line(
 
 @pytest.mark.parametrize(("command", "after"), [
     ("compact", ""),
+    ("backfill", ": run the same backfill again, which finishes what this one began"),
     ("restore", ": run the same restore again, which finishes it (one cut off once it began "
                 "changing the lake keeps the stream from starting until then)"),
 ])
@@ -165,11 +168,53 @@ def test_ctrl_c_ends_a_command_in_one_line_with_the_status_of_sigint(
         raise KeyboardInterrupt
 
     monkeypatch.setitem(cli.COMMANDS, command, interrupted)
-    argv = [command, "--lake", str(tmp_path)] + (["--snapshot", "x"] if command == "restore"
-                                                 else [])
+    required = {"restore": ["--snapshot", "x"],
+                "backfill": ["--from", "2026-01-05", "--to", "2026-01-05"]}
+    argv = [command, "--lake", str(tmp_path), *required.get(command, [])]
     assert main(argv) == 130
     said = f"sessionlake: {command} interrupted before it finished{after}\n"
     assert capsys.readouterr().err == said
+
+
+def test_ctrl_c_cancels_the_spark_job_the_command_waits_on_without_py4j_s_traces(
+    spark: SparkSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The main thread waits in a call into the JVM (a job's result) as Ctrl-C comes.
+    Spark's own handler cancelled the jobs over that same busy connection: the call
+    failed, py4j logged pages of traces, and the job ran on until the JVM died (a hands-on
+    review's `compact`: 50 to 222 lines). The command's handler cancels them from a thread
+    of its own: the job ends, and nothing but the command's line is said."""
+    from sessionlake.cli import _cancel_jobs_on_ctrl_c
+
+    configure_logging(0)
+    previous = signal.getsignal(signal.SIGINT)
+    _cancel_jobs_on_ctrl_c(spark)
+    tracker = spark.sparkContext.statusTracker()
+
+    def ctrl_c_once_the_job_runs() -> None:
+        deadline = time.monotonic() + 60
+        while not tracker.getActiveJobsIds() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def sleep(_: object) -> None:
+        time.sleep(120)
+
+    sender = threading.Thread(target=ctrl_c_once_the_job_runs)
+    try:
+        with caplog.at_level(logging.WARNING):  # what the command shows without -v
+            sender.start()
+            with pytest.raises(KeyboardInterrupt):
+                spark.sparkContext.parallelize([0], 1).foreach(sleep)
+            sender.join()
+            deadline = time.monotonic() + 30
+            while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not tracker.getActiveJobsIds(), "the job the command waited on runs on"
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert "while sending command" not in caplog.text, caplog.text
 
 
 def test_a_standalone_master_that_does_not_answer_is_told_before_spark_starts(
