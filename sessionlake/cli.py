@@ -13,9 +13,10 @@ import re
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from datetime import date
 from importlib import metadata
 from pathlib import Path
@@ -479,6 +480,10 @@ def _spark(settings: Settings, app: str, *, kafka: bool = False,
     return spark
 
 
+#: The Spark session the running command built (:func:`_spark`), stopped on Ctrl-C.
+_COMMAND_SESSION: list[Any] = []
+
+
 def _cancel_jobs_on_ctrl_c(spark: Any) -> None:
     """Ctrl-C: cancel the session's Spark jobs, from a thread of its own, and stop where
     Python waits (``KeyboardInterrupt``, said in one line by :func:`_interrupted`).
@@ -489,6 +494,7 @@ def _cancel_jobs_on_ctrl_c(spark: Any) -> None:
     errors from jobs cut off by its death)."""
     if threading.current_thread() is not threading.main_thread():
         return
+    _COMMAND_SESSION[:] = [spark]
 
     def cancel() -> None:
         for attempt in range(3):  # a connection of py4j's pool the JVM closed fails once
@@ -960,6 +966,7 @@ def _run(argv: Sequence[str] | None) -> int:
     """Parse the command line and run its command, turning known errors into one line."""
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
+    _COMMAND_SESSION.clear()
     try:
         return COMMANDS[args.command](args)
     except (UsageError, ConfigError) as error:
@@ -1004,8 +1011,8 @@ def _run(argv: Sequence[str] | None) -> int:
 #: What a command stopped by Ctrl-C left, where there is more to say than that it stopped.
 AFTER_INTERRUPT = {
     "retention": "its deletes may be done in some tables and not yet in others, and it wrote "
-                 "no audit row: run the same command again, which finishes them and counts "
-                 "them in its audit row",
+                 "no audit row: run the same command again, which finishes them (its audit "
+                 "row counts this run's erasure deletes too)",
     "backfill": "run the same backfill again, which finishes what this one began",
     "restore": "run the same restore again, which finishes it (one cut off once it began "
                "changing the lake keeps the stream from starting until then)",
@@ -1014,8 +1021,13 @@ AFTER_INTERRUPT = {
 
 def _interrupted(command: str) -> int:
     """Say in one line that ``command`` was stopped by Ctrl-C, and what to do, rather than
-    print the trace of wherever Python was waiting on Spark (Spark's own handler cancels the
-    jobs in flight)."""
+    print the trace of wherever Python was waiting on Spark (the jobs in flight are
+    cancelled: :func:`_cancel_jobs_on_ctrl_c`)."""
+    for spark in _COMMAND_SESSION:  # its jobs end first, and what they say comes before
+        with suppress(Exception):
+            tracker, deadline = spark.sparkContext.statusTracker(), time.monotonic() + 10
+            while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+                time.sleep(0.1)
     after = AFTER_INTERRUPT.get(command)
     print(f"sessionlake: {command} interrupted before it finished"
           + (f": {after}" if after else ""), file=sys.stderr)

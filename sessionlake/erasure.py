@@ -172,8 +172,8 @@ def note_erasure(spark: SparkSession | None, lake: str, run_id: str, started: da
     """Note an erasure under way, for the batches that run between its deletes and its
     audit row (its age limits and VACUUM come in between): read from the audit alone, they
     would take the erased users' waiting records in (the diff review did so). The tables'
-    ``versions`` before its deletes tell a run that finishes it what it deleted
-    (:func:`cut_off_erasures`)."""
+    ``versions`` before its deletes tell, should it be cut off, what it deleted
+    (:func:`erased_since`)."""
     storage.write_text(spark, f"{_under_way(lake)}/{run_id}.json", json.dumps(
         {"started_ms": erasure_ms(started), "hashes": list(hashes),
          "versions": dict(versions or {})}))
@@ -187,7 +187,8 @@ def erased_since(spark: SparkSession | None, lake: str, hashes: Sequence[str],
                  versions: Mapping[str, int]) -> dict[str, int]:
     """The rows that erasures of these users (DELETEs whose condition names some of these
     hashes and no other) deleted from each table after its version in ``versions``, read
-    from the tables' commits: what a run cut off before its audit row did."""
+    from the tables' commits: what a run cut off within its deletes did (under the batch
+    locks, which keep other erasures and restores out, so the DELETEs are its own)."""
     wanted, found = set(hashes), {}
     for table, before in versions.items():
         rows = 0
@@ -205,29 +206,38 @@ def erased_since(spark: SparkSession | None, lake: str, hashes: Sequence[str],
     return found
 
 
-def cut_off_erasures(spark: SparkSession | None, lake: str, run_id: str,
-                     hashes: Sequence[str]) -> tuple[list[str], dict[str, int]]:
-    """The runs cut off after some of their deletes (killed, Ctrl-C) that erased none but
-    these users, whose notes (:func:`note_erasure`) are still under way, and the earliest
-    table versions before their deletes: the run that erases the users again finishes
-    theirs, and its audit row counts their deletes too."""
+def note_cut_off(spark: SparkSession | None, lake: str, run_id: str,
+                 deleted: Mapping[str, int]) -> None:
+    """Mark the note of erasure ``run_id`` (:func:`note_erasure`) as cut off (Ctrl-C, a
+    failure) after it ``deleted`` these rows, and before its audit row: it stays, keeping
+    the users' waiting records out, until a run that erases them again finishes it and
+    counts these deletes (:func:`cut_off_erasures`)."""
+    note = f"{_under_way(lake)}/{run_id}.json"
+    noted = json.loads(storage.read_text(spark, note) or "{}")
+    storage.write_text(spark, note, json.dumps({**noted, "cut_off": dict(deleted)}))
+
+
+def cut_off_erasures(spark: SparkSession | None, lake: str, hashes: Sequence[str]
+                     ) -> tuple[list[str], dict[str, int]]:
+    """The erasure runs marked cut off after some of their deletes (:func:`note_cut_off`)
+    that erased none but these users, and the rows they deleted, by table: the run that
+    erases the users again finishes theirs, and its audit row counts those deletes too. A
+    run killed outright (SIGKILL) marked nothing: its deletes are in no audit row."""
     folder = _under_way(lake)
     runs: list[str] = []
-    versions: dict[str, int] = {}
+    deleted: dict[str, int] = {}
     for name in storage.list_names(spark, folder):
-        if name == f"{run_id}.json":
-            continue
         try:
             noted = json.loads(storage.read_text(spark, f"{folder}/{name}") or "{}")
             covered = set(noted["hashes"]) <= set(hashes)
-            before = {str(t): int(v) for t, v in (noted.get("versions") or {}).items()}
+            rows = {str(t): int(n) for t, n in (noted.get("cut_off") or {}).items()}
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
-        if covered and before:
+        if covered and rows:
             runs.append(name.removesuffix(".json"))
-            for table, version in before.items():
-                versions[table] = min(version, versions.get(table, version))
-    return sorted(runs), versions
+            for table, count in rows.items():
+                deleted[table] = deleted.get(table, 0) + count
+    return sorted(runs), deleted
 
 
 def erasure_noted(spark: SparkSession | None, lake: str, run_id: str,

@@ -44,6 +44,7 @@ from sessionlake.erasure import (
     erase,
     erased_since,
     erasure_noted,
+    note_cut_off,
     note_erasure,
     user_hash,
     users_named,
@@ -446,6 +447,7 @@ def enforce_retention(
 
     deleted: dict[str, int] = {}
     erased: dict[str, int] = {}
+    own: dict[str, int] = {}  # this run's erasure deletes, without those it finishes
     finishing: str | None = None
     if to_erase := request.erased_hashes:
         with batches_held(spark, settings):
@@ -456,50 +458,63 @@ def enforce_retention(
             note_erasure(spark, lake, run_id, started, to_erase, user_versions)
             try:
                 note_kafka_ends(spark, settings, started)  # what Kafka holds of them now
-                erased = erase(spark, lake, to_erase)
+                erased = own = erase(spark, lake, to_erase)
             except BaseException:
                 # Cut off (Ctrl-C, a failure) before any delete: no erasure to keep the
                 # users' records out for, until it is run again. After some: its note
-                # stays, for the run that finishes it.
-                if not erased_since(spark, lake, to_erase, user_versions):
-                    erasure_noted(spark, lake, run_id)
+                # stays, for the run that finishes it and counts them.
+                _cut_off(spark, lake, run_id, erased_since(spark, lake, to_erase,
+                                                          user_versions))
                 raise
-            finished, since = cut_off_erasures(spark, lake, run_id, to_erase)
-            if finished:  # their deletes are this erasure's too: counted from before them
-                versions_before.update({t: min(v, versions_before[t]) for t, v in since.items()
-                                        if t in versions_before})
-                erased = erased_since(spark, lake, to_erase,
-                                      {t: versions_before[t] for t in USER_TABLES})
+            finished, earlier = cut_off_erasures(spark, lake, to_erase)
+            if finished:
+                erased = {t: erased.get(t, 0) + earlier.get(t, 0)
+                          for t in {*erased, *earlier}}
                 finishing = (f"finishes erasure run(s) {', '.join(finished)}, cut off after "
                              "some of their deletes (counted here)")
         for table, rows in erased.items():
             deleted[table] = deleted.get(table, 0) + rows
-    aged, sessions_cutoff, events_cutoff, state_left = age_limits(
-        spark, settings, request, started.date())
-    for table, rows in aged.items():
-        deleted[table] = deleted.get(table, 0) + rows
+    try:
+        aged, sessions_cutoff, events_cutoff, state_left = age_limits(
+            spark, settings, request, started.date())
+        for table, rows in aged.items():
+            deleted[table] = deleted.get(table, 0) + rows
 
-    plan = plan_vacuum(spark, settings, request, started)
-    files = vacuum_tables(spark, lake, plan.hours) if plan is not None else 0
-    purged = plan is not None and plan.hours == 0
-    notes = [plan.reason] if plan is not None and plan.reason else []
-    if finishing is not None:
-        notes.append(finishing)
-    if state_left is not None:
-        notes.append(state_left)
-    if to_erase and not any(erased.values()):
-        notes.append(NO_ROW_TO_ERASE)
-    if not purged and any(deleted.values()):
-        notes.append(still_readable(started, plan))
-    note = "; ".join(notes) or None
+        plan = plan_vacuum(spark, settings, request, started)
+        files = vacuum_tables(spark, lake, plan.hours) if plan is not None else 0
+        purged = plan is not None and plan.hours == 0
+        notes = [plan.reason] if plan is not None and plan.reason else []
+        if finishing is not None:
+            notes.append(finishing)
+        if state_left is not None:
+            notes.append(state_left)
+        if to_erase and not any(erased.values()):
+            notes.append(NO_ROW_TO_ERASE)
+        if not purged and any(deleted.values()):
+            notes.append(still_readable(started, plan))
+        note = "; ".join(notes) or None
 
-    report = RetentionReport(run_id, deleted, plan, files, purged, note)
-    _append_audit(spark, lake, report, request, started, sessions_cutoff, events_cutoff,
-                  versions_before)
+        report = RetentionReport(run_id, deleted, plan, files, purged, note)
+        _append_audit(spark, lake, report, request, started, sessions_cutoff, events_cutoff,
+                      versions_before)
+    except BaseException:
+        if to_erase:  # cut off after its erasure: the run that finishes it counts it
+            _cut_off(spark, lake, run_id, {t: n for t, n in own.items() if n})
+        raise
     if to_erase:
         erasure_noted(spark, lake, run_id, to_erase)
     log.info("%s", report.summary())
     return report
+
+
+def _cut_off(spark: SparkSession, lake: str, run_id: str, deleted: Mapping[str, int]
+             ) -> None:
+    """An erasure cut off before its audit row: its note goes when it deleted nothing, and
+    is marked with what it deleted otherwise (:func:`note_cut_off`)."""
+    if deleted:
+        note_cut_off(spark, lake, run_id, deleted)
+    else:
+        erasure_noted(spark, lake, run_id)
 
 
 def preview_retention(

@@ -690,7 +690,8 @@ def test_ctrl_c_during_an_erasure_says_what_to_do_in_one_line_and_a_rerun_finish
     assert err.splitlines()[-1] == (
         "sessionlake: retention interrupted before it finished: its deletes may be done in "
         "some tables and not yet in others, and it wrote no audit row: run the same command "
-        "again, which finishes them and counts them in its audit row"), err[-3000:]
+        "again, which finishes them (its audit row counts this run's erasure deletes "
+        "too)"), err[-3000:]
     assert "Traceback" not in err and "\tat org.apache." not in err, err[-3000:]
     assert out == ""
     assert read_table(spark, settings.lake, "retention_audit").count() == 0
@@ -708,6 +709,38 @@ def test_ctrl_c_during_an_erasure_says_what_to_do_in_one_line_and_a_rerun_finish
     assert audit["note"].startswith(f"finishes erasure run(s) {cut_off.stem}, cut off after "
                                     "some of their deletes (counted here)"), audit["note"]
     assert not cut_off.exists()
+
+
+def test_an_erasure_cut_off_after_its_deletes_is_counted_by_the_run_that_finishes_it(
+    spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C during an erasure's VACUUM: its deletes were done and no audit row written.
+    The rerun's row said "deleted nothing ... no row of the user(s) to erase was found" (a
+    hands-on review). It counts the cut-off run's deletes and names it; the note of a run
+    still under way (no mark: a second retention run beside it) is not taken for one."""
+    before = user_rows(spark, settings.lake, "u2")
+    under_way = Path(settings.lake) / "_checkpoints" / ERASURES_UNDER_WAY
+    note_erasure(None, settings.lake, "beside", NOW, [user_hash("u2")], {"events": 0})
+
+    def ctrl_c(*args: Any) -> int:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(retention, "vacuum_tables", ctrl_c)
+        with pytest.raises(KeyboardInterrupt):
+            enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",),
+                                                                vacuum_retain_hours=0))
+    assert read_table(spark, settings.lake, "retention_audit").count() == 0
+    [cut_off] = [p for p in under_way.iterdir() if p.stem != "beside"]
+    assert json.loads(cut_off.read_text())["cut_off"] == before
+
+    report = enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    assert {t: n for t, n in report.rows_deleted.items() if n} == before
+    assert report.note is not None and report.note.startswith(
+        f"finishes erasure run(s) {cut_off.stem}, cut off after some of their deletes "
+        "(counted here)"), report.note
+    assert NO_ROW_TO_ERASE not in report.note
+    assert not list(under_way.iterdir())  # both notes covered by the audit row now
 
 
 def test_a_file_that_landed_while_the_erasure_waited_for_the_batch_in_flight_is_kept_out(
