@@ -480,8 +480,11 @@ def _spark(settings: Settings, app: str, *, kafka: bool = False,
     return spark
 
 
-#: The Spark session the running command built (:func:`_spark`), stopped on Ctrl-C.
+#: The Spark session the running command built (:func:`_spark`), whose jobs Ctrl-C ends.
 _COMMAND_SESSION: list[Any] = []
+#: Set by Ctrl-C: an error raised after it (a job cancelled, py4j's cleanup of the call
+#: it cut off failing) is the interruption's, and said as one.
+_CTRL_C = threading.Event()
 
 
 def _cancel_jobs_on_ctrl_c(spark: Any) -> None:
@@ -506,6 +509,7 @@ def _cancel_jobs_on_ctrl_c(spark: Any) -> None:
                           attempt + 1, exc_info=True)
 
     def interrupted(signum: int, frame: Any) -> None:
+        _CTRL_C.set()
         threading.Thread(target=cancel, name="cancel-on-ctrl-c", daemon=True).start()
         raise KeyboardInterrupt
 
@@ -967,6 +971,7 @@ def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
     _COMMAND_SESSION.clear()
+    _CTRL_C.clear()
     try:
         return COMMANDS[args.command](args)
     except (UsageError, ConfigError) as error:
@@ -977,6 +982,8 @@ def _run(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         return _interrupted(args.command)
     except Exception as error:
+        if _CTRL_C.is_set():
+            return _interrupted(args.command)
         from sessionlake.kafkaadmin import kafka_timeout
 
         lost = _kafka_data_lost(error)
