@@ -217,27 +217,49 @@ def note_cut_off(spark: SparkSession | None, lake: str, run_id: str,
     storage.write_text(spark, note, json.dumps({**noted, "cut_off": dict(deleted)}))
 
 
+@dataclass(frozen=True)
+class NotedErasure:
+    """An erasure under way as its note tells it (:func:`note_erasure`). ``cut_off``: the
+    rows it had deleted, by table, when it was marked cut off (:func:`note_cut_off`);
+    empty while it runs."""
+
+    run_id: str
+    started_ms: int
+    hashes: tuple[str, ...]
+    cut_off: Mapping[str, int]
+
+
+def erasures_under_way(spark: SparkSession | None, lake: str) -> list[NotedErasure]:
+    """The erasures noted under way, by run id; a note that cannot be read is said in the
+    log and passed over, and a writer's temporary file (``.<name>.tmp``) is not one."""
+    folder, noted_runs = _under_way(lake), []
+    for name in storage.list_names(spark, folder):
+        if name.startswith(".") or not name.endswith(".json"):
+            continue
+        try:
+            noted = json.loads(storage.read_text(spark, f"{folder}/{name}") or "{}")
+            noted_runs.append(NotedErasure(
+                name.removesuffix(".json"), int(noted["started_ms"]),
+                tuple(str(h) for h in noted["hashes"]),
+                {str(t): int(n) for t, n in (noted.get("cut_off") or {}).items()}))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            log.warning("unreadable note of an erasure under way: %s", name)
+    return noted_runs
+
+
 def cut_off_erasures(spark: SparkSession | None, lake: str, hashes: Sequence[str]
                      ) -> tuple[list[str], dict[str, int]]:
     """The erasure runs marked cut off after some of their deletes (:func:`note_cut_off`)
     that erased none but these users, and the rows they deleted, by table: the run that
     erases the users again finishes theirs, and its audit row counts those deletes too. A
     run killed outright (SIGKILL) marked nothing: its deletes are in no audit row."""
-    folder = _under_way(lake)
-    runs: list[str] = []
+    runs = [run for run in erasures_under_way(spark, lake)
+            if run.cut_off and set(run.hashes) <= set(hashes)]
     deleted: dict[str, int] = {}
-    for name in storage.list_names(spark, folder):
-        try:
-            noted = json.loads(storage.read_text(spark, f"{folder}/{name}") or "{}")
-            covered = set(noted["hashes"]) <= set(hashes)
-            rows = {str(t): int(n) for t, n in (noted.get("cut_off") or {}).items()}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue
-        if covered and rows:
-            runs.append(name.removesuffix(".json"))
-            for table, count in rows.items():
-                deleted[table] = deleted.get(table, 0) + count
-    return sorted(runs), deleted
+    for run in runs:
+        for table, count in run.cut_off.items():
+            deleted[table] = deleted.get(table, 0) + count
+    return sorted(run.run_id for run in runs), deleted
 
 
 def erasure_noted(spark: SparkSession | None, lake: str, run_id: str,
@@ -246,31 +268,18 @@ def erasure_noted(spark: SparkSession | None, lake: str, run_id: str,
     note goes (:func:`note_erasure`), and so do those of earlier runs cut off after
     theirs (killed) that erased none but these ``hashes``: this run's audit row keeps
     their users out now."""
-    folder = _under_way(lake)
-    for name in storage.list_names(spark, folder) if hashes else []:
-        try:
-            noted = json.loads(storage.read_text(spark, f"{folder}/{name}") or "{}")
-            covered = set(noted["hashes"]) <= set(hashes)
-        except (ValueError, KeyError, TypeError):
-            covered = False
-        if covered and name != f"{run_id}.json":
-            storage.delete(spark, f"{folder}/{name}")
-    storage.delete(spark, f"{folder}/{run_id}.json")
+    covered = [run.run_id for run in erasures_under_way(spark, lake) if hashes
+               and run.run_id != run_id and set(run.hashes) <= set(hashes)]
+    for noted in [*covered, run_id]:
+        storage.delete(spark, f"{_under_way(lake)}/{noted}.json")
 
 
 def erasure_runs(spark: SparkSession | None, lake: str) -> list[ErasureRun]:
     """The retention audit's runs that erased users, but a restore's re-application of
     them (the run it re-applies is in the audit itself), and the erasures under way
     (:func:`note_erasure`). The audit is read again only when it has a new version."""
-    under_way = []
-    for name in storage.list_names(spark, _under_way(lake)):
-        text = storage.read_text(spark, f"{_under_way(lake)}/{name}") or "{}"
-        try:
-            noted = json.loads(text)
-            under_way.append(ErasureRun(int(noted["started_ms"]), tuple(noted["hashes"])))
-        except (ValueError, KeyError, TypeError):
-            log.warning("unreadable note of an erasure under way: %s", name)
-    return _audited_erasures(spark, lake) + under_way
+    return _audited_erasures(spark, lake) + [
+        ErasureRun(run.started_ms, run.hashes) for run in erasures_under_way(spark, lake)]
 
 
 def _audited_erasures(spark: SparkSession | None, lake: str) -> list[ErasureRun]:
@@ -393,7 +402,9 @@ def runs_not_in(spark: SparkSession | None, lake: str, taken: datetime,
                 versions: Mapping[str, int]) -> NotHeld:
     """What the retention runs that a snapshot, taken at ``taken`` with these table
     ``versions``, may not hold did: runs that finished at or after it was taken, or that
-    committed a version of a table after the snapshot's.
+    committed a version of a table after the snapshot's; and the erasures under way
+    (:func:`erasures_under_way`: cut off after some of their deletes, or in their VACUUM
+    beside the restore), which have no audit row yet and whose deletes it would undo.
 
     An erasure's ``started_at`` is stamped once it holds the batch locks, and a snapshot
     takes none: one taken while an erasure erased may hold the users, though the run
@@ -401,8 +412,9 @@ def runs_not_in(spark: SparkSession | None, lake: str, taken: datetime,
     A local lake's audit is read without Spark (:mod:`sessionlake.deltareader`): a restore
     asks this before it knows whether it needs a JVM at all.
     """
+    under_way = {h for run in erasures_under_way(spark, lake) for h in run.hashes}
     if not table_exists(spark, lake, RETENTION_AUDIT):
-        return NotHeld([])
+        return NotHeld(sorted(under_way))
     runs = _audit_rows(spark, lake, ["finished_at", "versions_after", "erased_user_sha256",
                                      "sessions_cutoff", "events_cutoff"])
     taken_utc = _utc(taken)
@@ -415,7 +427,7 @@ def runs_not_in(spark: SparkSession | None, lake: str, taken: datetime,
 
     since = [run for run in runs if not_held(run[0], run[1])]
     return NotHeld(
-        erased=sorted({h for run in since for h in run[2] or ()}),
+        erased=sorted(under_way | {h for run in since for h in run[2] or ()}),
         sessions_cutoff=max((run[3] for run in since if run[3] is not None), default=None),
         events_cutoff=max((run[4] for run in since if run[4] is not None), default=None),
     )

@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from sessionlake import storage
+from sessionlake import retention, storage
 from sessionlake.archive import archive_read_files
 from sessionlake.checkpoint import (
     CATALOG_LOCK_FILE,
@@ -24,6 +24,7 @@ from sessionlake.checkpoint import (
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
 from sessionlake.doctor import check_lake
+from sessionlake.erasure import erasures_under_way, user_hash
 from sessionlake.health import collect_health
 from sessionlake.health_page import render_health_page
 from sessionlake.locks import checkpoint_lock, lake_lock
@@ -42,7 +43,7 @@ from sessionlake.snapshots import (
 )
 from sessionlake.spark import SparkOnDemand
 from sessionlake.stream import RestoreUnfinished, run_stream
-from sessionlake.tables import STREAM_TABLES, read_table, table_version
+from sessionlake.tables import STREAM_TABLES, USER_TABLES, read_table, table_version
 from tests.helpers import NOW, event
 
 #: Four landing files; each adds users, extends sessions, closes some, and the third one
@@ -330,6 +331,40 @@ def test_an_erasure_since_the_snapshot_starts_spark_to_erase_again(
     restore_snapshot(on_demand, config, snapshot.snapshot_id)
     assert on_demand.started is spark
     assert read_table(spark, config.lake, "events").where("user_id = 'u1'").count() == 0
+
+
+def test_a_restore_erases_again_the_users_of_an_erasure_cut_off_after_its_deletes(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An erasure cut off (Ctrl-C in its VACUUM) after its deletes has no audit row yet: a
+    restore to a snapshot from before it brought the user back, and the rerun that
+    finished it counted its deletes twice (the rows it deleted again, and the cut-off
+    run's). The restore erases the users of erasures under way again, in a row of its
+    own; the rerun deletes nothing more and counts the cut-off run's deletes."""
+    config, snapshot = snapshot_then_a_batch(spark, tmp_path)
+
+    def ctrl_c(*args: Any) -> int:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(retention, "vacuum_tables", ctrl_c)
+        with pytest.raises(KeyboardInterrupt):
+            enforce_retention(spark, config, RetentionRequest(erase_users=("u1",),
+                                                              vacuum_retain_hours=0))
+    [cut_off] = [run for run in erasures_under_way(None, config.lake) if run.cut_off]
+
+    restore_snapshot(SparkOnDemand(lambda: spark), config, snapshot.snapshot_id)
+    assert {t: read_table(spark, config.lake, t).where("user_id = 'u1'").count()
+            for t in USER_TABLES} == dict.fromkeys(USER_TABLES, 0)
+    [restore_row] = read_table(spark, config.lake, "retention_audit").collect()
+    assert restore_row["erased_user_sha256"] == [user_hash("u1")]
+    assert sum(restore_row["rows_deleted"].values()) > 0
+
+    report = enforce_retention(spark, config, RetentionRequest(erase_users=("u1",)))
+    assert {t: n for t, n in report.rows_deleted.items() if n} == cut_off.cut_off
+    assert report.note is not None and report.note.startswith(
+        f"finishes erasure run(s) {cut_off.run_id}"), report.note
+    assert erasures_under_way(None, config.lake) == []
 
 
 def test_a_table_the_log_writer_cannot_restore_goes_through_deltas_restore(
