@@ -16,14 +16,18 @@ erasure again after a restore returned the tables to a version from before it.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
+import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -31,7 +35,7 @@ from pyspark.sql import functions as F
 
 from sessionlake import faults, storage
 from sessionlake.agelimits import cutoff_conditions
-from sessionlake.checkpoint import lake_lock_folder
+from sessionlake.checkpoint import lake_lock_folder, lock_held
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltareader import read_rows, read_state
 from sessionlake.spark import SparkOnDemand
@@ -157,6 +161,12 @@ _ERASURES_READ: dict[str, tuple[int, list[ErasureRun]]] = {}
 #: of the batch locks but not yet written its audit row (:func:`note_erasure`).
 ERASURES_UNDER_WAY = "erasures-under-way"
 
+#: The ``flock`` of each erasure this process runs, by run id: held from its note's writing
+#: to its audit row or its cut-off mark, so that the kernel tells a run killed outright
+#: (SIGKILL: Airflow stopping a spark-submitted task, the OOM killer) from one still under
+#: way (:func:`mark_killed_erasures`). Local lakes only.
+_ALIVE: dict[str, IO[str]] = {}
+
 
 def erasure_ms(started: datetime) -> int:
     """An erasure's start as :class:`ErasureRun` keeps it, in ms since the epoch (UTC)."""
@@ -167,16 +177,62 @@ def _under_way(lake: str) -> str:
     return f"{lake_lock_folder(lake)}/{ERASURES_UNDER_WAY}"
 
 
+def _alive_file(lake: str, run_id: str) -> Path | None:
+    """The file whose ``flock`` erasure ``run_id`` holds while it runs (local lakes)."""
+    folder = storage.local_path(_under_way(lake))
+    return None if folder is None else folder / f"{run_id}.lock"
+
+
+def _hold_alive(lake: str, run_id: str) -> None:
+    path = _alive_file(lake, run_id)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+")  # noqa: SIM115 - held until the run lets go of it
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _ALIVE[run_id] = handle
+
+
+def _let_go(lake: str, run_id: str) -> None:
+    path = _alive_file(lake, run_id)
+    if path is not None:
+        path.unlink(missing_ok=True)
+    handle = _ALIVE.pop(run_id, None)
+    if handle is not None:
+        handle.close()
+
+
 def note_erasure(spark: SparkSession | None, lake: str, run_id: str, started: datetime,
                  hashes: Sequence[str], versions: Mapping[str, int] | None = None) -> None:
     """Note an erasure under way, for the batches that run between its deletes and its
     audit row (its age limits and VACUUM come in between): read from the audit alone, they
     would take the erased users' waiting records in (the diff review did so). The tables'
-    ``versions`` before its deletes tell, should it be cut off, what it deleted
-    (:func:`erased_since`)."""
-    storage.write_text(spark, f"{_under_way(lake)}/{run_id}.json", json.dumps(
-        {"started_ms": erasure_ms(started), "hashes": list(hashes),
-         "versions": dict(versions or {})}))
+    ``versions`` before its deletes tell, should it be cut off or killed, what it deleted
+    (:func:`erased_since`). This process holds the note's lock until the run ends."""
+    _hold_alive(lake, run_id)
+    try:
+        storage.write_text(spark, f"{_under_way(lake)}/{run_id}.json", json.dumps(
+            {"started_ms": erasure_ms(started), "hashes": list(hashes),
+             "versions": dict(versions or {})}))
+    except BaseException:
+        _let_go(lake, run_id)
+        raise
+
+
+def note_deleted(spark: SparkSession | None, lake: str, run_id: str,
+                 deleted: Mapping[str, int]) -> None:
+    """Note in erasure ``run_id``'s note the rows its deletes ``deleted``, as they end,
+    while it still holds the batch locks: killed later (in its VACUUM, which other
+    erasures and restores may run beside), it is counted from this, not from the commits,
+    where theirs would follow its own (:func:`mark_killed_erasures`)."""
+    _rewrite_note(spark, lake, run_id, {"deleted": dict(deleted)})
+
+
+def _rewrite_note(spark: SparkSession | None, lake: str, run_id: str,
+                  fields: Mapping[str, Any]) -> None:
+    """Add ``fields`` to erasure ``run_id``'s note; a note already gone stays gone."""
+    note = f"{_under_way(lake)}/{run_id}.json"
+    if text := storage.read_text(spark, note):
+        storage.write_text(spark, note, json.dumps({**json.loads(text), **fields}))
 
 
 #: A SHA-256 in a DELETE's condition as Delta keeps it in the commit.
@@ -184,16 +240,20 @@ _HASH_IN_CONDITION = re.compile(r"\b[0-9a-f]{64}\b")
 
 
 def erased_since(spark: SparkSession | None, lake: str, hashes: Sequence[str],
-                 versions: Mapping[str, int]) -> dict[str, int]:
+                 versions: Mapping[str, int]) -> dict[str, int] | None:
     """The rows that erasures of these users (DELETEs whose condition names some of these
     hashes and no other) deleted from each table after its version in ``versions``, read
     from the tables' commits: what a run cut off within its deletes did (under the batch
-    locks, which keep other erasures and restores out, so the DELETEs are its own)."""
+    locks, which keep other erasures and restores out, so the DELETEs are its own).
+    ``None`` when a commit in between is gone (Delta's log clean-up): unknown."""
     wanted, found = set(hashes), {}
     for table, before in versions.items():
         rows = 0
         for version in range(before + 1, table_version(spark, lake, table) + 1):
-            for action in table_commit_actions(spark, lake, table, version):
+            actions = table_commit_actions(spark, lake, table, version)
+            if not actions:
+                return None
+            for action in actions:
                 info = action.get("commitInfo") or {}
                 if info.get("operation") != "DELETE":
                     continue
@@ -212,21 +272,23 @@ def note_cut_off(spark: SparkSession | None, lake: str, run_id: str,
     failure) after it ``deleted`` these rows, and before its audit row: it stays, keeping
     the users' waiting records out, until a run that erases them again finishes it and
     counts these deletes (:func:`cut_off_erasures`)."""
-    note = f"{_under_way(lake)}/{run_id}.json"
-    noted = json.loads(storage.read_text(spark, note) or "{}")
-    storage.write_text(spark, note, json.dumps({**noted, "cut_off": dict(deleted)}))
+    _rewrite_note(spark, lake, run_id, {"cut_off": dict(deleted)})
+    _let_go(lake, run_id)
 
 
 @dataclass(frozen=True)
 class NotedErasure:
     """An erasure under way as its note tells it (:func:`note_erasure`). ``cut_off``: the
     rows it had deleted, by table, when it was marked cut off (:func:`note_cut_off`);
-    empty while it runs."""
+    empty while it runs. ``deleted``: what its deletes did, once they ended
+    (:func:`note_deleted`)."""
 
     run_id: str
     started_ms: int
     hashes: tuple[str, ...]
     cut_off: Mapping[str, int]
+    versions: Mapping[str, int]
+    deleted: Mapping[str, int] | None
 
 
 def erasures_under_way(spark: SparkSession | None, lake: str) -> list[NotedErasure]:
@@ -241,7 +303,10 @@ def erasures_under_way(spark: SparkSession | None, lake: str) -> list[NotedErasu
             noted_runs.append(NotedErasure(
                 name.removesuffix(".json"), int(noted["started_ms"]),
                 tuple(str(h) for h in noted["hashes"]),
-                {str(t): int(n) for t, n in (noted.get("cut_off") or {}).items()}))
+                {str(t): int(n) for t, n in (noted.get("cut_off") or {}).items()},
+                {str(t): int(v) for t, v in (noted.get("versions") or {}).items()},
+                None if noted.get("deleted") is None else
+                {str(t): int(n) for t, n in noted["deleted"].items()}))
         except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("unreadable note of an erasure under way: %s", name)
     return noted_runs
@@ -251,8 +316,8 @@ def cut_off_erasures(spark: SparkSession | None, lake: str, hashes: Sequence[str
                      ) -> tuple[list[str], dict[str, int]]:
     """The erasure runs marked cut off after some of their deletes (:func:`note_cut_off`)
     that erased none but these users, and the rows they deleted, by table: the run that
-    erases the users again finishes theirs, and its audit row counts those deletes too. A
-    run killed outright (SIGKILL) marked nothing: its deletes are in no audit row."""
+    erases the users again finishes theirs, and its audit row counts those deletes too
+    (a run killed outright is marked by :func:`mark_killed_erasures`)."""
     runs = [run for run in erasures_under_way(spark, lake)
             if run.cut_off and set(run.hashes) <= set(hashes)]
     deleted: dict[str, int] = {}
@@ -269,9 +334,91 @@ def erasure_noted(spark: SparkSession | None, lake: str, run_id: str,
     theirs (killed) that erased none but these ``hashes``: this run's audit row keeps
     their users out now."""
     covered = [run.run_id for run in erasures_under_way(spark, lake) if hashes
-               and run.run_id != run_id and set(run.hashes) <= set(hashes)]
+               and run.run_id != run_id and set(run.hashes) <= set(hashes)
+               and not _alive(lake, run.run_id)]
     for noted in [*covered, run_id]:
         storage.delete(spark, f"{_under_way(lake)}/{noted}.json")
+        _let_go(lake, noted)
+
+
+def _alive(lake: str, run_id: str) -> bool:
+    """Whether a process holds erasure ``run_id``'s lock (it still runs, and will write
+    its own audit row)."""
+    path = _alive_file(lake, run_id)
+    return path is not None and lock_held(path.parent, path.name)
+
+
+@contextmanager
+def _dead(lake: str, run_id: str) -> Iterator[bool]:
+    """Whether erasure ``run_id`` died before its audit row: its lock is there, and free.
+    The lock stays taken through the block (a live run that let go of it meanwhile has
+    unlinked it: the file is another, and the run not dead), then goes. False on a lake
+    not on local disks, or for a note written without a lock."""
+    path = _alive_file(lake, run_id)
+    try:
+        handle = None if path is None else os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        handle = None
+    if handle is None:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        assert path is not None
+        try:
+            same = os.stat(path).st_ino == os.fstat(handle).st_ino
+        except FileNotFoundError:
+            same = False
+        yield same
+        if same:
+            path.unlink(missing_ok=True)
+    finally:
+        os.close(handle)
+
+
+def mark_killed_erasures(spark: SparkSession | None, lake: str) -> None:
+    """Mark the notes of erasures killed outright (nothing ran in them to mark them,
+    :func:`note_cut_off`) with the rows they deleted, so that the run that finishes them
+    counts those deletes (:func:`cut_off_erasures`); the note of one killed before any
+    delete goes (it erased nothing).
+
+    A run killed after its deletes noted them (:func:`note_deleted`). One killed within
+    them is read back from the tables' commits (:func:`erased_since`): this is called
+    under the batch locks by whatever may delete these users' rows next (an erasure, a
+    restore), and so before it, and the DELETEs since the note's versions (taken under the
+    batch locks) that name none but its users are the killed run's own. When those
+    commits are gone, the note stays unmarked (it keeps the users out, and goes with the
+    audit row of an erasure of them). Nothing to do on a lake not on local disks, where no
+    lock tells a killed run from a live one.
+    """
+    if storage.local_path(_under_way(lake)) is None:
+        return
+    for run in erasures_under_way(spark, lake):
+        if run.cut_off:
+            continue
+        with _dead(lake, run.run_id) as dead:
+            if not dead:
+                continue
+            deleted = (dict(run.deleted) if run.deleted is not None
+                       else erased_since(spark, lake, run.hashes, run.versions))
+            if deleted is None:
+                log.warning("erasure run %s was killed within its deletes, and the commits "
+                            "that tell what it deleted are gone: its deletes are in no "
+                            "audit row", run.run_id)
+                continue
+            deleted = {t: n for t, n in deleted.items() if n}
+            if deleted:
+                log.warning("erasure run %s was killed before its audit row, after "
+                            "deleting rows (%s): the next erasure of its users counts them",
+                            run.run_id, ", ".join(f"{t} {n}" for t, n in deleted.items()))
+                note_cut_off(spark, lake, run.run_id, deleted)
+            else:
+                log.warning("erasure run %s was killed before any delete", run.run_id)
+                erasure_noted(spark, lake, run.run_id)
 
 
 def erasure_runs(spark: SparkSession | None, lake: str) -> list[ErasureRun]:

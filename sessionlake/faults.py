@@ -8,7 +8,8 @@ point costs one dictionary look-up.
 Points, in the order a micro-batch reaches them: ``ingest``, ``before_merge``,
 ``after_merge``, ``after_sessions``, ``after_metrics`` (after the last table write, before
 Spark commits the batch to the checkpoint). Outside the batches: ``erase``, in a
-retention run after each table's DELETE of the erased users, before its purge.
+retention run after each table's DELETE of the erased users, before its purge; ``vacuum``,
+in a retention run after its deletes, the batch locks let go, before its VACUUM.
 
 With ``SESSIONLAKE_FAULT_PAUSE=<file>`` the point pauses instead of crashing: it creates
 ``<file>`` and waits until it is removed, then goes on. A test changes the world in that

@@ -32,6 +32,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
+from sessionlake import faults
 from sessionlake.agelimits import cutoff_conditions
 from sessionlake.checkpoint import LockTimeout, batch_locks
 from sessionlake.config import Settings, format_duration
@@ -44,7 +45,9 @@ from sessionlake.erasure import (
     erase,
     erased_since,
     erasure_noted,
+    mark_killed_erasures,
     note_cut_off,
+    note_deleted,
     note_erasure,
     user_hash,
     users_named,
@@ -454,17 +457,20 @@ def enforce_retention(
             # The run starts now, the batch in flight done: what landed before this moment,
             # the erasure reaches (a batch keeps it out when read later), whatever waited.
             started = now or datetime.now(UTC)
-            user_versions = {t: versions_before[t] for t in USER_TABLES}
+            mark_killed_erasures(spark, lake)  # counted before this run's deletes follow
+            # Under the batch locks: after these versions, the DELETEs are this run's.
+            user_versions = {t: table_version(spark, lake, t) for t in USER_TABLES}
             note_erasure(spark, lake, run_id, started, to_erase, user_versions)
             try:
                 note_kafka_ends(spark, settings, started)  # what Kafka holds of them now
                 erased = own = erase(spark, lake, to_erase)
+                note_deleted(spark, lake, run_id, own)
             except BaseException:
                 # Cut off (Ctrl-C, a failure) before any delete: no erasure to keep the
                 # users' records out for, until it is run again. After some: its note
                 # stays, for the run that finishes it and counts them.
                 _cut_off(spark, lake, run_id, erased_since(spark, lake, to_erase,
-                                                          user_versions))
+                                                          user_versions) or {})
                 raise
             finished, earlier = cut_off_erasures(spark, lake, to_erase)
             if finished:
@@ -481,6 +487,7 @@ def enforce_retention(
             deleted[table] = deleted.get(table, 0) + rows
 
         plan = plan_vacuum(spark, settings, request, started)
+        faults.point("vacuum")
         files = vacuum_tables(spark, lake, plan.hours) if plan is not None else 0
         purged = plan is not None and plan.hours == 0
         notes = [plan.reason] if plan is not None and plan.reason else []

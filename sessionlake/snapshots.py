@@ -69,7 +69,7 @@ from sessionlake.deltalog import (
     set_aside_log_from,
 )
 from sessionlake.deltarestore import ConcurrentCommit, is_at, needs_delta, restore_commit
-from sessionlake.erasure import reapply_retention
+from sessionlake.erasure import mark_killed_erasures, reapply_retention
 from sessionlake.health import running_stream
 from sessionlake.kafkastream import check_restore_keeps_kafka_records
 from sessionlake.ledger import StreamIdentity, write_stream_identity
@@ -586,6 +586,9 @@ def _restore_locked(
     damaged: dict[str, int],
 ) -> None:
     """The restore proper, under the lock and the marker: logs, tables, checkpoint, erasures."""
+    # An erasure killed after some deletes is counted from its commits, before the
+    # restore's commits (and its re-application of that erasure) follow them.
+    mark_killed_erasures(None, lake)
     now = datetime.now(UTC)
     for table, damaged_from in damaged.items():
         _set_aside(spark, lake, table, damaged_from, now)

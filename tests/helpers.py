@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -16,6 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import psutil
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
@@ -139,6 +142,48 @@ def held_by_another_process(locks: str, *paths: str | Path) -> Iterator[subproce
     finally:
         holder.kill()
         holder.wait()
+
+
+@contextmanager
+def erasure_stalled(lake: str, user: str, tmp: Path, point: str = "erase"
+                    ) -> Iterator[subprocess.Popen[str]]:
+    """``sessionlake retention --erase-user USER`` in a process group of its own, stalled
+    in a Spark job at fault ``point`` (``erase``: after one table's DELETE, the other
+    tables' deletes going on; ``vacuum``: after them all): the block starts once it
+    stalls. What is left of it after the block is killed, its driver's JVM too (a
+    session of its own: the group's signal misses it)."""
+    stalled = tmp / "stalled"
+    env = {**{k: v for k, v in os.environ.items() if k != "SESSIONLAKE_FAULT"},
+           "SESSIONLAKE_DRIVER_MEMORY": "1g", "SESSIONLAKE_FAULT": point,
+           "SESSIONLAKE_FAULT_STALL": str(stalled)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sessionlake.cli", "retention", "--lake", lake,
+         "--erase-user", user],
+        cwd=Path(__file__).resolve().parent.parent, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not stalled.exists():
+            assert process.poll() is None and time.monotonic() < deadline, \
+                process.communicate()
+            time.sleep(0.2)
+        yield process
+    finally:
+        kill_with_children(process)
+
+
+def kill_with_children(process: subprocess.Popen[str]) -> None:
+    """SIGKILL ``process`` and every process it started, and wait until they are gone
+    (nothing of theirs commits after this returns)."""
+    try:
+        family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(True)]
+    except psutil.NoSuchProcess:
+        family = []
+    for member in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.kill()
+    psutil.wait_procs(family, timeout=60)
+    process.wait()
 
 
 def write_source_log(checkpoint: Path, entries: dict[str, list[tuple[str, int]]],

@@ -31,6 +31,7 @@ from sessionlake.erasure import (
     LANDING_MARGIN_MS,
     ErasureRun,
     erased_after_landing,
+    erasure_noted,
     note_erasure,
     user_hash,
     users_hashed,
@@ -58,7 +59,7 @@ from sessionlake.tables import (
     table_version,
 )
 from tests.conftest import REPO
-from tests.helpers import NOW, event, run_batches
+from tests.helpers import NOW, erasure_stalled, event, kill_with_children, run_batches
 
 #: A batch after BATCHES whose time moves the watermark past u2's open session: the batch
 #: closes it, writing u2's session to `sessions` from the state it read when it started.
@@ -629,8 +630,9 @@ def test_an_erasure_cut_off_before_its_deletes_keeps_nobody_out_and_a_rerun_clea
     """An erasure notes itself before it deletes, for the batches between its deletes and
     its audit row. Cut off before its deletes (Ctrl-C; a mistyped id cancelled), its note
     stayed, and every later read of the user's earlier records kept them out, for good (a
-    hands-on review). A run killed after its deletes leaves its note; the next erasure of
-    the same users, which writes the audit row, clears it."""
+    hands-on review). A run killed before any delete leaves its note, which the next
+    erasure drops (its lock let go, no delete since its versions), of whichever users; a
+    run still under way keeps its note, even when the next erasure covers its users."""
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     landing.mkdir()
     settings = settings_from({"lake": str(lake), "source": str(landing)}, env={})
@@ -651,10 +653,21 @@ def test_an_erasure_cut_off_before_its_deletes_keeps_nobody_out_and_a_rerun_clea
     users = {r[0] for r in read_table(spark, str(lake), "events").select("user_id").collect()}
     assert users == {"u1", "u2"}
 
-    note_erasure(None, str(lake), "killed-run", NOW, [user_hash("u2")])  # killed after it
-    note_erasure(None, str(lake), "other-run", NOW, [user_hash("u1"), user_hash("u2")])
+    # A run of u1's erasure that noted itself, then died (its lock let go by the kernel)
+    # before any delete; its note is not one the next erasure, of u2, covers.
+    versions = json.dumps({t: table_version(spark, str(lake), t) for t in USER_TABLES})
+    subprocess.run(
+        [sys.executable, "-c", "import json, sys; from sessionlake.erasure import "
+         "note_erasure; from tests.helpers import NOW; note_erasure(None, *sys.argv[1:3], "
+         "NOW, sys.argv[4:], json.loads(sys.argv[3]))", str(lake), "killed-run", versions,
+         user_hash("u1")], cwd=REPO, check=True)
+    assert sorted(p.name for p in under_way.iterdir()) == ["killed-run.json", "killed-run.lock"]
+    note_erasure(None, str(lake), "other-run", NOW, [user_hash("u2")])
     enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
-    assert sorted(p.name for p in under_way.iterdir()) == ["other-run.json"]  # u1 too
+    # Live: it writes its own audit row.
+    assert sorted(p.name for p in under_way.glob("*.json")) == ["other-run.json"]
+    erasure_noted(None, str(lake), "other-run")
+    assert not list(under_way.iterdir())
 
 
 def test_ctrl_c_during_an_erasure_says_what_to_do_in_one_line_and_a_rerun_finishes_it(
@@ -666,25 +679,9 @@ def test_ctrl_c_during_an_erasure_says_what_to_do_in_one_line_and_a_rerun_finish
     nothing of what the run left (the deletes done and no audit row). It says so in one
     line, exits 130 as a shell reports SIGINT, and the same command run again finishes."""
     before = user_rows(spark, settings.lake, "u2")
-    stalled = tmp_path / "stalled"
-    env = {**{k: v for k, v in os.environ.items() if k != "SESSIONLAKE_FAULT"},
-           "SESSIONLAKE_DRIVER_MEMORY": "1g", "SESSIONLAKE_FAULT": "erase",
-           "SESSIONLAKE_FAULT_STALL": str(stalled)}
-    command = [sys.executable, "-m", "sessionlake.cli", "retention", "--lake", settings.lake,
-               "--erase-user", "u2"]
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not stalled.exists():
-            assert process.poll() is None and time.monotonic() < deadline, \
-                process.communicate()
-            time.sleep(0.2)
+    with erasure_stalled(settings.lake, "u2", tmp_path) as process:
         os.killpg(process.pid, signal.SIGINT)
         out, err = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
 
     assert process.returncode == 130, err[-3000:]
     assert err.splitlines()[-1] == (
@@ -709,6 +706,29 @@ def test_ctrl_c_during_an_erasure_says_what_to_do_in_one_line_and_a_rerun_finish
     assert audit["note"].startswith(f"finishes erasure run(s) {cut_off.stem}, cut off after "
                                     "some of their deletes (counted here)"), audit["note"]
     assert not cut_off.exists()
+
+
+def test_an_erasure_killed_after_some_deletes_is_counted_by_the_run_that_finishes_it(
+    spark: SparkSession, settings: Settings, tmp_path: Path
+) -> None:
+    """SIGKILL (Airflow stopping a spark-submitted retention task, the OOM killer) after
+    some of an erasure's deletes: nothing ran to mark its note, and the rerun's audit row
+    counted only what was left to delete. The note's lock, let go by the kernel, tells the
+    rerun the run is dead: it reads the dead run's deletes back from the commits."""
+    before = user_rows(spark, settings.lake, "u2")
+    with erasure_stalled(settings.lake, "u2", tmp_path) as process:
+        kill_with_children(process)
+    left = user_rows(spark, settings.lake, "u2")
+    assert sum(left.values()) < sum(before.values())  # some deletes done
+    [killed] = (Path(settings.lake) / "_checkpoints" / ERASURES_UNDER_WAY).glob("*.json")
+
+    assert main(["retention", "--lake", settings.lake, "--erase-user", "u2"]) == 0
+    assert user_rows(spark, settings.lake, "u2") == dict.fromkeys(USER_TABLES, 0)
+    [audit] = read_table(spark, settings.lake, "retention_audit").collect()
+    assert {t: n for t, n in audit["rows_deleted"].items() if n} == before
+    assert audit["note"].startswith(f"finishes erasure run(s) {killed.stem}, cut off after "
+                                    "some of their deletes (counted here)"), audit["note"]
+    assert not list(killed.parent.iterdir())  # the note and its lock
 
 
 def test_an_erasure_cut_off_after_its_deletes_is_counted_by_the_run_that_finishes_it(
@@ -740,7 +760,8 @@ def test_an_erasure_cut_off_after_its_deletes_is_counted_by_the_run_that_finishe
         f"finishes erasure run(s) {cut_off.stem}, cut off after some of their deletes "
         "(counted here)"), report.note
     assert NO_ROW_TO_ERASE not in report.note
-    assert not list(under_way.iterdir())  # both notes covered by the audit row now
+    assert sorted(p.name for p in under_way.iterdir()) == ["beside.json", "beside.lock"]
+    erasure_noted(None, settings.lake, "beside")
 
 
 def test_a_file_that_landed_while_the_erasure_waited_for_the_batch_in_flight_is_kept_out(

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from sessionlake import retention, storage
@@ -44,7 +45,7 @@ from sessionlake.snapshots import (
 from sessionlake.spark import SparkOnDemand
 from sessionlake.stream import RestoreUnfinished, run_stream
 from sessionlake.tables import STREAM_TABLES, USER_TABLES, read_table, table_version
-from tests.helpers import NOW, event
+from tests.helpers import NOW, erasure_stalled, event, kill_with_children
 
 #: Four landing files; each adds users, extends sessions, closes some, and the third one
 #: brings a late event and a malformed line, so that every table is written.
@@ -176,6 +177,12 @@ def test_the_catalog_lists_snapshots_oldest_first(spark: SparkSession, tmp_path:
     assert find_snapshot(config.lake, first.snapshot_id).name == "one"
     assert first.table_versions == second.table_versions
     assert "one" in first.summary() and "after batch 0" in first.summary()
+
+
+def user_rows(spark: SparkSession, lake: str, user: str) -> dict[str, int]:
+    """Rows of ``user`` per table that holds user data."""
+    return {t: read_table(spark, lake, t).where(F.col("user_id") == user).count()
+            for t in USER_TABLES}
 
 
 def snapshot_then_a_batch(spark: SparkSession, tmp_path: Path) -> tuple[Settings, Snapshot]:
@@ -333,38 +340,70 @@ def test_an_erasure_since_the_snapshot_starts_spark_to_erase_again(
     assert read_table(spark, config.lake, "events").where("user_id = 'u1'").count() == 0
 
 
+@pytest.mark.parametrize("ended_by", ["Ctrl-C", "SIGKILL"])
 def test_a_restore_erases_again_the_users_of_an_erasure_cut_off_after_its_deletes(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ended_by: str
 ) -> None:
-    """An erasure cut off (Ctrl-C in its VACUUM) after its deletes has no audit row yet: a
-    restore to a snapshot from before it brought the user back, and the rerun that
-    finished it counted its deletes twice (the rows it deleted again, and the cut-off
-    run's). The restore erases the users of erasures under way again, in a row of its
-    own; the rerun deletes nothing more and counts the cut-off run's deletes."""
+    """An erasure cut off (Ctrl-C in its VACUUM) or killed after some of its deletes has no
+    audit row yet: a restore to a snapshot from before it brought the user back, and the
+    rerun that finished it counted deletes twice (the rows it deleted again, and the
+    cut-off run's). The restore erases the users of erasures under way again, in a row of
+    its own, after reading back what a killed one deleted (its own re-application would
+    look like the killed run's deletes after it); the rerun deletes nothing more and
+    counts the deletes of the run it finishes."""
     config, snapshot = snapshot_then_a_batch(spark, tmp_path)
 
     def ctrl_c(*args: Any) -> int:
         raise KeyboardInterrupt
 
-    with monkeypatch.context() as patched:
-        patched.setattr(retention, "vacuum_tables", ctrl_c)
-        with pytest.raises(KeyboardInterrupt):
-            enforce_retention(spark, config, RetentionRequest(erase_users=("u1",),
-                                                              vacuum_retain_hours=0))
-    [cut_off] = [run for run in erasures_under_way(None, config.lake) if run.cut_off]
+    before = user_rows(spark, config.lake, "u1")
+    if ended_by == "Ctrl-C":
+        with monkeypatch.context() as patched:
+            patched.setattr(retention, "vacuum_tables", ctrl_c)
+            with pytest.raises(KeyboardInterrupt):
+                enforce_retention(spark, config, RetentionRequest(erase_users=("u1",),
+                                                                  vacuum_retain_hours=0))
+    else:
+        with erasure_stalled(config.lake, "u1", tmp_path) as process:
+            kill_with_children(process)
+    left = user_rows(spark, config.lake, "u1")
+    done = {t: before[t] - left[t] for t in USER_TABLES if before[t] != left[t]}
+    assert done
+    [run] = erasures_under_way(None, config.lake)
 
     restore_snapshot(SparkOnDemand(lambda: spark), config, snapshot.snapshot_id)
-    assert {t: read_table(spark, config.lake, t).where("user_id = 'u1'").count()
-            for t in USER_TABLES} == dict.fromkeys(USER_TABLES, 0)
+    assert user_rows(spark, config.lake, "u1") == dict.fromkeys(USER_TABLES, 0)
     [restore_row] = read_table(spark, config.lake, "retention_audit").collect()
     assert restore_row["erased_user_sha256"] == [user_hash("u1")]
     assert sum(restore_row["rows_deleted"].values()) > 0
 
     report = enforce_retention(spark, config, RetentionRequest(erase_users=("u1",)))
-    assert {t: n for t, n in report.rows_deleted.items() if n} == cut_off.cut_off
+    assert {t: n for t, n in report.rows_deleted.items() if n} == done
     assert report.note is not None and report.note.startswith(
-        f"finishes erasure run(s) {cut_off.run_id}"), report.note
-    assert erasures_under_way(None, config.lake) == []
+        f"finishes erasure run(s) {run.run_id}"), report.note
+    assert not list((Path(config.lake) / "_checkpoints" / "erasures-under-way").iterdir())
+
+
+def test_an_erasure_killed_in_its_vacuum_after_a_restore_beside_it_is_counted_once(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """An erasure whose deletes are done lets go of the batch locks for its VACUUM; a
+    restore beside it re-applies it (it is under way). Killed after that, it was counted
+    from the commits after its versions, the restore's DELETEs among them, which the
+    restore's own audit row counts too (a diff review). It noted what its deletes did as
+    they ended, and the run that finishes it counts that."""
+    config, snapshot = snapshot_then_a_batch(spark, tmp_path)
+    before = {t: n for t, n in user_rows(spark, config.lake, "u1").items() if n}
+    with erasure_stalled(config.lake, "u1", tmp_path, point="vacuum") as process:
+        assert sum(user_rows(spark, config.lake, "u1").values()) == 0
+        restore_snapshot(SparkOnDemand(lambda: spark), config, snapshot.snapshot_id)
+        kill_with_children(process)
+    assert sum(user_rows(spark, config.lake, "u1").values()) == 0  # re-applied
+    [restore_row] = read_table(spark, config.lake, "retention_audit").collect()
+    assert sum(restore_row["rows_deleted"].values()) > 0
+
+    report = enforce_retention(spark, config, RetentionRequest(erase_users=("u1",)))
+    assert {t: n for t, n in report.rows_deleted.items() if n} == before
 
 
 def test_a_table_the_log_writer_cannot_restore_goes_through_deltas_restore(
