@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 
 from sessionlake import faults, storage
 from sessionlake.agelimits import cutoff_conditions
-from sessionlake.checkpoint import lake_lock_folder, lock_held
+from sessionlake.checkpoint import lake_lock_folder
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltareader import read_rows, read_state
 from sessionlake.spark import SparkOnDemand
@@ -276,6 +276,22 @@ def note_cut_off(spark: SparkSession | None, lake: str, run_id: str,
     _let_go(lake, run_id)
 
 
+def erasure_cut_off(spark: SparkSession | None, lake: str, run_id: str,
+                    deleted: Mapping[str, int] | None) -> None:
+    """Erasure ``run_id`` was cut off (Ctrl-C, a failure, killed) before its audit row,
+    after it ``deleted`` these rows: its note is marked with them (:func:`note_cut_off`),
+    or goes when it deleted nothing; when that is not known (``None``: its commits gone),
+    it stays as it is, keeping the users out until an erasure of them drops it. This
+    process lets go of the run's lock whatever happens."""
+    try:
+        if deleted:
+            note_cut_off(spark, lake, run_id, deleted)
+        elif deleted is not None:
+            erasure_noted(spark, lake, run_id)
+    finally:
+        _let_go(lake, run_id)
+
+
 @dataclass(frozen=True)
 class NotedErasure:
     """An erasure under way as its note tells it (:func:`note_erasure`). ``cut_off``: the
@@ -328,24 +344,27 @@ def cut_off_erasures(spark: SparkSession | None, lake: str, hashes: Sequence[str
 
 
 def erasure_noted(spark: SparkSession | None, lake: str, run_id: str,
-                  hashes: Sequence[str] = ()) -> None:
+                  hashes: Sequence[str] = (), finished: Sequence[str] = ()) -> None:
     """The erasure ``run_id`` wrote its audit row, or was cut off before its deletes: its
-    note goes (:func:`note_erasure`), and so do those of earlier runs cut off after
-    theirs (killed) that erased none but these ``hashes``: this run's audit row keeps
-    their users out now."""
-    covered = [run.run_id for run in erasures_under_way(spark, lake) if hashes
-               and run.run_id != run_id and set(run.hashes) <= set(hashes)
-               and not _alive(lake, run.run_id)]
-    for noted in [*covered, run_id]:
+    note goes (:func:`note_erasure`), and so do those of the cut-off runs it ``finished``
+    (its audit row counts their deletes), and of runs of none but these ``hashes`` that
+    no lock tells alive or dead (a lake not on local disks, a note from before the locks):
+    this run's audit row keeps their users out now. A run that may still write its own
+    audit row, or whose deletes are still to be counted (marked cut off since, or killed
+    and not yet marked), keeps its note."""
+    dropped = [run.run_id for run in erasures_under_way(spark, lake)
+               if run.run_id != run_id and (run.run_id in finished or (
+                   set(run.hashes) <= set(hashes) and not run.cut_off
+                   and not _has_lock(lake, run.run_id)))]
+    for noted in [*dropped, run_id]:
         storage.delete(spark, f"{_under_way(lake)}/{noted}.json")
         _let_go(lake, noted)
 
 
-def _alive(lake: str, run_id: str) -> bool:
-    """Whether a process holds erasure ``run_id``'s lock (it still runs, and will write
-    its own audit row)."""
+def _has_lock(lake: str, run_id: str) -> bool:
+    """Whether erasure ``run_id`` has a lock that tells whether it still runs."""
     path = _alive_file(lake, run_id)
-    return path is not None and lock_held(path.parent, path.name)
+    return path is not None and path.exists()
 
 
 @contextmanager
@@ -356,8 +375,8 @@ def _dead(lake: str, run_id: str) -> Iterator[bool]:
     not on local disks, or for a note written without a lock."""
     path = _alive_file(lake, run_id)
     try:
-        handle = None if path is None else os.open(path, os.O_RDWR)
-    except FileNotFoundError:
+        handle = None if path is None else os.open(path, os.O_RDONLY)
+    except OSError:  # gone (the run ended), or not ours to open: not known dead
         handle = None
     if handle is None:
         yield False
@@ -365,7 +384,7 @@ def _dead(lake: str, run_id: str) -> Iterator[bool]:
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except OSError:  # held (the run is alive), or no flock here
             yield False
             return
         assert path is not None
@@ -397,11 +416,17 @@ def mark_killed_erasures(spark: SparkSession | None, lake: str) -> None:
     """
     if storage.local_path(_under_way(lake)) is None:
         return
+    audited: set[str] | None = None
     for run in erasures_under_way(spark, lake):
         if run.cut_off:
             continue
         with _dead(lake, run.run_id) as dead:
             if not dead:
+                continue
+            if audited is None:
+                audited = {str(row[0]) for row in _audit_rows(spark, lake, ["run_id"])}
+            if run.run_id in audited:  # killed after its audit row, which counts it
+                erasure_noted(spark, lake, run.run_id)
                 continue
             deleted = (dict(run.deleted) if run.deleted is not None
                        else erased_since(spark, lake, run.hashes, run.versions))
@@ -409,16 +434,15 @@ def mark_killed_erasures(spark: SparkSession | None, lake: str) -> None:
                 log.warning("erasure run %s was killed within its deletes, and the commits "
                             "that tell what it deleted are gone: its deletes are in no "
                             "audit row", run.run_id)
-                continue
-            deleted = {t: n for t, n in deleted.items() if n}
-            if deleted:
+            elif any(deleted.values()):
                 log.warning("erasure run %s was killed before its audit row, after "
                             "deleting rows (%s): the next erasure of its users counts them",
-                            run.run_id, ", ".join(f"{t} {n}" for t, n in deleted.items()))
-                note_cut_off(spark, lake, run.run_id, deleted)
+                            run.run_id, ", ".join(f"{t} {n}" for t, n in deleted.items()
+                                                  if n))
             else:
                 log.warning("erasure run %s was killed before any delete", run.run_id)
-                erasure_noted(spark, lake, run.run_id)
+            erasure_cut_off(spark, lake, run.run_id,
+                            None if deleted is None else {t: n for t, n in deleted.items() if n})
 
 
 def erasure_runs(spark: SparkSession | None, lake: str) -> list[ErasureRun]:

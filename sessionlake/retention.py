@@ -44,9 +44,9 @@ from sessionlake.erasure import (
     delete_rows,
     erase,
     erased_since,
+    erasure_cut_off,
     erasure_noted,
     mark_killed_erasures,
-    note_cut_off,
     note_deleted,
     note_erasure,
     user_hash,
@@ -451,6 +451,7 @@ def enforce_retention(
     deleted: dict[str, int] = {}
     erased: dict[str, int] = {}
     own: dict[str, int] = {}  # this run's erasure deletes, without those it finishes
+    finished: list[str] = []  # the cut-off runs whose deletes it counts
     finishing: str | None = None
     if to_erase := request.erased_hashes:
         with batches_held(spark, settings):
@@ -465,14 +466,14 @@ def enforce_retention(
                 note_kafka_ends(spark, settings, started)  # what Kafka holds of them now
                 erased = own = erase(spark, lake, to_erase)
                 note_deleted(spark, lake, run_id, own)
+                finished, earlier = cut_off_erasures(spark, lake, to_erase)
             except BaseException:
                 # Cut off (Ctrl-C, a failure) before any delete: no erasure to keep the
                 # users' records out for, until it is run again. After some: its note
                 # stays, for the run that finishes it and counts them.
-                _cut_off(spark, lake, run_id, erased_since(spark, lake, to_erase,
-                                                          user_versions) or {})
+                erasure_cut_off(spark, lake, run_id, erased_since(spark, lake, to_erase,
+                                                          user_versions))
                 raise
-            finished, earlier = cut_off_erasures(spark, lake, to_erase)
             if finished:
                 erased = {t: erased.get(t, 0) + earlier.get(t, 0)
                           for t in {*erased, *earlier}}
@@ -506,22 +507,12 @@ def enforce_retention(
                       versions_before)
     except BaseException:
         if to_erase:  # cut off after its erasure: the run that finishes it counts it
-            _cut_off(spark, lake, run_id, {t: n for t, n in own.items() if n})
+            erasure_cut_off(spark, lake, run_id, {t: n for t, n in own.items() if n})
         raise
     if to_erase:
-        erasure_noted(spark, lake, run_id, to_erase)
+        erasure_noted(spark, lake, run_id, to_erase, finished)
     log.info("%s", report.summary())
     return report
-
-
-def _cut_off(spark: SparkSession, lake: str, run_id: str, deleted: Mapping[str, int]
-             ) -> None:
-    """An erasure cut off before its audit row: its note goes when it deleted nothing, and
-    is marked with what it deleted otherwise (:func:`note_cut_off`)."""
-    if deleted:
-        note_cut_off(spark, lake, run_id, deleted)
-    else:
-        erasure_noted(spark, lake, run_id)
 
 
 def preview_retention(

@@ -150,22 +150,25 @@ def erasure_stalled(lake: str, user: str, tmp: Path, point: str = "erase"
     """``sessionlake retention --erase-user USER`` in a process group of its own, stalled
     in a Spark job at fault ``point`` (``erase``: after one table's DELETE, the other
     tables' deletes going on; ``vacuum``: after them all): the block starts once it
-    stalls. What is left of it after the block is killed, its driver's JVM too (a
-    session of its own: the group's signal misses it)."""
+    stalls. Its output goes to ``tmp/retention.out`` and ``tmp/retention.err`` (a pipe
+    nobody reads while it runs could fill and stop it). What is left of it after the
+    block is killed, its driver's JVM too (a session of its own: the group's signal
+    misses it)."""
     stalled = tmp / "stalled"
     env = {**{k: v for k, v in os.environ.items() if k != "SESSIONLAKE_FAULT"},
            "SESSIONLAKE_DRIVER_MEMORY": "1g", "SESSIONLAKE_FAULT": point,
            "SESSIONLAKE_FAULT_STALL": str(stalled)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "sessionlake.cli", "retention", "--lake", lake,
-         "--erase-user", user],
-        cwd=Path(__file__).resolve().parent.parent, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    with open(tmp / "retention.out", "w") as out, open(tmp / "retention.err", "w") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sessionlake.cli", "retention", "--lake", lake,
+             "--erase-user", user],
+            cwd=Path(__file__).resolve().parent.parent, env=env, stdout=out, stderr=err,
+            text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while not stalled.exists():
             assert process.poll() is None and time.monotonic() < deadline, \
-                process.communicate()
+                (tmp / "retention.err").read_text()[-3000:]
             time.sleep(0.2)
         yield process
     finally:

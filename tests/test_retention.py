@@ -681,7 +681,8 @@ def test_ctrl_c_during_an_erasure_says_what_to_do_in_one_line_and_a_rerun_finish
     before = user_rows(spark, settings.lake, "u2")
     with erasure_stalled(settings.lake, "u2", tmp_path) as process:
         os.killpg(process.pid, signal.SIGINT)
-        out, err = process.communicate(timeout=120)
+        process.wait(timeout=120)
+    out, err = (tmp_path / "retention.out").read_text(), (tmp_path / "retention.err").read_text()
 
     assert process.returncode == 130, err[-3000:]
     assert err.splitlines()[-1] == (
@@ -729,6 +730,55 @@ def test_an_erasure_killed_after_some_deletes_is_counted_by_the_run_that_finishe
     assert audit["note"].startswith(f"finishes erasure run(s) {killed.stem}, cut off after "
                                     "some of their deletes (counted here)"), audit["note"]
     assert not list(killed.parent.iterdir())  # the note and its lock
+
+
+def test_an_erasure_killed_beside_another_of_its_users_is_counted_by_a_later_one(
+    spark: SparkSession, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second erasure of a user runs while the first, its deletes done, is in its VACUUM;
+    the first is killed before the second ends. The second's end dropped the first's note
+    (it covers its users, and no process held its lock any more), and the first's deletes
+    were in no audit row (a diff review). The note stays; the next erasure counts them."""
+    before = user_rows(spark, settings.lake, "u2")
+    under_way = Path(settings.lake) / "_checkpoints" / ERASURES_UNDER_WAY
+    with erasure_stalled(settings.lake, "u2", tmp_path, point="vacuum") as first:
+        age_limits = retention.age_limits
+
+        def first_killed(*args: Any) -> Any:  # after the second's deletes and count
+            kill_with_children(first)
+            return age_limits(*args)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(retention, "age_limits", first_killed)
+            second = enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    assert not any(second.rows_deleted.values())
+    assert len(list(under_way.glob("*.json"))) == 1  # the first's, to be counted
+
+    third = enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    assert {t: n for t, n in third.rows_deleted.items() if n} == before
+    assert not list(under_way.iterdir())
+
+
+def test_an_erasure_killed_after_its_audit_row_is_not_counted_again(
+    spark: SparkSession, settings: Settings
+) -> None:
+    """Killed between its audit row and the removal of its note: the next erasure took the
+    note, its deletes noted, for a run still to count, and counted them again (a diff
+    review). A dead run already in the audit only loses its note."""
+    first = enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    assert any(first.rows_deleted.values())
+    subprocess.run(  # what the kill left: the note, its deletes noted, and the lock, free
+        [sys.executable, "-c", "import json, sys; from sessionlake.erasure import "
+         "note_deleted, note_erasure; from tests.helpers import NOW; "
+         "lake, run, deleted, user = sys.argv[1:]; note_erasure(None, lake, run, NOW, "
+         "[user]); note_deleted(None, lake, run, json.loads(deleted))", settings.lake,
+         first.run_id, json.dumps(first.rows_deleted), user_hash("u2")],
+        cwd=REPO, check=True)
+
+    second = enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    assert not any(second.rows_deleted.values())
+    assert second.note is not None and "finishes" not in second.note
+    assert not list((Path(settings.lake) / "_checkpoints" / ERASURES_UNDER_WAY).iterdir())
 
 
 def test_an_erasure_cut_off_after_its_deletes_is_counted_by_the_run_that_finishes_it(
