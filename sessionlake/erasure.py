@@ -343,6 +343,18 @@ def cut_off_erasures(spark: SparkSession | None, lake: str, hashes: Sequence[str
     return sorted(run.run_id for run in runs), deleted
 
 
+def cut_off_with_others(spark: SparkSession | None, lake: str, hashes: Sequence[str]
+                        ) -> list[tuple[str, int]]:
+    """The erasure runs marked cut off after some of their deletes that erased some of
+    these users together with others, and how many others: an erasure of these users
+    does not finish them (their deletes are counted by table, not by user); one of all
+    their users does (:func:`cut_off_erasures`)."""
+    wanted = set(hashes)
+    return sorted((run.run_id, len(set(run.hashes) - wanted))
+                  for run in erasures_under_way(spark, lake)
+                  if run.cut_off and wanted & set(run.hashes) and not set(run.hashes) <= wanted)
+
+
 def erasure_noted(spark: SparkSession | None, lake: str, run_id: str,
                   hashes: Sequence[str] = (), finished: Sequence[str] = ()) -> None:
     """The erasure ``run_id`` wrote its audit row, or was cut off before its deletes: its

@@ -41,6 +41,7 @@ from sessionlake.erasure import (
     USER_HASH,
     append_audit_row,
     cut_off_erasures,
+    cut_off_with_others,
     delete_rows,
     erase,
     erased_since,
@@ -453,6 +454,7 @@ def enforce_retention(
     own: dict[str, int] = {}  # this run's erasure deletes, without those it finishes
     finished: list[str] = []  # the cut-off runs whose deletes it counts
     finishing: str | None = None
+    partly: list[tuple[str, int]] = []  # cut-off runs of these users and others
     if to_erase := request.erased_hashes:
         with batches_held(spark, settings):
             # The run starts now, the batch in flight done: what landed before this moment,
@@ -467,6 +469,7 @@ def enforce_retention(
                 erased = own = erase(spark, lake, to_erase)
                 note_deleted(spark, lake, run_id, own)
                 finished, earlier = cut_off_erasures(spark, lake, to_erase)
+                partly = cut_off_with_others(spark, lake, to_erase)
             except BaseException:
                 # Cut off (Ctrl-C, a failure) before any delete: no erasure to keep the
                 # users' records out for, until it is run again. After some: its note
@@ -494,6 +497,13 @@ def enforce_retention(
         notes = [plan.reason] if plan is not None and plan.reason else []
         if finishing is not None:
             notes.append(finishing)
+        if partly:
+            notes.append(
+                "erasure run(s) " + ", ".join(f"{run} (with {n} other user(s))"
+                                              for run, n in partly)
+                + " erased these users with others and were cut off after some of their "
+                "deletes, which are not counted here: erase all their users in one run to "
+                "finish them and count those deletes")
         if state_left is not None:
             notes.append(state_left)
         if to_erase and not any(erased.values()):

@@ -781,6 +781,38 @@ def test_an_erasure_killed_after_its_audit_row_is_not_counted_again(
     assert not list((Path(settings.lake) / "_checkpoints" / ERASURES_UNDER_WAY).iterdir())
 
 
+def test_an_erasure_of_some_users_of_a_cut_off_run_says_it_does_not_finish_it(
+    spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run erasing two users, cut off after its deletes, then each user erased alone (a
+    hands-on review: the erasure DAG triggered again user by user): each rerun's row said
+    only "no row of the user(s) to erase was found", and the cut-off run's deletes were in
+    no audit row. It says the cut-off run is not finished, and how to finish it."""
+    before = user_rows(spark, settings.lake, "u1")
+    before = {t: n + user_rows(spark, settings.lake, "u2")[t] for t, n in before.items()}
+
+    def ctrl_c(*args: Any) -> int:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(retention, "vacuum_tables", ctrl_c)
+        with pytest.raises(KeyboardInterrupt):
+            enforce_retention(spark, settings, RetentionRequest(erase_users=("u1", "u2"),
+                                                                vacuum_retain_hours=0))
+    [cut_off] = (Path(settings.lake) / "_checkpoints" / ERASURES_UNDER_WAY).glob("*.json")
+
+    alone = enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    assert alone.note is not None and (
+        f"erasure run(s) {cut_off.stem} (with 1 other user(s)) erased these users with "
+        "others and were cut off after some of their deletes") in alone.note, alone.note
+    assert cut_off.exists()
+
+    both = enforce_retention(spark, settings, RetentionRequest(erase_users=("u2", "u1")))
+    assert {t: n for t, n in both.rows_deleted.items() if n} == {
+        t: n for t, n in before.items() if n}
+    assert not cut_off.exists()
+
+
 def test_an_erasure_cut_off_after_its_deletes_is_counted_by_the_run_that_finishes_it(
     spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
