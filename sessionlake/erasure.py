@@ -184,6 +184,7 @@ def _alive_file(lake: str, run_id: str) -> Path | None:
 
 
 def _hold_alive(lake: str, run_id: str) -> None:
+    """Take erasure ``run_id``'s lock for this process, until :func:`_let_go`."""
     path = _alive_file(lake, run_id)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -193,6 +194,8 @@ def _hold_alive(lake: str, run_id: str) -> None:
 
 
 def _let_go(lake: str, run_id: str) -> None:
+    """Remove erasure ``run_id``'s lock, and let go of it if this process holds it: the
+    run has ended, or its note is marked (nothing is left to tell by it)."""
     path = _alive_file(lake, run_id)
     if path is not None:
         path.unlink(missing_ok=True)
