@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import subprocess
 import urllib.request
@@ -70,13 +71,34 @@ def alert_on_dag_failure(context: Context) -> None:
               "try_number": None, "error": reason})
 
 
+#: How the Spark provider ends a spark-submit that failed, before its last output lines.
+_SUBMIT_STATUS = re.compile(r"Error code is: (-?\d+)\.")
+
+
+def alert_cause(error: str) -> str:
+    """The line of a failed task's ``error`` that says why: the last line a sessionlake
+    command said (``sessionlake: ...``: its error or its interruption), else, for a
+    spark-submit killed by a signal (a task marked failed in the UI, the OOM killer),
+    that; else the error's last line. The Spark provider's error ends with the job's
+    last output lines, Spark's own warnings among them: the last line alone quoted
+    "WARN SparkSession: Using an existing Spark session" for a killed erasure."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    said = [line for line in lines if line.startswith("sessionlake: ")]
+    if said:
+        return said[-1]
+    status = _SUBMIT_STATUS.search(error)
+    if status is not None and int(status.group(1)) < 0:
+        return (f"spark-submit was killed by signal {-int(status.group(1))} (the task was "
+                "stopped, or the machine killed the job); running it again finishes what "
+                "it began")
+    return lines[-1] if lines else "no error given"
+
+
 def failure_alert(context: Context) -> dict[str, Any]:
     """What is told of a failed task: its DAG, task, run, try and error, and the ``ALERT``
-    line that sums them up (the error's last line: a sessionlake job ends its error
-    with its cause)."""
+    line that sums them up (:func:`alert_cause`)."""
     ti = context["ti"]
-    error = str(context.get("exception") or "no error given").strip()
-    cause = error.splitlines()[-1] if error else "no error given"
+    cause = alert_cause(str(context.get("exception") or ""))
     fields = {"dag_id": ti.dag_id, "task_id": ti.task_id, "run_id": ti.run_id,
               "try_number": ti.try_number, "error": cause}
     text = (f"ALERT sessionlake DAG {ti.dag_id} task {ti.task_id} failed (run {ti.run_id}, "
