@@ -670,6 +670,19 @@ def test_an_erasure_cut_off_before_its_deletes_keeps_nobody_out_and_a_rerun_clea
     assert not list(under_way.iterdir())
 
 
+def rerun_finishes(spark: SparkSession, settings: Settings, user: str,
+                   before: dict[str, int], run_id: str) -> None:
+    """``sessionlake retention --erase-user USER`` run again erases what is left of the
+    user, and its audit row, the only one, counts every row the user had ``before`` and
+    names the cut-off run ``run_id`` it finishes."""
+    assert main(["retention", "--lake", settings.lake, "--erase-user", user]) == 0
+    assert user_rows(spark, settings.lake, user) == dict.fromkeys(USER_TABLES, 0)
+    [audit] = read_table(spark, settings.lake, "retention_audit").collect()
+    assert {t: n for t, n in audit["rows_deleted"].items() if n} == before
+    assert audit["note"].startswith(f"finishes erasure run(s) {run_id}, cut off after "
+                                    "some of their deletes (counted here)"), audit["note"]
+
+
 def test_ctrl_c_during_an_erasure_says_what_to_do_in_one_line_and_a_rerun_finishes_it(
     spark: SparkSession, settings: Settings, tmp_path: Path
 ) -> None:
@@ -698,14 +711,9 @@ def test_ctrl_c_during_an_erasure_says_what_to_do_in_one_line_and_a_rerun_finish
     # Its note stays, keeping the user's waiting records out until the rerun.
     [cut_off] = (Path(settings.lake) / "_checkpoints" / ERASURES_UNDER_WAY).iterdir()
 
-    assert main(["retention", "--lake", settings.lake, "--erase-user", "u2"]) == 0
-    assert user_rows(spark, settings.lake, "u2") == dict.fromkeys(USER_TABLES, 0)
     # The rerun's audit row counts the cut-off run's deletes too (it said "deleted
     # nothing ... no row of the user(s) to erase was found": a hands-on review).
-    [audit] = read_table(spark, settings.lake, "retention_audit").collect()
-    assert {t: n for t, n in audit["rows_deleted"].items() if n} == before
-    assert audit["note"].startswith(f"finishes erasure run(s) {cut_off.stem}, cut off after "
-                                    "some of their deletes (counted here)"), audit["note"]
+    rerun_finishes(spark, settings, "u2", before, cut_off.stem)
     assert not cut_off.exists()
 
 
@@ -723,12 +731,7 @@ def test_an_erasure_killed_after_some_deletes_is_counted_by_the_run_that_finishe
     assert sum(left.values()) < sum(before.values())  # some deletes done
     [killed] = (Path(settings.lake) / "_checkpoints" / ERASURES_UNDER_WAY).glob("*.json")
 
-    assert main(["retention", "--lake", settings.lake, "--erase-user", "u2"]) == 0
-    assert user_rows(spark, settings.lake, "u2") == dict.fromkeys(USER_TABLES, 0)
-    [audit] = read_table(spark, settings.lake, "retention_audit").collect()
-    assert {t: n for t, n in audit["rows_deleted"].items() if n} == before
-    assert audit["note"].startswith(f"finishes erasure run(s) {killed.stem}, cut off after "
-                                    "some of their deletes (counted here)"), audit["note"]
+    rerun_finishes(spark, settings, "u2", before, killed.stem)
     assert not list(killed.parent.iterdir())  # the note and its lock
 
 
