@@ -8,12 +8,12 @@ last run become one or more micro-batches, committed exactly once, then the job 
 Never twice at once on one checkpoint: two runs would commit the same batch ids. Enforced
 three times over: `max_active_runs=1` (one run of this DAG), `max_active_tis_per_dag=1` on
 the run task, and the one-slot pool `sessionlake_checkpoint` shared with every task that
-writes the checkpoint (restore, restart, retention, archive), so those queue instead of colliding;
-the job itself refuses to start while another run holds the checkpoint's lock. While a
-continuous run (the restart DAG's) holds it, a run is skipped: that run reads the landing
-folder itself. While any other run holds it (one from the command line, or one left
-hanging), a run fails in `validate_params`, naming its pid: skipped, the DAG would stay
-green while nothing reads the landing folder.
+writes the checkpoint (restore, restart, retention, erasure, archive), so those queue
+instead of colliding; the job itself refuses to start while another run holds the
+checkpoint's lock. While a continuous run (the restart DAG's) holds it, a run is skipped:
+that run reads the landing folder itself. While any other run holds it (one from the
+command line, or one left hanging), a run fails in `validate_params`, naming its pid:
+skipped, the DAG would stay green while nothing reads the landing folder.
 
 When what landed since the last run is small (up to 32 MiB, in up to five micro-batches of
 `SESSIONLAKE_MAX_FILES_PER_TRIGGER` files), the job's driver JVM compiles with C1 only,

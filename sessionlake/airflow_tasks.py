@@ -152,7 +152,7 @@ def trigger_params() -> dict[str, Any]:
     conf = dict(context["dag_run"].conf or {})
     declared = set(context["dag"].params)
     for name in sorted(set(conf) - declared):
-        raise unknown_param(name, conf[name], sorted(declared))
+        raise unknown_param(name, sorted(declared))
     return dict(context["params"])
 
 

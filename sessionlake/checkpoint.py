@@ -452,11 +452,15 @@ def _entries_read_back(spark_checkpoint: Path) -> list[Path]:
     return [entry for number, _, entry in entries if number >= since]
 
 
+def last_committed_batch(spark: SparkSession | None, spark_checkpoint: str | Path) -> int:
+    """The newest batch id in a Spark checkpoint's ``commits`` log (-1 when none)."""
+    names = list_names(spark, f"{str(spark_checkpoint).rstrip('/')}/commits")
+    return max((int(name) for name in names if name.isdigit()), default=-1)
+
+
 def committed_source_offset(spark_checkpoint: Path) -> int:
     """The file source log's entry up to which committed batches read (-1: none)."""
-    commits = spark_checkpoint / "commits"
-    names = [p.name for p in commits.iterdir()] if commits.is_dir() else []
-    committed = max((int(n) for n in names if n.isdigit()), default=-1)
+    committed = last_committed_batch(None, spark_checkpoint)
     if committed < 0:
         return -1
     return file_source_offset((spark_checkpoint / SPARK_OFFSETS_LOG / str(committed)).read_text())

@@ -46,7 +46,7 @@ from pyspark.sql.types import StructType
 
 from sessionlake import storage
 from sessionlake.conflicts import retry_on_conflict
-from sessionlake.deltareader import OPTIMIZE_MIN_FILE_SIZE
+from sessionlake.deltareader import NULL_PARTITION, OPTIMIZE_MIN_FILE_SIZE
 from sessionlake.health_page import fmt_bytes
 from sessionlake.tables import PUBLIC_TABLES, no_lake_at, table_exists, table_path
 
@@ -56,9 +56,6 @@ log = logging.getLogger(__name__)
 CLUSTER_COLUMN = "user_id"
 #: Delta's threshold below which OPTIMIZE treats a file as small.
 MIN_FILE_SIZE_CONF = "spark.databricks.delta.optimize.minFileSize"
-DEFAULT_MIN_FILE_SIZE = OPTIMIZE_MIN_FILE_SIZE
-#: How Hive-style partition folders name a null value.
-_NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 Partition = tuple[str | None, ...]
 
@@ -215,7 +212,7 @@ def survey_table(spark: SparkSession, path: str) -> TableSurvey:
     detail = _detail(spark, path)
     frame = spark.read.format("delta").load(path)
     partition_columns = tuple(detail["partitionColumns"] or ())
-    small_below = int(spark.conf.get(MIN_FILE_SIZE_CONF, None) or DEFAULT_MIN_FILE_SIZE)
+    small_below = int(spark.conf.get(MIN_FILE_SIZE_CONF, None) or OPTIMIZE_MIN_FILE_SIZE)
     sizes = storage.file_sizes(spark, path)
     root = storage.qualified(spark, path).rstrip("/") + "/"
     small: list[str] = [
@@ -282,7 +279,7 @@ def _partition_of(file: str, root: str, columns: Sequence[str]) -> Partition | N
         if not sep:
             return None
         text = unquote(value)
-        values[unquote(key)] = None if text == _NULL_PARTITION else text
+        values[unquote(key)] = None if text == NULL_PARTITION else text
     if set(values) != set(columns):
         return None
     return tuple(values[c] for c in columns)

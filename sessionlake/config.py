@@ -154,7 +154,11 @@ def spark_master(value: Any) -> str:
     return text
 
 
-def _positive_int(value: Any, name: str) -> int:
+def positive_int(value: Any, name: str) -> int:
+    """A whole number >= 1 read from a flag, param or environment variable.
+
+    :raises ConfigError: naming the setting, for anything else.
+    """
     try:
         number = int(str(value))
     except ValueError:
@@ -401,7 +405,7 @@ def settings_from(
     for key in ("shuffle_partitions", "max_files_per_trigger", "user_buckets",
                 "kafka_max_offsets_per_trigger"):
         if key in current:
-            check(key, partial(_positive_int, name=key.removeprefix("kafka_").replace("_", "-")))
+            check(key, partial(positive_int, name=key.removeprefix("kafka_").replace("_", "-")))
     for key in ("read_subfolders", "kafka_accept_data_loss"):
         if key in current:
             updates[key] = bool(current[key])

@@ -20,6 +20,8 @@ from typing import TypeVar
 
 from delta.exceptions.base import DeltaConcurrentModificationException
 
+from sessionlake.config import positive_int
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -49,7 +51,8 @@ def is_commit_conflict(error: BaseException) -> bool:
 
 def conflict_attempts() -> int:
     """How often a conflicting commit is tried: ``$SESSIONLAKE_CONFLICT_ATTEMPTS``, default 8."""
-    return max(1, int(os.environ.get("SESSIONLAKE_CONFLICT_ATTEMPTS", "8")))
+    return positive_int(os.environ.get("SESSIONLAKE_CONFLICT_ATTEMPTS", "8"),
+                        "SESSIONLAKE_CONFLICT_ATTEMPTS")
 
 
 def retry_on_conflict(

@@ -50,7 +50,7 @@ SUPPORTED_READER_FEATURES = frozenset({"deletionVectors", "timestampNtz"})
 #: Delta's threshold below which OPTIMIZE treats a file as small (its default, 1 GiB).
 OPTIMIZE_MIN_FILE_SIZE = 1024 * 1024 * 1024
 #: How Hive-style partition values name a null.
-_NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 
 class DeltaReadError(Exception):
@@ -596,7 +596,7 @@ def _partition_column(state: TableState, name: str, value: str | None, rows: int
     kind = _field_type(state, name)
     if kind not in _PARTITION_TYPES:
         raise DeltaReadError(f"partition column {name} of type {kind} is not supported")
-    if value is None or value == _NULL_PARTITION:
+    if value is None or value == NULL_PARTITION:
         return pa.nulls(rows, _PARTITION_TYPES[kind])
     return pc.cast(pa.array([value] * rows, pa.string()), _PARTITION_TYPES[kind])
 

@@ -36,6 +36,7 @@ from sessionlake.checkpoint import (
     RESTORING_MARKER,
     SOURCE_LOG,
     SourceLogUnreadable,
+    last_committed_batch,
     noted_input_format,
 )
 from sessionlake.config import Settings, no_lake_message
@@ -227,10 +228,10 @@ def check_spark_checkpoint(
             if problem:
                 findings.append(Finding(CHECKPOINT, problem, f"spark/{part}/{name}",
                                         lost=_CHECKPOINT_LOST))
-    commits = [int(n) for n in storage.list_names(spark, f"{root}/commits") if n.isdigit()]
-    if commits and not storage.exists(spark, f"{root}/offsets/{max(commits)}"):
+    committed = last_committed_batch(spark, root)
+    if committed >= 0 and not storage.exists(spark, f"{root}/offsets/{committed}"):
         findings.append(Finding(CHECKPOINT, "is missing although batch "
-                                f"{max(commits)} committed", f"spark/offsets/{max(commits)}",
+                                f"{committed} committed", f"spark/offsets/{committed}",
                                 lost=_CHECKPOINT_LOST))
     return findings
 
@@ -369,8 +370,8 @@ def check_checkpoint(
                                 RESTORING_MARKER, lost=snapshot_id))
     if findings:
         return findings
-    commits = [int(n) for n in storage.list_names(spark, f"{root}/spark/commits") if n.isdigit()]
-    notes = [f"last committed batch {max(commits)}" if commits else "no batch committed yet"]
+    committed = last_committed_batch(spark, f"{root}/spark")
+    notes = [f"last committed batch {committed}" if committed >= 0 else "no batch committed yet"]
     pending = unfinished_batch(spark, root)
     if pending is not None:
         notes.append(f"batch {pending} unfinished (the next run replays it)")

@@ -32,6 +32,7 @@ from sessionlake.checkpoint import (
     kafka_offsets,
     kafka_topics_read,
     lake_lock_folder,
+    last_committed_batch,
     recorded_source_file,
 )
 from sessionlake.config import ENV, ConfigError, Settings
@@ -109,8 +110,7 @@ def kafka_resume_offsets(spark: SparkSession | None, checkpoint: str) -> dict[in
     committed batch (a batch planned after it is read again from there), else the offsets
     it began at. ``None`` when it has not read the topic yet."""
     spark_checkpoint = f"{checkpoint.rstrip('/')}/{SPARK_CHECKPOINT}"
-    committed = max((int(n) for n in storage.list_names(spark, f"{spark_checkpoint}/commits")
-                     if n.isdigit()), default=-1)
+    committed = last_committed_batch(spark, spark_checkpoint)
     line: str | None = None
     if committed >= 0:
         text = storage.read_text(spark, f"{spark_checkpoint}/{SPARK_OFFSETS_LOG}/{committed}")

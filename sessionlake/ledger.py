@@ -261,7 +261,6 @@ def record_inputs(
 #: versions it reads (:mod:`sessionlake.eventids`), and whether its duplicate check read
 #: ``events``.
 ID_BOUND_NOTES = {EVENTS: "events_id_bound", LATE_EVENTS: "late_events_id_bound"}
-ID_BOUND_NOTE = ID_BOUND_NOTES[EVENTS]
 
 
 EVENTS_READ_NOTE = "read_earlier_events"

@@ -83,7 +83,6 @@ ARCHIVE_ROOTS_ENV = "SESSIONLAKE_ARCHIVE_ROOTS"
 #: slot, so that Airflow never runs two of them at once, across DAGs. ``make airflow``
 #: and docker/ create it.
 CHECKPOINT_POOL = "sessionlake_checkpoint"
-CHECKPOINT_POOL_SLOTS = 1
 
 _IDENTIFIER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
@@ -130,9 +129,9 @@ def _bad(name: str, value: Any, why: str) -> ValueError:
     return ValueError(f"param {name}={value!r} is invalid: {why}")
 
 
-def unknown_param(name: str, value: Any, declared: Sequence[str]) -> ValueError:
-    """The error for a key of a DAG run's conf that is none of the DAG's params. Its value
-    is not repeated: a misspelt ``erase_user_ids`` holds the ids of people being erased,
+def unknown_param(name: str, declared: Sequence[str]) -> ValueError:
+    """The error for a key of a DAG run's conf that is none of the DAG's params. It takes
+    no value to repeat: a misspelt ``erase_user_ids`` holds the ids of people being erased,
     and the error goes to the task's log."""
     return ValueError(f"param {name} is invalid: no such param (this DAG's: "
                       f"{', '.join(declared) or 'none'})")
@@ -689,8 +688,13 @@ def _local(location: str) -> Path:
 
 
 def restart_timeout() -> float:
-    """Seconds to wait for a run to stop or to resume: ``$SESSIONLAKE_RESTART_TIMEOUT``, 300."""
-    return float(os.environ.get("SESSIONLAKE_RESTART_TIMEOUT", "300"))
+    """Seconds to wait for a run to stop or to resume: ``$SESSIONLAKE_RESTART_TIMEOUT``
+    (seconds, or a duration such as ``10m``), 300.
+
+    :raises ConfigError: naming the variable, when it is no duration.
+    """
+    return parse_duration(os.environ.get("SESSIONLAKE_RESTART_TIMEOUT", "300"),
+                          "SESSIONLAKE_RESTART_TIMEOUT").total_seconds()
 
 
 def stream_holding(checkpoint: str) -> Holder | None:
@@ -808,7 +812,7 @@ def refuse_signal_elsewhere(holder: Holder, checkpoint: str) -> None:
             " then trigger this DAG again")
 
 
-def stop_for_restore(checkpoint: str, timeout: float = 300.0) -> list[str] | None:
+def stop_for_restore(checkpoint: str, timeout: float | None = None) -> list[str] | None:
     """Stop the restart DAG's continuous run before a restore (:func:`stop_continuous_run`).
 
     :return: its command line, to start it again after the restore; ``None`` when no run
@@ -841,7 +845,7 @@ def running_pid(checkpoint: str) -> int | None:
     return holder.pid if holder is not None and holder.here else None
 
 
-def stop_continuous_run(checkpoint: str, timeout: float = 300.0) -> int | None:
+def stop_continuous_run(checkpoint: str, timeout: float | None = None) -> int | None:
     """SIGTERM the run holding the checkpoint and wait until it has let go of it.
 
     The run stops gracefully: the micro-batch in flight finishes and commits first.
@@ -849,8 +853,10 @@ def stop_continuous_run(checkpoint: str, timeout: float = 300.0) -> int | None:
     :return: the pid that was stopped, or ``None`` when no run held the checkpoint.
     :raises ValueError: when the run is one of another host or container
         (:func:`refuse_signal_elsewhere`).
-    :raises TimeoutError: when it still holds the checkpoint after ``timeout`` seconds.
+    :raises TimeoutError: when it still holds the checkpoint after ``timeout`` seconds
+        (default :func:`restart_timeout`).
     """
+    timeout = restart_timeout() if timeout is None else timeout
     holder = running_holder(checkpoint)
     if holder is not None and holder.here and not _is_sessionlake(holder.pid):
         time.sleep(0.2)  # perhaps a reader's probe of a lock just let go (the health page)
@@ -890,7 +896,7 @@ def _is_sessionlake(pid: int | None) -> bool:
 
 
 def stop_restart_dag_run(checkpoint: str | None = None,
-                         timeout: float = 300.0) -> int | None:
+                         timeout: float | None = None) -> int | None:
     """Stop the continuous run the restart DAG started here, when it still holds the
     checkpoint (:func:`stop_continuous_run`): its micro-batch in flight commits first.
 
@@ -901,7 +907,8 @@ def stop_restart_dag_run(checkpoint: str | None = None,
 
     :param checkpoint: default the workers' (:func:`locations_from_env`).
     :return: the pid that was stopped, or ``None``.
-    :raises TimeoutError: when it still holds the checkpoint after ``timeout`` seconds.
+    :raises TimeoutError: when it still holds the checkpoint after ``timeout`` seconds
+        (default :func:`restart_timeout`).
     """
     checkpoint = checkpoint or locations_from_env().checkpoint
     holder = running_holder(checkpoint)
@@ -986,7 +993,7 @@ def resumed_run(before: Mapping[str, Any], pid: int) -> dict[str, Any]:
 
 
 def wait_for_resumed_stream(
-    lake: str, checkpoint: str, before: StreamPosition, pid: int, timeout: float = 300.0
+    lake: str, checkpoint: str, before: StreamPosition, pid: int, timeout: float | None = None
 ) -> StreamPosition:
     """Wait until the new run ``pid`` has committed a batch after ``before``, on the same
     stream.
@@ -997,8 +1004,10 @@ def wait_for_resumed_stream(
     ``before`` is the position the caller read just before starting ``pid``.
 
     :raises RuntimeError: when the run exited, or started a stream other than ``before``'s.
-    :raises TimeoutError: when no new batch was committed within ``timeout`` seconds.
+    :raises TimeoutError: when no new batch was committed within ``timeout`` seconds
+        (default :func:`restart_timeout`).
     """
+    timeout = restart_timeout() if timeout is None else timeout
     deadline = time.monotonic() + timeout
     while True:
         holder = running_pid(checkpoint)  # read first: a batch read after is the holder's

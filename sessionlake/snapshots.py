@@ -58,6 +58,7 @@ from sessionlake.checkpoint import (
     LockTimeout,
     batch_lock,
     lake_batch_lock,
+    last_committed_batch,
 )
 from sessionlake.config import Settings
 from sessionlake.deltalog import (
@@ -180,12 +181,6 @@ def _require_lake(spark: SparkSession | None, lake: str) -> None:
             f"{lake} is not a sessionlake lake (no table {', '.join(missing)}): "
             "`sessionlake run` creates it"
         )
-
-
-def last_committed_batch(spark: SparkSession | None, spark_checkpoint: str) -> int:
-    """The newest batch id in a Spark checkpoint's ``commits`` log (-1 when none)."""
-    ids = [int(n) for n in storage.list_names(spark, f"{spark_checkpoint}/commits") if n.isdigit()]
-    return max(ids, default=-1)
 
 
 def copy_stable(spark: SparkSession | None, source: str, target: str) -> None:

@@ -386,12 +386,12 @@ def file_identities(paths: Sequence[str]) -> dict[str, tuple[int, int] | None]:
     return {path: identity(path) for path in paths}
 
 
-def check_batch_files_unchanged(settings: Settings, batch_id: int,
+def check_batch_files_unchanged(batch_id: int,
                                 before: Mapping[str, tuple[int, int] | None]) -> None:
     """Refuse batch ``batch_id``, after it read its files and before it writes anything,
     when one was replaced since :func:`check_batch_stays_in_landing` looked (another file,
     or a link, put in its place while the batch waited for its locks): what it read may
-    be a file of anywhere (the diff review).
+    be a file of anywhere.
 
     :raises ConfigError: naming the file.
     """
@@ -664,7 +664,7 @@ class _BatchHandler:
             def on_phase(phase: str) -> None:
                 self.in_flight.begin(phase)
                 if phase == PHASES[1] and identities:  # the files read, nothing written
-                    check_batch_files_unchanged(self.settings, batch_id, identities)
+                    check_batch_files_unchanged(batch_id, identities)
 
             report = process_lines(self.spark, self.to_lines(frame), batch_id, self.settings,
                                    self.identity, self.clock, on_phase,

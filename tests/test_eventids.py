@@ -13,7 +13,7 @@ from sessionlake import batch, eventids
 from sessionlake.config import Settings, settings_from
 from sessionlake.deltalog import commit_file
 from sessionlake.eventids import IdBound
-from sessionlake.ledger import ID_BOUND_NOTE, ID_BOUND_NOTES, StreamIdentity, read_ledger
+from sessionlake.ledger import ID_BOUND_NOTES, StreamIdentity, read_ledger
 from sessionlake.tables import EVENTS, LATE_EVENTS, read_table, table_path, table_version
 from tests.helpers import event, run_batches
 
@@ -58,7 +58,7 @@ def test_a_files_greatest_id_comes_from_its_statistics(
 def ledger_bound(spark: SparkSession, cfg: Settings, identity: StreamIdentity,
                  batch_id: int) -> IdBound | None:
     entry = read_ledger(spark, cfg, identity, batch_id) or {}
-    return eventids.from_json(entry.get(ID_BOUND_NOTE))
+    return eventids.from_json(entry.get(ID_BOUND_NOTES[EVENTS]))
 
 
 def recording_into(read: list[str]) -> Any:

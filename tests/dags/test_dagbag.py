@@ -80,9 +80,8 @@ CHECKPOINT_TASKS = {
 
 
 def test_checkpoint_writers_share_a_one_slot_pool_and_nothing_else_uses_it(dagbag: Any) -> None:
-    from sessionlake.orchestration import CHECKPOINT_POOL, CHECKPOINT_POOL_SLOTS
+    from sessionlake.orchestration import CHECKPOINT_POOL
 
-    assert CHECKPOINT_POOL_SLOTS == 1
     in_pool = {
         dag_id: {t.task_id for t in dag.tasks if t.pool == CHECKPOINT_POOL}
         for dag_id, dag in dagbag.dags.items()

@@ -19,6 +19,7 @@ import pytest
 from sessionlake import locks
 from sessionlake import orchestration as orch
 from sessionlake.checkpoint import CONTINUOUS_LOG, CONTINUOUS_RUN, PID_FILE
+from sessionlake.config import ConfigError
 from sessionlake.erasure import user_hash
 from sessionlake.spark import (
     DRIVER_JIT_ENV,
@@ -117,9 +118,9 @@ def test_params_that_may_hold_a_user_id_are_not_repeated_in_their_error(
     assert "alice" not in str(error.value)
 
 
-def test_an_unknown_param_s_value_is_not_repeated() -> None:
+def test_an_unknown_param_is_named_without_its_value() -> None:
     """A misspelt erase_user_ids holds the ids of people being erased."""
-    error = orch.unknown_param("erase_users", ["alice@example.com"], ["erase_user_ids"])
+    error = orch.unknown_param("erase_users", ["erase_user_ids"])
     assert str(error) == ("param erase_users is invalid: no such param (this DAG's: "
                           "erase_user_ids)")
 
@@ -488,6 +489,54 @@ def test_a_process_that_is_no_sessionlake_run_is_not_signalled(tmp_path: Path) -
     finally:
         other.kill()
         other.wait()
+
+
+@pytest.mark.parametrize(("value", "seconds"), [(None, 300.0), ("45", 45.0), ("10m", 600.0)])
+def test_the_restart_timeout_is_seconds_or_a_duration(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, seconds: float
+) -> None:
+    if value is None:
+        monkeypatch.delenv("SESSIONLAKE_RESTART_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("SESSIONLAKE_RESTART_TIMEOUT", value)
+    assert orch.restart_timeout() == seconds
+
+
+def test_a_bad_restart_timeout_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SESSIONLAKE_RESTART_TIMEOUT", "five minutes")
+    with pytest.raises(ConfigError, match="SESSIONLAKE_RESTART_TIMEOUT"):
+        orch.restart_timeout()
+
+
+def test_a_stop_waits_as_long_as_the_restart_timeout_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every stop without a timeout of its own waits ``SESSIONLAKE_RESTART_TIMEOUT``: the
+    scheduler container's end (``stop_restart_dag_run``) waited 300 s whatever it said."""
+    checkpoint = tmp_path / "cp"
+    checkpoint.mkdir()
+    args = ["run", "--trigger", "continuous"]
+    stubborn = subprocess.Popen(
+        [sys.executable, "-c", "# a sessionlake run that ignores SIGTERM\n"
+         "import fcntl, os, signal, time\n"
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+         "lock = open(os.environ['LOCK'], 'a+'); fcntl.flock(lock, fcntl.LOCK_EX)\n"
+         "print('held', flush=True); time.sleep(600)"],
+        env={**os.environ, "LOCK": str(checkpoint / "sessionlake.lock")},
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert stubborn.stdout is not None and stubborn.stdout.readline().strip() == "held"
+        (checkpoint / CONTINUOUS_RUN).write_text(json.dumps({"pid": stubborn.pid,
+                                                             "args": args}))
+        monkeypatch.setenv("SESSIONLAKE_RESTART_TIMEOUT", "1")
+        for stop in (orch.stop_continuous_run, orch.stop_restart_dag_run):
+            with pytest.raises(TimeoutError, match=f"pid {stubborn.pid} still holds .* 1s "
+                                                   "after SIGTERM"):
+                stop(str(checkpoint))
+        assert stubborn.poll() is None
+    finally:
+        stubborn.kill()
+        stubborn.wait()
 
 
 _STOPS_FROM_ANOTHER_CONTAINER = """
