@@ -23,13 +23,19 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake.batch import BatchReport, process_lines
-from sessionlake.config import Settings
+from sessionlake.config import Settings, settings_from
 from sessionlake.ledger import StreamIdentity
 from sessionlake.tables import ensure_tables, read_table
 
 #: The batch clock of the tests: after every event they use, so no future-skew surprises.
 NOW = datetime(2026, 2, 1, tzinfo=UTC)
 LINES_SCHEMA = "source_file string, source_line long, line string"
+
+
+def lake_settings(lake: str | Path, **values: Any) -> Settings:
+    """Settings of the lake ``lake``, the defaults but for ``values``, whatever the
+    runner's ``SESSIONLAKE_*`` variables say."""
+    return settings_from({"lake": str(lake), **values}, env={})
 
 
 def event(user: str, at: str, page: str | None = None, **fields: Any) -> str:

@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 
 from sessionlake import backfill
 from sessionlake.backfill import BACKFILL_STEPS, BackfillError, backfill_sessions
-from sessionlake.config import Settings, settings_from
+from sessionlake.config import Settings
 from sessionlake.retention import RetentionRequest, enforce_retention
 from sessionlake.tables import (
     EVENTS,
@@ -40,7 +40,7 @@ from sessionlake.tables import (
     table_path,
     table_version,
 )
-from tests.helpers import event, run_batches
+from tests.helpers import event, lake_settings, run_batches
 
 FIRST, LAST = date(2026, 1, 5), date(2026, 1, 6)
 
@@ -97,15 +97,11 @@ STREAM_RANGE = [
 ]
 
 
-def settings(lake: str, **values: object) -> Settings:
-    return settings_from({"lake": lake, **values}, env={})
-
-
 @pytest.fixture(scope="module")
 def stream_lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The lake the stream made of ``STREAM_EVENTS`` (one micro-batch, gap 30m)."""
     lake = str(tmp_path_factory.mktemp("backfill") / "lake")
-    run_batches(spark, settings(lake), [STREAM_EVENTS])
+    run_batches(spark, lake_settings(lake), [STREAM_EVENTS])
     return lake
 
 
@@ -194,7 +190,7 @@ def test_backfill_replaces_the_range_once_and_only_the_range(
     rerun: bool,
 ) -> None:
     lake = lake_copy
-    cfg = settings(lake, gap=gap)
+    cfg = lake_settings(lake, gap=gap)
     before = table(spark, lake, SESSIONS)
     old = [r for r in before if in_range(r)]
     assert keys(old) == STREAM_RANGE
@@ -271,7 +267,7 @@ def test_open_sessions_are_left_to_the_stream_and_counted_once(
     spark: SparkSession, lake_copy: str
 ) -> None:
     lake = lake_copy
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     open_before = everything(table(spark, lake, OPEN_SESSIONS))
     day = date(2026, 1, 7)
 
@@ -310,7 +306,7 @@ def test_bad_arguments_are_refused_before_anything_is_written(
     lake = stream_lake if lake_kind == "stream" else str(tmp_path / "nowhere")
     known = versions(spark, stream_lake)
     with pytest.raises(BackfillError, match=message):
-        backfill_sessions(spark, settings(lake), first, last)
+        backfill_sessions(spark, lake_settings(lake), first, last)
     assert versions(spark, stream_lake) == known
     assert not Path(tmp_path / "nowhere").exists()
 
@@ -331,7 +327,7 @@ def test_incomplete_events_are_refused_before_anything_is_written(
     DeltaTable.forPath(spark, table_path(lake, EVENTS)).delete(F.col("page") == erased)
     known = versions(spark, lake)
     with pytest.raises(BackfillError, match="events missing") as refused:
-        backfill_sessions(spark, settings(lake), FIRST, LAST)
+        backfill_sessions(spark, lake_settings(lake), FIRST, LAST)
     assert example in str(refused.value)
     assert versions(spark, lake) == known
 
@@ -352,7 +348,7 @@ def test_a_crash_between_the_two_writes_is_repaired_by_running_again(
     spark: SparkSession, lake_copy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lake = lake_copy
-    cfg = settings(lake, gap="45m")
+    cfg = lake_settings(lake, gap="45m")
     old = [r for r in table(spark, lake, SESSIONS) if in_range(r)]
     crash_between_the_two_writes(spark, cfg, monkeypatch)
     replaced = table(spark, lake, SESSIONS)
@@ -381,7 +377,7 @@ def test_a_user_erased_during_a_backfill_gets_no_changelog_row_back(
     """The changelog rows describe the version the replace wrote (time travel): a user
     erased since must not be appended back from it."""
     lake = lake_copy
-    cfg = settings(lake, gap="45m")
+    cfg = lake_settings(lake, gap="45m")
 
     def erase_a() -> None:
         enforce_retention(spark, cfg, RetentionRequest(erase_users=("a",)))

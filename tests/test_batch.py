@@ -13,7 +13,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake import batch, state
-from sessionlake.config import Settings, settings_from
 from sessionlake.deltalog import BatchKey
 from sessionlake.ledger import BatchInputs, StreamIdentity
 from sessionlake.tables import (
@@ -32,14 +31,11 @@ from tests.helpers import (
     event,
     first,
     hm,
+    lake_settings,
     lines_frame,
     rows,
     run_batches,
 )
-
-
-def settings(lake: str, **values: object) -> Settings:
-    return settings_from({"lake": lake, **values}, env={})
 
 
 def late_reasons(spark: SparkSession, lake: str) -> list[tuple[str, str]]:
@@ -48,7 +44,7 @@ def late_reasons(spark: SparkSession, lake: str) -> list[tuple[str, str]]:
 
 
 def test_late_event_within_grace_extends_an_open_session(spark: SparkSession, lake: str) -> None:
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     run_batches(spark, cfg, [
         [event("u", "10:00", "/a"), event("x", "10:20")],  # W becomes 10:15
         [event("u", "09:58", "/early")],                   # behind W, but u's session is open
@@ -68,7 +64,7 @@ def test_late_event_within_grace_extends_an_open_session(spark: SparkSession, la
 def test_event_beyond_grace_that_would_form_a_closed_session_is_late(
     spark: SparkSession, lake: str
 ) -> None:
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     run_batches(spark, cfg, [
         [event("x", "12:00")],                        # W becomes 11:55
         [event("u", "10:00", event_id="late-1")],     # alone it would end before W - gap
@@ -91,7 +87,7 @@ def test_event_beyond_grace_that_would_form_a_closed_session_is_late(
 def test_event_near_a_closed_session_is_late(
     spark: SparkSession, lake: str, at: str, late: bool
 ) -> None:
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     run_batches(spark, cfg, [
         [event("u", "10:00"), event("x", "11:00")],  # W 10:55 closes u's 10:00 session
         [event("u", at, event_id="probe")],
@@ -110,7 +106,7 @@ def test_a_late_event_is_recorded_once_however_its_copies_are_split(
     in a later one: ``late_events`` holds the event once."""
     late = event("u", "10:00", event_id="e")  # alone it would end before W - gap
     copies = [[late, late]] if split == "one batch" else [[late], [late]]
-    reports = run_batches(spark, settings(lake), [[event("x", "12:00")], *copies])
+    reports = run_batches(spark, lake_settings(lake), [[event("x", "12:00")], *copies])
     assert [event_id for event_id, _ in late_reasons(spark, lake)] == ["e"]
     assert sum(r.row["duplicates"] for r in reports) == 1
     assert sum(r.row["late"] for r in reports) == 1
@@ -123,7 +119,7 @@ def test_a_late_event_s_copy_is_a_duplicate_even_where_it_would_now_be_accepted(
     the copy still counts as a duplicate, so the event is not both late and in a session."""
     late = event("u", "10:00", event_id="e")
     bridge = [event("u", at) for at in ("10:25", "10:50", "11:15", "11:40")]
-    reports = run_batches(spark, settings(lake), [[event("x", "12:00")], [late],
+    reports = run_batches(spark, lake_settings(lake), [[event("x", "12:00")], [late],
                                                   [late, *bridge]])
     assert [r.row["duplicates"] for r in reports] == [0, 0, 1]
     assert [event_id for event_id, _ in late_reasons(spark, lake)] == ["e"]
@@ -146,7 +142,7 @@ def test_late_event_bridges_two_open_sessions(
         monkeypatch.setattr(state, "BROADCAST_SOURCE_ROWS_MAX", 0)
     if keys == "named":
         monkeypatch.setattr(state, "STATE_ROWS_PER_LITERAL", 0)
-    cfg = settings(lake, grace="60m")
+    cfg = lake_settings(lake, grace="60m")
     run_batches(spark, cfg, [
         [event("u", "10:00", "/a"), event("u", "10:50", "/c")],  # two open sessions
         [event("u", "10:25", "/b")],                              # within the gap of both
@@ -179,7 +175,7 @@ def test_the_merge_is_sized_by_the_rows_of_its_source(
                      empty)
 
     monkeypatch.setattr(batch, "apply_changelog_merge", counting)
-    run_batches(spark, settings(lake, grace="60m"), [
+    run_batches(spark, lake_settings(lake, grace="60m"), [
         # W 09:50: v opens and closes at once; u has two open sessions.
         [event("u", "10:00", "/a"), event("u", "10:50", "/c"), event("v", "08:00")],
         # u's two sessions bridged into one, which W 11:30 closes; x opens.
@@ -199,7 +195,7 @@ def test_a_first_batch_appends_its_open_sessions_and_the_next_merges_them(
     """A new lake's ``open_sessions`` holds no row for a MERGE to match: the first batch
     appends its open sessions (``state.insert_into_empty``), reported as the MERGE's
     inserts; the next batch MERGEs into them."""
-    run_batches(spark, settings(lake), [
+    run_batches(spark, lake_settings(lake), [
         [event("u", "10:00"), event("v", "10:05")],
         [event("u", "10:10"), event("w", "10:12")],
     ])
@@ -218,7 +214,7 @@ def test_a_batch_that_changes_no_open_session_reports_no_merge(
 ) -> None:
     """A batch of late events only, by a user with an open session, changes no state: it
     commits no MERGE and reports zeros, not the figures of the batch before it."""
-    reports = run_batches(spark, settings(lake), [
+    reports = run_batches(spark, lake_settings(lake), [
         [event("u", "11:50"), event("w", "12:00")],
         [event("w", "12:01")],  # a MERGE that commits
         [event("u", "09:00"), event("u", "09:01")],  # late (rule 2) beside u's open session
@@ -245,7 +241,7 @@ def test_the_merge_rewrites_the_touched_files_when_it_changes_much_of_their_stat
     unchanged rows copied); a few changes over much state are marked in deletion vectors.
     Either way the state holds the same rows."""
     users = [f"u{n:02d}" for n in range(30)]
-    run_batches(spark, settings(lake, user_buckets=1), [
+    run_batches(spark, lake_settings(lake, user_buckets=1), [
         [event(user, "10:00") for user in users],
         [event(user, "10:05") for user in users[:changed]],
     ])
@@ -276,7 +272,7 @@ LONG_ID = "x" * 40
 def test_duplicates_count_once_within_and_across_batches(
     spark: SparkSession, lake: str, repeated: str, other_id: str
 ) -> None:
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     reports = run_batches(spark, cfg, [
         [event("u", "10:00", event_id=repeated), event("u", "10:01", event_id=repeated),
          event("v", "10:00", event_id=repeated)],   # same id, other user: not a duplicate
@@ -299,7 +295,7 @@ def test_a_batch_too_big_to_ship_its_keys_to_every_task_ends_in_the_same_tables(
         monkeypatch.setattr(batch, "BROADCAST_KEYS_MAX", 0)
         # Else Spark would broadcast these few rows all the same, by their size.
         spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
-    cfg = settings(lake, grace="60m")
+    cfg = lake_settings(lake, grace="60m")
     try:
         reports = run_batches(spark, cfg, [
             [event("u", "10:00", "/a", event_id="a"), event("u", "10:50", "/c", event_id="c")],
@@ -322,7 +318,7 @@ def test_kafka_records_without_an_id_are_never_taken_for_earlier_ones(
     check leaves them out (it would read the day's events for ids that do not sort by
     time), so a topic created anew and read on a checkpoint of its own from offset 0 is
     not taken for the old one. A producer's own ids are still checked."""
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     create_tables(spark, cfg)
     identity = StreamIdentity("test", 0)
 
@@ -341,7 +337,7 @@ def test_kafka_records_without_an_id_are_never_taken_for_earlier_ones(
 def test_the_duplicate_check_reads_only_files_whose_ids_reach_the_batchs(
     spark: SparkSession, lake: str
 ) -> None:
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")],
                              [event("u", "10:01", event_id="b1")]])
     versions = {table: table_version(spark, lake, table) for table in STREAM_TABLES}
@@ -369,7 +365,7 @@ def test_a_copy_is_an_event_of_the_same_day_however_the_input_is_split(
     records = [event("u", "23:50", event_id="e1"), event("u", "23:55", event_id="e1"),
                event("u", "2026-01-06T00:10:00Z", event_id="e1")]
     batches = [records] if split == 1 else [records[:2], records[2:]]
-    reports = run_batches(spark, settings(lake), batches)
+    reports = run_batches(spark, lake_settings(lake), batches)
     assert sum(r.row["duplicates"] for r in reports) == 1
     assert sorted(rows(read_table(spark, lake, "events"), "event_time")) == [
         (datetime(2026, 1, 5, 23, 50),), (datetime(2026, 1, 6, 0, 10),)]
@@ -383,7 +379,7 @@ def test_events_too_far_in_the_future_are_quarantined(
     spark: SparkSession, lake: str, ahead: timedelta, quarantined: bool
 ) -> None:
     stamp = (NOW + ahead).strftime("%Y-%m-%dT%H:%M:%SZ")
-    run_batches(spark, settings(lake), [[event("u", stamp)]])
+    run_batches(spark, lake_settings(lake), [[event("u", stamp)]])
     reasons = [r[0] for r in rows(read_table(spark, lake, "quarantine"), "reason")]
     assert bool(reasons) is quarantined
     if quarantined:
@@ -402,7 +398,7 @@ def test_an_event_ahead_of_the_clock_does_not_move_time_on(
     def at(minutes: int) -> str:
         return (NOW + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    run_batches(spark, settings(lake), [
+    run_batches(spark, lake_settings(lake), [
         [event("alice", at(-5)), event("bob", at(-4))],
         [event("skewed", at(50))],
         [event("alice", at(0)), event("carol", at(0))],
@@ -425,7 +421,7 @@ def test_long_sessions_split_across_batches_like_in_one_batch(
     results = []
     for name, batches in (("one", [lines]), ("many", [lines[:5], lines[5:9], lines[9:]])):
         lake = str(tmp_path / name)
-        run_batches(spark, settings(lake, max_session_duration="2h"), batches)
+        run_batches(spark, lake_settings(lake, max_session_duration="2h"), batches)
         results.append(rows(all_sessions(spark, lake), "session_start", "event_count"))
     assert results[0] == results[1] == [(hm("10:00"), 6), (hm("12:00"), 6), (hm("14:00"), 3)]
 
@@ -450,7 +446,7 @@ def test_an_open_session_is_cut_again_when_its_runs_start_moves_earlier(
     results = []
     for name, lines in (("one", [[line for b in split for line in b]]), ("many", split)):
         lake = str(tmp_path / name)
-        reports = run_batches(spark, settings(lake, **cfg), lines)
+        reports = run_batches(spark, lake_settings(lake, **cfg), lines)
         assert sum(r.row["late"] for r in reports) == 0
         results.append(rows(all_sessions(spark, lake), "session_start", "session_end",
                             "event_count"))
@@ -473,7 +469,7 @@ def test_an_open_session_whose_run_now_starts_earlier_is_cut_from_there_later(
     results = []
     for name, lines in (("one", [[line for b in batches for line in b]]), ("many", batches)):
         lake = str(tmp_path / name)
-        reports = run_batches(spark, settings(lake, **cfg), lines)
+        reports = run_batches(spark, lake_settings(lake, **cfg), lines)
         assert sum(r.row["late"] for r in reports) == 0
         results.append(rows(all_sessions(spark, lake).where("user_id = 'bot'"),
                             "session_start", "session_end", "event_count"))
@@ -490,7 +486,7 @@ def test_a_session_cut_anew_keeps_its_gap_closed_to_later_events(
 ) -> None:
     """Once cut anew and closed, the pieces are what lateness rule 1 compares with: none
     is longer than the maximum, so the closed sessions near an event are all found."""
-    cfg = settings(lake, gap="10m", grace="0m", max_session_duration="10m")
+    cfg = lake_settings(lake, gap="10m", grace="0m", max_session_duration="10m")
     run_batches(spark, cfg, [
         [event("u", "2026-01-06T00:07:00Z", event_id="a"),
          event("u", "2026-01-06T00:12:00Z", event_id="b")],
@@ -530,7 +526,7 @@ def test_a_run_that_is_not_late_is_accepted_whole_with_its_pieces_behind_the_wat
     results = []
     for name, lines in (("one", [[line for b in batches for line in b]]), ("many", batches)):
         lake = str(tmp_path / name)
-        reports = run_batches(spark, settings(lake, **cfg), lines)
+        reports = run_batches(spark, lake_settings(lake, **cfg), lines)
         assert sum(r.row["late"] for r in reports) == 0
         results.append((
             rows(all_sessions(spark, lake).where("user_id = 'bot'"),
@@ -544,7 +540,7 @@ def test_a_run_that_is_not_late_is_accepted_whole_with_its_pieces_behind_the_wat
 
 
 def test_watermark_survives_a_new_checkpoint(spark: SparkSession, lake: str) -> None:
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     run_batches(spark, cfg, [[event("x", "12:00")]], identity=StreamIdentity("first", 0))
     run_batches(spark, cfg, [[event("u", "10:00")]], identity=StreamIdentity("second", 0))
     assert len(late_reasons(spark, lake)) == 1
@@ -556,7 +552,7 @@ def test_a_stream_back_after_another_wrote_the_lake_is_judged_by_the_lakes_water
     """Stream a, then a stream on another checkpoint that moves the watermark on, then a
     again: a's next batch must not start from the watermark its own ledger noted, which
     the other stream's batch has overtaken."""
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     a = StreamIdentity("a", 0)
     run_batches(spark, cfg, [[event("x", "10:00")]], identity=a)
     run_batches(spark, cfg, [[event("y", "12:00")]], identity=StreamIdentity("b", 0))
@@ -577,7 +573,7 @@ def test_the_watermark_is_carried_in_the_ledger_and_read_from_batch_metrics_with
     from sessionlake.ledger import ledger_uri, max_event_time_before, previous_entry
     from sessionlake.storage import delete
 
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     identity = StreamIdentity("ledger", 0)
     run_batches(spark, cfg, [[event("x", "12:00")], [event("y", "11:00")]], identity=identity)
     version = table_version(spark, lake, BATCH_METRICS)
@@ -622,7 +618,7 @@ def test_a_new_lakes_first_batch_starts_without_a_watermark_and_without_a_query(
         raise AssertionError("batch_metrics was queried")
 
     monkeypatch.setattr(ledger, "read_table", no_query)
-    assert ledger.max_event_time_before(spark, settings(lake), {}, 0) is None
+    assert ledger.max_event_time_before(spark, lake_settings(lake), {}, 0) is None
 
 
 def test_the_open_session_count_is_carried_in_the_ledger_for_the_next_batch(
@@ -632,7 +628,7 @@ def test_the_open_session_count_is_carried_in_the_ledger_for_the_next_batch(
     restore epoch has no note and counts none."""
     from sessionlake.ledger import open_sessions_estimate, previous_entry
 
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     identity = StreamIdentity("ledger", 0)
     reports = run_batches(spark, cfg, [[event("x", "12:00"), event("y", "12:01")],
                                        [event("z", "12:02")]], identity=identity)
@@ -651,7 +647,7 @@ def test_a_batch_reads_each_ledger_entry_once(
     from sessionlake import storage
     from sessionlake.ledger import ledger_uri, read_ledger
 
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     identity = StreamIdentity("ledger", 0)
     run_batches(spark, cfg, [[event("x", "12:00")]], identity=identity)
     reads: list[str] = []
@@ -683,7 +679,7 @@ def test_the_open_session_count_follows_the_table(
     of users outside the batch that close) run with their session ids named in one case
     and joined in the other (``state.names_session_ids``)."""
     monkeypatch.setattr(state, "STATE_ROWS_PER_LITERAL", 0 if keys == "named" else 10**9)
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     identity = StreamIdentity("counts", 0)
     batches = [
         [event("a", "10:00"), event("b", "10:05"), event("c", "10:10")],   # 3 open
@@ -701,7 +697,7 @@ def test_the_open_session_count_follows_the_table(
 
 
 def test_conservation(spark: SparkSession, lake: str) -> None:
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     batches = [
         [event("u", "10:00", event_id="a"), event("u", "10:05", event_id="a"), "garbage",
          event("v", "10:10"), json.dumps({"user_id": "", "event_time": "2026-01-05T10:00:00Z"})],
@@ -736,7 +732,7 @@ def test_a_batchs_spark_jobs_are_named_for_what_it_does(spark: SparkSession, lak
     ``NativeMethodAccessorImpl.java:0``; the threads that write name theirs by table, and
     no name outlives the batch: the thread's own description (a streaming query's) is
     its again after."""
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     run_batches(spark, cfg, [[event("u1", "10:00")]])
     context = spark.sparkContext
     tracker = context.statusTracker()
@@ -765,7 +761,7 @@ def test_a_batchs_spark_jobs_are_named_for_what_it_does(spark: SparkSession, lak
 def test_a_batch_applied_twice_changes_nothing(
     spark: SparkSession, lake: str, ledger: str
 ) -> None:
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     batch = [event("u", "10:00"), event("v", "11:00"), "not json"]
     identity = StreamIdentity("twice", 0)
     assert not run_batches(spark, cfg, [batch], identity=identity)[0].resumed
@@ -795,7 +791,7 @@ def test_a_batch_frees_the_blocks_of_its_frames(spark: SparkSession, lake: str) 
     kept, every batch's would pile up in a long run's memory. (That the batch waits for
     their removal shows only at scale, where a removal still running at Spark's shutdown
     printed stack traces: see ``batch.release``.)"""
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     newest = spark.range(1).rdd.id()  # RDD ids grow: the batch's are greater
     run_batches(spark, cfg, [[event("u1", "10:00"), event("u2", "10:01")],
                              [event("u1", "10:05"), event("u3", "10:06")]])

@@ -27,7 +27,6 @@ from sessionlake.compaction import (
     compact_table,
     partition_predicate,
 )
-from sessionlake.config import Settings, settings_from
 from sessionlake.deltalog import batch_tag
 from sessionlake.health_page import fmt_bytes
 from sessionlake.retention import RetentionReport, RetentionRequest, enforce_retention
@@ -42,15 +41,11 @@ from sessionlake.tables import (
     table_version,
     tagged_session,
 )
-from tests.helpers import all_sessions, event, run_batches
+from tests.helpers import all_sessions, event, lake_settings, run_batches
 
 #: batch_metrics rows hold timings and MERGE file counts, which a compaction may change.
 METRICS_KEY = ("batch_id", "input_records", "accepted", "late", "quarantined", "duplicates",
                "sessions_opened", "closed_sessions", "open_sessions")
-
-
-def settings(lake: str) -> Settings:
-    return settings_from({"lake": lake}, env={})
 
 
 def at(batch: int, minutes: int = 0) -> str:
@@ -84,7 +79,7 @@ def small_batches(count: int = 4) -> list[list[str]]:
 def batched_lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A lake after :func:`small_batches`, built once; tests work on copies of it."""
     lake = str(tmp_path_factory.mktemp("batched") / "lake")
-    run_batches(spark, settings(lake), small_batches())
+    run_batches(spark, lake_settings(lake), small_batches())
     return lake
 
 
@@ -312,7 +307,7 @@ def test_writes_that_lose_a_race_to_an_optimize_are_redone_once(
     shutil.copytree(batched_lake, reference)
     shutil.copytree(batched_lake, raced)
     next_batch = small_batches(5)[4]
-    run_batches(spark, settings(reference), [next_batch], first_batch_id=4)
+    run_batches(spark, lake_settings(reference), [next_batch], first_batch_id=4)
 
     lost: set[str] = set()
     guard = threading.Lock()
@@ -342,7 +337,7 @@ def test_writes_that_lose_a_race_to_an_optimize_are_redone_once(
     monkeypatch.setattr("sessionlake.batch.append", racing_append)
     monkeypatch.setattr("sessionlake.state.tagged_session", racing_session)
     caplog.set_level(logging.WARNING, logger="sessionlake.conflicts")
-    run_batches(spark, settings(raced), [next_batch], first_batch_id=4)
+    run_batches(spark, lake_settings(raced), [next_batch], first_batch_id=4)
 
     races = {r.getMessage().split(" lost")[0] for r in caplog.records
              if "lost a commit race" in r.getMessage()}
@@ -390,7 +385,7 @@ def test_compaction_and_retention_beside_running_micro_batches_lose_nothing(
     (every table with a file to merge) and runs retention: the result must be the same
     lake. (An erasure of a user the batches write is tested in test_retention.py.)"""
     batches = small_batches()
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     ensure_tables(spark, lake)
     caplog.set_level(logging.WARNING, logger="sessionlake.conflicts")
     done = threading.Event()

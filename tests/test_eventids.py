@@ -10,16 +10,12 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sessionlake import batch, eventids
-from sessionlake.config import Settings, settings_from
+from sessionlake.config import Settings
 from sessionlake.deltalog import commit_file
 from sessionlake.eventids import IdBound
 from sessionlake.ledger import ID_BOUND_NOTES, StreamIdentity, read_ledger
 from sessionlake.tables import EVENTS, LATE_EVENTS, read_table, table_path, table_version
-from tests.helpers import event, run_batches
-
-
-def settings(lake: str) -> Settings:
-    return settings_from({"lake": lake}, env={})
+from tests.helpers import event, lake_settings, run_batches
 
 
 @pytest.mark.parametrize(
@@ -73,7 +69,7 @@ def recording_into(read: list[str]) -> Any:
 def test_each_batch_notes_the_bound_at_the_version_it_reads(
     spark: SparkSession, lake: str
 ) -> None:
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     identity = StreamIdentity("ids", 0)
     run_batches(spark, cfg, [[event("u", "10:00", event_id="a1"), event("v", "10:00",
                                                                          event_id="a2")],
@@ -88,7 +84,7 @@ def test_a_batch_above_the_bound_does_not_read_events(
     spark: SparkSession, lake: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Neither resolved ahead (the previous batch did not read it either) nor queried."""
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     identity = StreamIdentity("ids", 0)
     run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")],
                              [event("u", "10:01", event_id="b1")]], identity=identity)
@@ -112,7 +108,7 @@ def test_late_events_has_a_bound_of_its_own(
 ) -> None:
     """A copy of a late event is a duplicate too, so ``late_events`` is searched as well,
     and skipped as ``events`` is when the batch's ids lie above every id it holds."""
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     identity = StreamIdentity("ids", 0)
     run_batches(spark, cfg, [[event("x", "12:00", event_id="a1")],
                              [event("u", "10:00", event_id="b5")]],  # late (rule 2)
@@ -135,7 +131,7 @@ def test_late_events_has_a_bound_of_its_own(
 def test_the_bound_counts_other_writers_commits(spark: SparkSession, lake: str) -> None:
     """Another writer's events (a second stream, a backfill) between two batches raise
     the bound: a repeat of one of them is still found."""
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     identity = StreamIdentity("ids", 0)
     run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")],
                              [event("u", "10:01", event_id="b1")]], identity=identity)
@@ -151,7 +147,7 @@ def test_the_bound_counts_other_writers_commits(spark: SparkSession, lake: str) 
 
 
 def test_a_new_epoch_takes_the_bound_from_the_log(spark: SparkSession, lake: str) -> None:
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     run_batches(spark, cfg, [[event("u", "10:00", event_id="a1"), event("v", "10:00",
                                                                          event_id="a7")],
                              [event("u", "10:01", event_id="a3")]])
@@ -169,7 +165,7 @@ def test_a_bound_that_cannot_be_carried_is_dropped(
     spark: SparkSession, lake: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A commit file gone (log clean-up) or too many commits to read: not carried."""
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")],
                              [event("u", "10:01", event_id="b1")],
                              [event("u", "10:02", event_id="c1")]])
@@ -190,7 +186,7 @@ def test_a_bound_not_carried_is_taken_from_the_log_again(
     """One pause longer than the batch will read commits for (a backfill of many commits,
     say) must not cost the stream its bound for good: the batch after it takes the bound
     from the log, and still skips its read of ``events``."""
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     identity = StreamIdentity("ids", 0)
     monkeypatch.setattr(eventids, "CARRIED_COMMITS_MAX", 0)  # no bound is ever carried
     run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")],
@@ -214,7 +210,7 @@ def test_without_a_noted_bound_the_log_is_read_only_in_a_new_epoch(
 ) -> None:
     """After a batch that found no bound even in the log, the next ones do not replay the
     log again (it would most likely fail for the same reason, at every batch)."""
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     run_batches(spark, cfg, [[event("u", "10:00", event_id="a1")]])
     version = table_version(spark, lake, EVENTS)
     replays: list[str] = []
@@ -233,7 +229,7 @@ def test_long_ids_are_bounded_from_above_though_delta_truncates_their_statistics
     (with U+007F, or U+10FFFF after a character beyond ASCII): a repeat of a long id that
     shares its first 32 characters with the greatest one is still looked for, and found."""
     prefix = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f"  # 32 characters, as a UUIDv7's start
-    cfg = settings(lake)
+    cfg = lake_settings(lake)
     identity = StreamIdentity("ids", 0)
     run_batches(spark, cfg, [[event("u", "10:00", event_id=prefix + tail + "9")]],
                 identity=identity)

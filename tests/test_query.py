@@ -102,7 +102,7 @@ DAY5, DAY6 = date(2026, 1, 5), date(2026, 1, 6)
 def known_lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The lake above, with the version of ``sessions`` after batch A."""
     lake = str(tmp_path_factory.mktemp("query") / "lake")
-    settings = settings_from({"lake": lake})
+    settings = settings_from({"lake": lake}, env={})
     run_batches(spark, settings, [BATCH_A])
     after_a = DeltaTable.forPath(spark, table_path(lake, "sessions")).history(1)
     version_a = after_a.collect()[0]["version"]
@@ -364,7 +364,7 @@ def test_tables_follow_the_lake_asked_for(
 ) -> None:
     """A second lake in the same session replaces the first one's tables, and an --as-of
     view of a table does not hide the table from the statements after it."""
-    other = settings_from({"lake": str(tmp_path / "other")})
+    other = settings_from({"lake": str(tmp_path / "other")}, env={})
     run_batches(spark, other, [BATCH_B])
     known = known_lake["lake"]
 
@@ -400,7 +400,7 @@ def test_as_of_a_time_during_a_batch_sees_the_lake_before_it(
 ) -> None:
     """A batch commits its tables side by side: a time while it is written (here, cut off
     before its batch_metrics row) reads none of it, and the replay's end reads all of it."""
-    settings = settings_from({"lake": str(tmp_path / "lake")})
+    settings = settings_from({"lake": str(tmp_path / "lake")}, env={})
     run_batches(spark, settings, [BATCH_A])
 
     def cut_off(name: str) -> None:

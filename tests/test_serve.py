@@ -39,7 +39,7 @@ def _free_port() -> int:
 def test_a_spark_connect_client_queries_the_lake(
     spark: SparkSession, lake: str, tmp_path: Path
 ) -> None:
-    settings = settings_from({"lake": lake})
+    settings = settings_from({"lake": lake}, env={})
     run_batches(spark, settings, [[
         event("u1", "10:00", "/"), event("u1", "10:05", "/a"), event("u2", "10:00", "/"),
         event("u3", "12:00", "/"),  # moves the watermark past u1's and u2's sessions

@@ -40,7 +40,7 @@ CHANGES = [
 def test_schema_changes_keep_new_fields_and_quarantine_wrong_types(
     spark: SparkSession, lake: str
 ) -> None:
-    settings = settings_from({"lake": lake})
+    settings = settings_from({"lake": lake}, env={})
     reports = run_batches(spark, settings, [BEFORE, *(records for records, _, _ in CHANGES)])
     assert not any(r.skipped for r in reports)
     events = read_table(spark, lake, "events")
