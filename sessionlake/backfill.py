@@ -94,9 +94,9 @@ from sessionlake.tables import (
     OPEN_SESSIONS,
     SESSION_CHANGELOG,
     SESSIONS,
+    not_a_lake,
     path_identifier,
     read_table,
-    table_exists,
     table_path,
 )
 from sessionlake.validation import EVENT_COLUMNS
@@ -197,7 +197,8 @@ def backfill_sessions(
         wrong, the lake does not exist, or the range's events are incomplete.
     """
     _validate(settings, first, last)
-    _require_lake(spark, settings.lake)
+    if (why := not_a_lake(spark, settings.lake, REQUIRED_TABLES)) is not None:
+        raise BackfillError(why)
     what = f"backfill of sessions {first.isoformat()}..{last.isoformat()}"
     try:
         # The guard below fails a task on purpose; its refusal is said once, in one line,
@@ -249,16 +250,6 @@ def _validate(settings: Settings, first: date, last: date) -> None:
         raise BackfillError(
             f"the maximum session duration must be longer than 0, "
             f"got {settings.max_session_duration}"
-        )
-
-
-def _require_lake(spark: SparkSession, lake: str) -> None:
-    missing = [t for t in REQUIRED_TABLES if not table_exists(spark, lake, t)]
-    if missing:
-        raise BackfillError(
-            f"no sessionlake lake at {lake} (missing: {', '.join(missing)}); "
-            "`sessionlake run --lake ...` creates it, and a backfill re-cuts what runs "
-            "have ingested"
         )
 
 

@@ -48,7 +48,7 @@ from sessionlake import storage
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltareader import NULL_PARTITION, OPTIMIZE_MIN_FILE_SIZE
 from sessionlake.health_page import fmt_bytes
-from sessionlake.tables import PUBLIC_TABLES, no_lake_at, table_exists, table_path
+from sessionlake.tables import PUBLIC_TABLES, not_a_lake, table_path
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,8 @@ def compact_lake(
     names = _checked_tables(tables)
     if min_files < 1:
         raise CompactionError(f"min_files must be at least 1, got {min_files}")
-    _check_lake(spark, lake, names)
+    if (why := not_a_lake(spark, lake, names)) is not None:
+        raise CompactionError(why)
     reports = []
     for name in names:
         reports.append(compact_table(spark, lake, name, min_files))
@@ -307,12 +308,3 @@ def _checked_tables(tables: Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _check_lake(spark: SparkSession, lake: str, tables: Sequence[str]) -> None:
-    if (no_lake := no_lake_at(spark, lake)) is not None:
-        raise CompactionError(no_lake)
-    missing = [t for t in tables if not table_exists(spark, lake, t)]
-    if missing:
-        raise CompactionError(
-            f"{lake} is not a sessionlake lake: no Delta table {', '.join(missing)} in it "
-            "(`sessionlake run` creates the tables)"
-        )

@@ -64,9 +64,9 @@ from sessionlake.tables import (
     commit_metrics_since,
     each_table,
     ensure_tables,
+    not_a_lake,
     path_identifier,
     read_table,
-    table_exists,
     table_path,
     table_version,
 )
@@ -416,15 +416,6 @@ def rows_to_delete(
             {t: n for t, (_, n) in counted.items() if t in USER_TABLES})
 
 
-def _require_lake(spark: SparkSession, lake: str) -> None:
-    missing = [t for t in STREAM_TABLES if not table_exists(spark, lake, t)]
-    if missing:
-        raise RetentionError(
-            f"{lake} is not a sessionlake lake (no table {', '.join(missing)}): "
-            "`sessionlake run` creates it"
-        )
-
-
 def enforce_retention(
     spark: SparkSession,
     settings: Settings,
@@ -441,7 +432,8 @@ def enforce_retention(
     """
     check_request(request)
     lake = settings.lake
-    _require_lake(spark, lake)
+    if (why := not_a_lake(spark, lake)) is not None:
+        raise RetentionError(why)
     started = now or datetime.now(UTC)
     run_id = f"{started.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}"
     if request.dry_run:

@@ -81,7 +81,7 @@ from sessionlake.tables import (
     PROPERTIES_NOTE,
     STREAM_TABLES,
     each_table,
-    table_exists,
+    not_a_lake,
     table_path,
     table_version,
 )
@@ -175,12 +175,8 @@ def find_snapshot(lake: str, snapshot_id: str, spark: SparkSession | None = None
 
 
 def _require_lake(spark: SparkSession | None, lake: str) -> None:
-    missing = [t for t in STREAM_TABLES if not table_exists(spark, lake, t)]
-    if missing:
-        raise SnapshotError(
-            f"{lake} is not a sessionlake lake (no table {', '.join(missing)}): "
-            "`sessionlake run` creates it"
-        )
+    if (why := not_a_lake(spark, lake)) is not None:
+        raise SnapshotError(why)
 
 
 def copy_stable(spark: SparkSession | None, source: str, target: str) -> None:

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -154,6 +154,20 @@ def no_lake_at(spark: SparkSession | None, lake: str) -> str | None:
     if any(table_exists(spark, lake, table) for table in STREAM_TABLES):
         return None
     return no_lake_message(lake)
+
+
+def not_a_lake(spark: SparkSession | None, lake: str,
+               tables: Sequence[str] = STREAM_TABLES) -> str | None:
+    """Why a command cannot work on ``lake``: no lake there at all (:func:`no_lake_at`),
+    or a lake without some of ``tables``, the ones the command needs (a first run cut off
+    while it created them); ``None`` when every one is there."""
+    if (no_lake := no_lake_at(spark, lake)) is not None:
+        return no_lake
+    missing = [table for table in tables if not table_exists(spark, lake, table)]
+    if missing:
+        return (f"{lake} is not a sessionlake lake: no Delta table {', '.join(missing)} in "
+                "it (`sessionlake run` creates the tables)")
+    return None
 
 
 def ensure_tables(spark: SparkSession, lake: str, user_buckets: int = 16) -> int:
