@@ -38,7 +38,7 @@ from sessionlake.checkpoint import (
     note_archive_target,
     request_forget,
 )
-from sessionlake.config import Settings
+from sessionlake.config import ActionableError, Settings
 from sessionlake.locks import StreamAlreadyRunning, stream_locks
 from sessionlake.snapshots import CHECKPOINT_COPY, list_snapshots, snapshots_root
 from sessionlake.storage import is_glob, local_path, within
@@ -61,7 +61,7 @@ def warn_of_read_files_left(
                     unread.read_left, source)
 
 
-class ArchiveError(ValueError):
+class ArchiveError(ActionableError, ValueError):
     """The files cannot be archived as asked; the message says why. Nothing was moved."""
 
 

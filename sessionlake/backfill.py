@@ -83,7 +83,7 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake.checkpoint import lake_batch_lock
-from sessionlake.config import Settings, format_duration
+from sessionlake.config import ActionableError, Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.ledger import Clock, utc_now
 from sessionlake.sessionize import as_closed_sessions, micros_at, sessionize_events
@@ -115,7 +115,7 @@ _GUARD = "sessionlake-backfill-incomplete-events"
 _GUARD_DETAIL = re.compile(re.escape(_GUARD) + r"\{(.*?)\}")
 
 
-class BackfillError(Exception):
+class BackfillError(ActionableError):
     """A backfill refused before writing anything; the message says what to do."""
 
 

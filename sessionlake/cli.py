@@ -30,7 +30,7 @@ from sessionlake.config import (
     STARTING_OFFSETS,
     TABLE_ROWS,
     TRIGGERS,
-    ConfigError,
+    ActionableError,
     Settings,
     no_lake_message,
     settings_from,
@@ -456,7 +456,6 @@ def _spark(settings: Settings, app: str, *, kafka: bool = False,
     its executors see the lake's folder as the driver does (and, for a run, which makes
     the lake's folder, its landing folder)."""
     from sessionlake.spark import (
-        JarsMissingError,
         build_spark,
         check_executors_see,
         check_kafka_jars,
@@ -465,14 +464,10 @@ def _spark(settings: Settings, app: str, *, kafka: bool = False,
     )
 
     check_master_answers(settings.master)
-    try:
-        if kafka:
-            check_kafka_jars()
-        spark = build_spark(settings.master, app_name=app,
-                            shuffle_partitions=settings.shuffle_partitions,
-                            quick_start=quick_start)
-    except JarsMissingError as error:
-        raise UsageError(str(error)) from None
+    if kafka:
+        check_kafka_jars()
+    spark = build_spark(settings.master, app_name=app,
+                        shuffle_partitions=settings.shuffle_partitions, quick_start=quick_start)
     check_executors_see(spark, settings.lake, make=runs_stream,
                         source=None if not runs_stream or kafka else settings.source)
     warn_of_many_shuffle_partitions(spark, settings.shuffle_partitions)
@@ -526,11 +521,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``sessionlake run``: drain (or follow) the landing folder into the lake."""
     from sessionlake.archive import warn_of_read_files_left
     from sessionlake.checkpoint import unread_input, warn_of_files_in_no_order
-    from sessionlake.locks import StreamAlreadyRunning
     from sessionlake.stream import (
-        BatchUnfinishedElsewhere,
-        RestoreUnfinished,
-        SourceGone,
         check_source,
         run_stream,
     )
@@ -544,12 +535,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                    quick_start=_quick_start(settings, unread), runs_stream=True)
     # A bar for runs that end (available-now); a continuous run is followed in its log.
     bar = progress("micro-batches") if settings.trigger == "available-now" else nullcontext()
-    try:
-        with bar as step:
-            summary = run_stream(spark, settings, on_batch=_batch_step(step))
-    except (StreamAlreadyRunning, RestoreUnfinished, BatchUnfinishedElsewhere,
-            SourceGone) as error:
-        raise UsageError(str(error)) from None
+    with bar as step:
+        summary = run_stream(spark, settings, on_batch=_batch_step(step))
     rows = summary.processed
     totals = {k: sum(r[k] for r in rows) for k in (
         "input_records", "accepted", "late", "quarantined", "duplicates", "closed_sessions")}
@@ -606,8 +593,6 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from pyspark.logger import PySparkLogger
 
     from sessionlake.query import (
-        LakeNotFound,
-        QueryError,
         check_named_query,
         named_queries,
         names_hint,
@@ -630,13 +615,10 @@ def cmd_sql(args: argparse.Namespace) -> int:
         raise UsageError("give either a SQL statement or --query NAME (see --list)")
     if args.params and args.query is None:
         raise UsageError("--param goes with --query NAME")
-    try:
-        params = parse_param_assignments(args.params)
-        as_of = parse_as_of(args.as_of) if args.as_of else None
-        if args.query is not None:
-            check_named_query(args.query, params)
-    except QueryError as error:
-        raise UsageError(str(error)) from None
+    params = parse_param_assignments(args.params)
+    as_of = parse_as_of(args.as_of) if args.as_of else None
+    if args.query is not None:
+        check_named_query(args.query, params)
     settings = _settings(args)
     if local_path(settings.lake) is not None and \
             (missing := no_lake_at(None, settings.lake)) is not None:
@@ -653,8 +635,6 @@ def cmd_sql(args: argparse.Namespace) -> int:
             else:
                 frame = run_sql(spark, settings.lake, args.statement, as_of)
             write_frame(frame, args.output, sys.stdout, args.limit)
-    except (LakeNotFound, QueryError) as error:
-        raise UsageError(str(error)) from None
     except (AnalysisException, ParseException) as error:
         first = str(error).strip().splitlines()[0]
         if error.getCondition() == "TABLE_OR_VIEW_NOT_FOUND":
@@ -672,14 +652,10 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``sessionlake serve``: Spark Connect with the lake's tables until SIGTERM/SIGINT."""
-    from sessionlake.query import LakeNotFound
     from sessionlake.serve import serve_lake
 
     settings = _settings(args)
-    try:
-        serve_lake(settings, host=args.host, port=args.port, token_file=args.token_file)
-    except LakeNotFound as error:
-        raise UsageError(str(error)) from None
+    serve_lake(settings, host=args.host, port=args.port, token_file=args.token_file)
     return 0
 
 
@@ -710,7 +686,6 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     then expire the snapshots the rules name."""
     from sessionlake.health import unrestorable_versions
     from sessionlake.snapshots import (
-        SnapshotError,
         create_snapshot,
         expire_snapshots,
         list_snapshots,
@@ -737,28 +712,24 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     # A snapshot reads and copies files: on this machine's disks, no JVM is needed.
     local = all(local_path(p) is not None for p in (settings.lake, settings.checkpoint))
     spark = None if local else _spark(settings, "sessionlake-snapshot")
-    try:
-        if args.expire_only:
-            if (no_lake := no_lake_at(spark, settings.lake)) is not None:
-                raise UsageError(no_lake)
-        else:
-            snapshot = create_snapshot(spark, settings, name=args.name)
-            print(snapshot.summary())
-            print(f"snapshot {snapshot.snapshot_id}")
-        if expires:
-            # After the new snapshot is written: it is among the newest an expiry keeps.
-            for line in expire_snapshots(spark, settings, args.max_age_days,
-                                         args.keep_last).lines():
-                print(line)
-    except SnapshotError as error:
-        raise UsageError(str(error)) from None
+    if args.expire_only:
+        if (no_lake := no_lake_at(spark, settings.lake)) is not None:
+            raise UsageError(no_lake)
+    else:
+        snapshot = create_snapshot(spark, settings, name=args.name)
+        print(snapshot.summary())
+        print(f"snapshot {snapshot.snapshot_id}")
+    if expires:
+        # After the new snapshot is written: it is among the newest an expiry keeps.
+        for line in expire_snapshots(spark, settings, args.max_age_days,
+                                     args.keep_last).lines():
+            print(line)
     return 0
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
     """``sessionlake restore``: return every table and the checkpoint to a snapshot."""
     from sessionlake.snapshots import (
-        SnapshotError,
         check_restore_possible,
         check_restore_request,
         restore_snapshot,
@@ -769,49 +740,34 @@ def cmd_restore(args: argparse.Namespace) -> int:
     # A local lake is restored from its logs; the JVM starts only if a step needs it.
     spark = SparkOnDemand(lambda: _spark(settings, "sessionlake-restore"))
     if args.check_only:
-        try:
-            snapshot = check_restore_possible(spark, settings, args.snapshot)
-        except SnapshotError as error:
-            raise UsageError(str(error)) from None
+        snapshot = check_restore_possible(spark, settings, args.snapshot)
         print(f"restore to {snapshot.snapshot_id} possible; nothing changed")
         return 0
-    try:
-        check_restore_request(settings, args.snapshot)
-    except SnapshotError as error:
-        raise UsageError(str(error)) from None
-    try:
-        snapshot = restore_snapshot(spark, settings, args.snapshot)
-    except SnapshotError as error:
-        raise UsageError(str(error)) from None
+    check_restore_request(settings, args.snapshot)
+    snapshot = restore_snapshot(spark, settings, args.snapshot)
     print(f"restored {snapshot.summary()}")
     return 0
 
 
 def cmd_archive(args: argparse.Namespace) -> int:
     """``sessionlake archive``: move read files out of the landing folder (no JVM)."""
-    from sessionlake.archive import ArchiveError, archive_read_files
+    from sessionlake.archive import archive_read_files
 
-    try:
-        report = archive_read_files(_settings(args), args.archive_to, dry_run=args.dry_run)
-    except ArchiveError as error:
-        raise UsageError(str(error)) from None
+    report = archive_read_files(_settings(args), args.archive_to, dry_run=args.dry_run)
     print(report.summary())
     return 0
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
     """``sessionlake compact``: OPTIMIZE the tables that need it, report files before/after."""
-    from sessionlake.compaction import CompactionError, compact_lake
+    from sessionlake.compaction import compact_lake
     from sessionlake.tables import PUBLIC_TABLES
 
     settings = _settings(args)
     spark = _spark(settings, "sessionlake-compact")
-    try:
-        with progress("compaction", total=len(args.tables or PUBLIC_TABLES)) as step:
-            reports = compact_lake(spark, settings.lake, min_files=args.min_files,
-                                   tables=args.tables, on_table=lambda r: step(r.table))
-    except CompactionError as error:
-        raise UsageError(str(error)) from None
+    with progress("compaction", total=len(args.tables or PUBLIC_TABLES)) as step:
+        reports = compact_lake(spark, settings.lake, min_files=args.min_files,
+                               tables=args.tables, on_table=lambda r: step(r.table))
     for report in reports:
         print(report.summary())
     return 0
@@ -821,7 +777,6 @@ def cmd_retention(args: argparse.Namespace) -> int:
     """``sessionlake retention``: age limits, erasures, VACUUM, and an audit row; or, with
     ``--dry-run``, what they would delete."""
     from sessionlake.retention import (
-        RetentionError,
         RetentionRequest,
         check_request,
         enforce_retention,
@@ -837,33 +792,24 @@ def cmd_retention(args: argparse.Namespace) -> int:
         force_vacuum=args.force_vacuum,
         dry_run=args.dry_run,
     )
-    try:
-        check_request(request)  # before a JVM starts: a wrong request is told at once
-    except RetentionError as error:
-        raise UsageError(str(error)) from None
+    check_request(request)  # before a JVM starts: a wrong request is told at once
     spark = _spark(settings, "sessionlake-retention")
-    try:
-        report = enforce_retention(spark, settings, request)
-    except RetentionError as error:
-        raise UsageError(str(error)) from None
+    report = enforce_retention(spark, settings, request)
     print(report.summary())
     return 0
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
     """``sessionlake backfill``: re-sessionize a date range and replace it in ``sessions``."""
-    from sessionlake.backfill import BACKFILL_STEPS, BackfillError, backfill_sessions
+    from sessionlake.backfill import BACKFILL_STEPS, backfill_sessions
 
     if args.from_date > args.to_date:
         raise UsageError(f"--from {args.from_date} is after --to {args.to_date}")
     settings = _settings(args)
     spark = _spark(settings, "sessionlake-backfill")
-    try:
-        with progress("backfill", total=len(BACKFILL_STEPS)) as step:
-            report = backfill_sessions(spark, settings, args.from_date, args.to_date,
-                                       on_step=step)
-    except BackfillError as error:
-        raise UsageError(str(error)) from None
+    with progress("backfill", total=len(BACKFILL_STEPS)) as step:
+        report = backfill_sessions(spark, settings, args.from_date, args.to_date,
+                                   on_step=step)
     print(report.summary())
     return 0
 
@@ -874,30 +820,24 @@ EXIT_DAMAGED = 1
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """``sessionlake doctor``: one line per check; exit 1 when any check fails."""
-    from sessionlake.doctor import DoctorError, check_lake
+    from sessionlake.doctor import check_lake
     from sessionlake.storage import local_path
 
     settings = _settings(args)
     local = local_path(settings.lake) is not None and local_path(settings.checkpoint) is not None
     spark = None if local else _spark(settings, "sessionlake-doctor")
-    try:
-        report = check_lake(spark, settings)
-    except DoctorError as error:
-        raise UsageError(str(error)) from None
+    report = check_lake(spark, settings)
     print("\n".join(report.lines()))
     return 0 if report.healthy else EXIT_DAMAGED
 
 
 def cmd_rebuild_state(args: argparse.Namespace) -> int:
     """``sessionlake rebuild-state``: recompute ``open_sessions`` and print what was rebuilt."""
-    from sessionlake.rebuild import RebuildError, rebuild_open_sessions
+    from sessionlake.rebuild import rebuild_open_sessions
 
     settings = _settings(args)
     spark = _spark(settings, "sessionlake-rebuild-state")
-    try:
-        report = rebuild_open_sessions(spark, settings)
-    except RebuildError as error:
-        raise UsageError(str(error)) from None
+    report = rebuild_open_sessions(spark, settings)
     print(report.summary())
     return 0
 
@@ -974,7 +914,7 @@ def _run(argv: Sequence[str] | None) -> int:
     _CTRL_C.clear()
     try:
         return COMMANDS[args.command](args)
-    except (UsageError, ConfigError) as error:
+    except (UsageError, ActionableError) as error:
         print(f"sessionlake: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:

@@ -45,6 +45,7 @@ from pyspark.sql import Row, SparkSession
 from pyspark.sql.types import StructType
 
 from sessionlake import storage
+from sessionlake.config import ActionableError
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltareader import NULL_PARTITION, OPTIMIZE_MIN_FILE_SIZE
 from sessionlake.health_page import fmt_bytes
@@ -60,7 +61,7 @@ MIN_FILE_SIZE_CONF = "spark.databricks.delta.optimize.minFileSize"
 Partition = tuple[str | None, ...]
 
 
-class CompactionError(Exception):
+class CompactionError(ActionableError):
     """The request cannot be carried out as given (nothing was touched)."""
 
 

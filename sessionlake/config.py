@@ -74,7 +74,13 @@ _KAFKA_SERVER = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
 _KAFKA_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
-class ConfigError(ValueError):
+class ActionableError(Exception):
+    """A command cannot do what was asked, for a reason its user can act on: the message
+    says what is wrong, with which value, and what to do. The command line tells it in
+    one line, exit status 2; each step's own errors derive from it."""
+
+
+class ConfigError(ActionableError, ValueError):
     """A setting is wrong: the message names it, its value, and what would be accepted."""
 
 

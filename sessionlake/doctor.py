@@ -39,7 +39,7 @@ from sessionlake.checkpoint import (
     last_committed_batch,
     noted_input_format,
 )
-from sessionlake.config import Settings, no_lake_message
+from sessionlake.config import ActionableError, Settings, no_lake_message
 from sessionlake.deltalog import TableLog, commit_file, inspect_table
 from sessionlake.health import RunningStream, running_stream, unrestorable_versions
 from sessionlake.registry import checkpoint_key, lake_streams
@@ -66,7 +66,7 @@ SPARK_PARTS = ("offsets", "commits", "metadata")
 _VERSION_LINE = re.compile(r"^v\d+$")
 
 
-class DoctorError(Exception):
+class DoctorError(ActionableError):
     """The lake cannot be checked at all (for example, there is none)."""
 
 

@@ -31,11 +31,12 @@ from sessionlake.checkpoint import (
     lake_lock_folder,
     lock_held,
 )
+from sessionlake.config import ActionableError
 from sessionlake.registry import checkpoint_key
 from sessionlake.storage import local_path
 
 
-class StreamAlreadyRunning(RuntimeError):
+class StreamAlreadyRunning(ActionableError, RuntimeError):
     """Another process runs a stream on the same checkpoint, or on the same lake."""
 
 

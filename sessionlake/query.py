@@ -49,7 +49,7 @@ from pyspark.sql.types import (
 )
 
 from sessionlake import deltareader
-from sessionlake.config import DISPLAY_FORMATS, TABLE_ROWS
+from sessionlake.config import DISPLAY_FORMATS, TABLE_ROWS, ActionableError
 from sessionlake.deltalog import BatchKey, tag_batch
 from sessionlake.tables import (
     BATCH_METRICS,
@@ -69,11 +69,11 @@ _NAME = re.compile(r"[a-z][a-z0-9_]*")
 _DESCRIPTION_LINE = re.compile(r"^--\s*description:\s*(.+)$")
 
 
-class LakeNotFound(RuntimeError):
+class LakeNotFound(ActionableError, RuntimeError):
     """The lake folder holds no sessionlake tables."""
 
 
-class QueryError(ValueError):
+class QueryError(ActionableError, ValueError):
     """A named query or one of its params is wrong: the message says which and why."""
 
 

@@ -49,7 +49,7 @@ from pyspark.sql import functions as F
 from sessionlake import storage
 from sessionlake.batch import watermark_of
 from sessionlake.checkpoint import RESTORING_MARKER, lake_batch_lock
-from sessionlake.config import Settings, format_duration
+from sessionlake.config import ActionableError, Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltalog import clear_delta_cache, inspect_table
 from sessionlake.doctor import STATE_SOURCES, unfinished_batch
@@ -84,7 +84,7 @@ SOURCE_TABLES = STATE_SOURCES
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-class RebuildError(Exception):
+class RebuildError(ActionableError):
     """The rebuild refused before writing anything; the message says why and what to do."""
 
 

@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from sessionlake import faults
 from sessionlake.agelimits import cutoff_conditions
 from sessionlake.checkpoint import LockTimeout, batch_locks
-from sessionlake.config import Settings, format_duration
+from sessionlake.config import ActionableError, Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.erasure import (
     USER_HASH,
@@ -81,7 +81,7 @@ RUNNING_STREAM_HOURS = 1.0
 BATCH_WAIT = timedelta(minutes=15)
 
 
-class RetentionError(Exception):
+class RetentionError(ActionableError):
     """A retention request cannot run; nothing was changed."""
 
 

@@ -60,7 +60,7 @@ from sessionlake.checkpoint import (
     lake_batch_lock,
     last_committed_batch,
 )
-from sessionlake.config import Settings
+from sessionlake.config import ActionableError, Settings
 from sessionlake.deltalog import (
     batch_keys,
     clear_delta_cache,
@@ -102,7 +102,7 @@ EXPIRY_WAIT_S = 60.0
 UNFINISHED_AFTER = timedelta(days=1)
 
 
-class SnapshotError(Exception):
+class SnapshotError(ActionableError):
     """A snapshot cannot be taken or restored; the message says why and what to do."""
 
 

@@ -35,7 +35,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from sessionlake.checkpoint import UnreadInput
-from sessionlake.config import ConfigError, format_duration, parse_duration
+from sessionlake.config import ActionableError, ConfigError, format_duration, parse_duration
 from sessionlake.storage import is_glob, local_path
 
 T = TypeVar("T")
@@ -355,7 +355,7 @@ def local_fs_conf(master: str, settings: Mapping[str, str]) -> dict[str, str]:
     return dict(LOCAL_FS_CONF)
 
 
-class JarsMissingError(RuntimeError):
+class JarsMissingError(ActionableError, RuntimeError):
     """The Delta jars are not where sessionlake looks for them."""
 
 

@@ -51,7 +51,7 @@ from sessionlake.checkpoint import (
     partition_folder,
     recorded_source_file,
 )
-from sessionlake.config import ConfigError, Settings, format_duration
+from sessionlake.config import ActionableError, ConfigError, Settings, format_duration
 from sessionlake.erasure import ErasureRun, KeepOut, KeptOut, files_kept_out
 from sessionlake.kafkaadmin import (
     KafkaTopic,
@@ -102,11 +102,11 @@ from sessionlake.tables import (
 log = logging.getLogger("sessionlake.stream")
 
 
-class RestoreUnfinished(RuntimeError):
+class RestoreUnfinished(ActionableError, RuntimeError):
     """A restore of the checkpoint was cut off half-way: the run would mix two states."""
 
 
-class SourceGone(RuntimeError):
+class SourceGone(ActionableError, RuntimeError):
     """The stream's source went away for good while it ran (a Kafka topic deleted)."""
 
 
@@ -127,7 +127,7 @@ def check_no_restore_pending(spark: SparkSession, checkpoint: str) -> None:
         )
 
 
-class BatchUnfinishedElsewhere(RuntimeError):
+class BatchUnfinishedElsewhere(ActionableError, RuntimeError):
     """A stream on another checkpoint of the lake was cut off in the middle of a batch."""
 
 
