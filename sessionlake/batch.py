@@ -157,7 +157,7 @@ def watermark_of(max_event_time: datetime | None, grace: timedelta,
     An event ahead of the clock (a device whose clock is wrong, by less than
     ``--max-future-skew``, which is quarantined beyond) is accepted, but does not move
     time on: before, one event 50 minutes ahead closed every open session at once and made
-    every live event after it late (the Kafka Streams review). A stream reading history
+    every live event after it late. A stream reading history
     (event times long before the clock) is not held back.
     """
     if max_event_time is None:

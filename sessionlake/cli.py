@@ -488,8 +488,8 @@ def _cancel_jobs_on_ctrl_c(spark: Any) -> None:
 
     Spark's own handler calls the JVM from the main thread, which is often in a call of its
     own: that call fails on the busy connection, py4j logs pages of traces, and the jobs
-    run on to the JVM's shutdown (a hands-on review's `compact`: 50 lines, then Spark's
-    errors from jobs cut off by its death)."""
+    run on to the JVM's shutdown (a `compact` printed 50 lines, then Spark's errors from
+    jobs cut off by its death)."""
     if threading.current_thread() is not threading.main_thread():
         return
     _COMMAND_SESSION[:] = [spark]

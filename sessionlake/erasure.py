@@ -208,7 +208,7 @@ def note_erasure(spark: SparkSession | None, lake: str, run_id: str, started: da
                  hashes: Sequence[str], versions: Mapping[str, int] | None = None) -> None:
     """Note an erasure under way, for the batches that run between its deletes and its
     audit row (its age limits and VACUUM come in between): read from the audit alone, they
-    would take the erased users' waiting records in (the diff review did so). The tables'
+    would take the erased users' waiting records in. The tables'
     ``versions`` before its deletes tell, should it be cut off or killed, what it deleted
     (:func:`erased_since`). This process holds the note's lock until the run ends."""
     _hold_alive(lake, run_id)

@@ -525,7 +525,7 @@ def register_params(spark: SparkSession, query: NamedQuery, values: Mapping[str,
 
     Each value is a literal of the plan (bound, never SQL text), which the optimizer folds
     into the query's filters: a date range then prunes the partitions it reads, where a
-    row of ``createDataFrame`` read every day of ``sessions`` (the SQL review).
+    row of ``createDataFrame`` read every day of ``sessions``.
     """
     def cell(value: Any) -> Column:
         # A date or time as its ISO text: py4j cannot hand Java 0001-01-01 as a date.
