@@ -86,7 +86,7 @@ from sessionlake.checkpoint import lake_batch_lock
 from sessionlake.config import ActionableError, Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.ledger import Clock, utc_now
-from sessionlake.sessionize import as_closed_sessions, micros_at, sessionize_events
+from sessionlake.sessionize import as_closed_sessions, micros_at, moment_at, sessionize_events
 from sessionlake.spark import quiet_task_failures
 from sessionlake.tables import (
     BATCH_METRICS,
@@ -97,6 +97,7 @@ from sessionlake.tables import (
     not_a_lake,
     path_identifier,
     read_table,
+    single_row,
     table_path,
 )
 from sessionlake.validation import EVENT_COLUMNS
@@ -352,19 +353,6 @@ def incomplete_events_detail(error: BaseException) -> str | None:
     return match.group(1) if match else None
 
 
-def _one(frame: DataFrame) -> Row:
-    row = frame.head()
-    if row is None:
-        raise RuntimeError("an aggregate returned no row")
-    return row
-
-
-def _utc(micros: int | None) -> datetime | None:
-    if micros is None:
-        return None
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(micros))
-
-
 def _same_rows(left: DataFrame, right: DataFrame) -> bool:
     """Whether two frames hold the same rows, duplicates counted (one Spark job)."""
     columns = left.columns
@@ -395,7 +383,7 @@ def _replace_range(
     """One attempt at the replace: check, re-cut and commit (redone whole on a conflict)."""
     lake, gap_s = settings.lake, int(settings.gap.total_seconds())
     current = read_table(spark, lake, SESSIONS).where(in_range(first, last))
-    found = _one(current.agg(
+    found = single_row(current.agg(
         F.count(F.lit(1)).alias("rows"),
         F.count(F.when((F.col("closed_batch_id") != BACKFILL_BATCH_ID)
                        | (F.col("gap_s") != gap_s), 1)).alias("other"),
@@ -408,7 +396,7 @@ def _replace_range(
         return _Replaced(None, False, 0)
     # Events of the range's sessions lie between ``first`` and their latest end.
     until = max(found["last_end_date"], last + timedelta(days=1))
-    previous = _utc(found["stamp_us"])
+    previous = moment_at(found["stamp_us"])
     if previous is not None and found["other"] == 0 and found["stamps"] == 1:
         again = recut_sessions(spark, settings, first, last, until, previous)
         if _same_rows(again, current):
@@ -466,7 +454,7 @@ def _record_changelog(
         & (F.unix_micros("closed_at") == F.lit(stamp_us))
         & (F.col("session_date") >= F.lit(_plain(first)))
     )
-    new_stats = _one(new.agg(
+    new_stats = single_row(new.agg(
         F.count(F.when(F.col("session_date") <= F.lit(_plain(last)), 1)).alias("in_range"),
         F.count(F.when(F.col("session_date") > F.lit(_plain(last)), 1)).alias("spilled"),
         F.coalesce(F.sum("event_count"), F.lit(0)).alias("events"),
@@ -550,10 +538,10 @@ def _stream_position(
     spark: SparkSession, lake: str, first: date, last: date
 ) -> tuple[datetime | None, int]:
     """The stream's watermark (max ``watermark_after``) and its open sessions in the range."""
-    watermark = _one(read_table(spark, lake, BATCH_METRICS).agg(
+    watermark = single_row(read_table(spark, lake, BATCH_METRICS).agg(
         F.max(F.unix_micros("watermark_after"))
     ))[0]
     open_left = read_table(spark, lake, OPEN_SESSIONS).where(
         F.to_date("session_start").between(F.lit(_plain(first)), F.lit(_plain(last)))
     ).count()
-    return _utc(watermark), int(open_left)
+    return moment_at(watermark), int(open_left)

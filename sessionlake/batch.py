@@ -54,11 +54,13 @@ from sessionlake.ledger import (
     utc_now,
 )
 from sessionlake.sessionize import (
+    EPOCH,
     SESSIONIZED_EVENT_COLUMNS,
     as_closed_sessions,
     batch_sessions,
     closed_session_hits,
     event_date,
+    moment_at,
     open_session_events,
     sessionize_batch,
     straddles_a_cut,
@@ -139,14 +141,6 @@ def _parse_figures(watermark: datetime | None, user_buckets: int) -> dict[str, C
         "first_behind_watermark": F.min(F.when(behind, F.unix_micros("event_time"))),
         "last_behind_watermark": F.max(F.when(behind, F.unix_micros("event_time"))),
     }
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _moment(micros: int | None) -> datetime | None:
-    """An observed timestamp (microseconds since the epoch) as a UTC datetime."""
-    return None if micros is None else _EPOCH + timedelta(microseconds=int(micros))
 
 
 def watermark_of(max_event_time: datetime | None, grace: timedelta,
@@ -308,7 +302,7 @@ def _process_locked(
         guarded, stats = _parsed(lines, settings, now, watermark, work, erased)
         valid = valid_events(guarded)
         buckets = sorted(int(b) for b in stats["buckets"])
-        dates = sorted(_EPOCH.date() + timedelta(days=int(d)) for d in stats["days"])
+        dates = sorted(EPOCH.date() + timedelta(days=int(d)) for d in stats["days"])
         open_estimate = open_sessions_estimate(inputs.previous)
 
         def open_sessions_in(touched: list[int]) -> int:
@@ -327,7 +321,7 @@ def _process_locked(
         events = valid.select(*SESSIONIZED_EVENT_COLUMNS)
         closed = _closed_sessions_near(
             spark, settings, inputs.table_versions[SESSIONS],
-            _moment(stats["first_behind_watermark"]), _moment(stats["last_behind_watermark"]),
+            moment_at(stats["first_behind_watermark"]), moment_at(stats["last_behind_watermark"]),
         )
         near_closed = None if closed is None or watermark is None else work.keep(
             closed_session_hits(events, closed, watermark, gap))
@@ -345,7 +339,7 @@ def _process_locked(
             spark, settings, inputs, work, events, state, seen_before, near_closed, watermark)
         sessions = batch_sessions(assigned)
         work.phase("sessionize")
-        max_event_time = _newest(inputs.max_event_time_before, _moment(outcome["max_t"]))
+        max_event_time = _newest(inputs.max_event_time_before, moment_at(outcome["max_t"]))
         watermark_after = watermark_of(max_event_time, settings.grace, now)
         classified, classified_counts = _classified(sessions, watermark_after, gap, split_ids,
                                                     work)
@@ -752,8 +746,8 @@ def _state_cut_anew(
         F.sum("event_count").alias("events"),
     ).where("straddles").collect()
     users = [r["user_id"] for r in affected]
-    first = _moment(min(r["first"] for r in affected))
-    last = _moment(max(r["last"] for r in affected))
+    first = moment_at(min(r["first"] for r in affected))
+    last = moment_at(max(r["last"] for r in affected))
     expected = sum(r["events"] for r in affected)
     assert first is not None and last is not None
     accepted = read_table(spark, settings.lake, EVENTS, inputs.table_versions[EVENTS]).where(

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake import eventids, storage
@@ -36,6 +36,7 @@ from sessionlake.tables import (
     committed_by,
     never_written,
     read_table,
+    single_row,
     table_version,
 )
 
@@ -303,17 +304,9 @@ def max_event_time_before(
         return _parse_time(previous["max_event_time_after"])
     if never_written(spark, settings.lake, BATCH_METRICS):  # a new lake's first batch
         return None
-    return _as_utc(_one(read_table(spark, settings.lake, BATCH_METRICS, metrics_version).agg(
+    return _as_utc(single_row(read_table(spark, settings.lake, BATCH_METRICS, metrics_version).agg(
         F.max("max_event_time")
     ))[0])
-
-
-def _one(frame: DataFrame) -> Row:
-    """The single row of an aggregate without grouping."""
-    row = frame.head()
-    if row is None:
-        raise RuntimeError("an aggregate returned no row")
-    return row
 
 
 @dataclass(frozen=True)

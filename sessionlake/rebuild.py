@@ -56,6 +56,7 @@ from sessionlake.doctor import STATE_SOURCES, unfinished_batch
 from sessionlake.ledger import Clock, utc_now
 from sessionlake.locks import StreamAlreadyRunning, checkpoint_lock, lake_lock
 from sessionlake.sessionize import (
+    EPOCH,
     aggregate_sessions,
     as_open_sessions,
     assign_sessions,
@@ -81,7 +82,6 @@ log = logging.getLogger("sessionlake.rebuild")
 
 #: The tables the rebuild reads: they must be whole.
 SOURCE_TABLES = STATE_SOURCES
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class RebuildError(ActionableError):
@@ -160,7 +160,7 @@ def open_sessions_from(
         F.col("last.ingested_at").alias("updated_at"),
     )
     # as_open_sessions stamps one batch on every row; here each row gets its own instead.
-    shaped = as_open_sessions(aggregate_sessions(assigned), buckets, -1, _EPOCH)
+    shaped = as_open_sessions(aggregate_sessions(assigned), buckets, -1, EPOCH)
     return shaped.drop("updated_batch_id", "updated_at").join(stamps, "session_id").select(
         *OPEN_SESSION_COLUMNS
     )

@@ -20,7 +20,7 @@ Lateness (SPEC, judged against the watermark W before the batch):
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -43,6 +43,16 @@ def micros(value: timedelta) -> int:
 def micros_at(moment: datetime | None) -> int | None:
     """An instant in microseconds since the epoch (``None`` stays ``None``)."""
     return None if moment is None else round(moment.timestamp() * _MICROS)
+
+
+#: The zero of every instant counted in microseconds.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def moment_at(micros: int | None) -> datetime | None:
+    """An instant counted in microseconds since the epoch (Spark's ``unix_micros``) as a
+    UTC datetime, :func:`micros_at` the other way (``None`` stays ``None``)."""
+    return None if micros is None else EPOCH + timedelta(microseconds=int(micros))
 
 
 def session_id(user_id: Column | str, session_start: Column | str) -> Column:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from delta.tables import DeltaTable
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -154,6 +154,14 @@ def no_lake_at(spark: SparkSession | None, lake: str) -> str | None:
     if any(table_exists(spark, lake, table) for table in STREAM_TABLES):
         return None
     return no_lake_message(lake)
+
+
+def single_row(frame: DataFrame) -> Row:
+    """The one row of an aggregate without grouping (Spark gives it even over no rows)."""
+    row = frame.head()
+    if row is None:
+        raise RuntimeError("an aggregate returned no row")
+    return row
 
 
 def not_a_lake(spark: SparkSession | None, lake: str,

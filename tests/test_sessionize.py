@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -15,6 +15,8 @@ from sessionlake.sessionize import (
     SESSIONIZED_EVENT_COLUMNS,
     as_open_sessions,
     batch_sessions,
+    micros_at,
+    moment_at,
     sessionize_batch,
     sessionize_events,
 )
@@ -24,6 +26,16 @@ from tests.helpers import NOW, event, first, hm, lines_frame
 
 GAP = timedelta(minutes=30)
 DAY = timedelta(hours=24)
+
+
+@pytest.mark.parametrize("moment", [
+    datetime(1970, 1, 1, tzinfo=UTC),
+    datetime(2026, 1, 5, 10, 0, 0, 123456, tzinfo=UTC),
+    datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),  # before the epoch
+    None,
+])
+def test_instants_in_microseconds_convert_both_ways(moment: datetime | None) -> None:
+    assert moment_at(micros_at(moment)) == moment
 
 
 def sessions_of(
