@@ -11,11 +11,14 @@ duration such as `45m`).
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pendulum
 from airflow.sdk import DAG, Param, task
 
 from sessionlake import orchestration as orch
 from sessionlake.airflow_tasks import dag_defaults, submit_job, trigger_params
+from sessionlake.config import Settings
 
 with DAG(
     dag_id="sessionlake_backfill",
@@ -29,7 +32,7 @@ with DAG(
     params={
         "from_date": Param(type="string", format="date", description="first day, YYYY-MM-DD"),
         "to_date": Param(type="string", format="date", description="last day, YYYY-MM-DD"),
-        "gap_minutes": Param(30, type=["integer", "string"],
+        "gap_minutes": Param(Settings.gap // timedelta(minutes=1), type=["integer", "string"],
                              description="inactivity gap: minutes, or a duration like 45m"),
     },
 ):

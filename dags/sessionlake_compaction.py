@@ -14,6 +14,7 @@ from airflow.sdk import DAG, Param, task
 
 from sessionlake import orchestration as orch
 from sessionlake.airflow_tasks import dag_defaults, submit_job, trigger_params
+from sessionlake.config import COMPACTION_MIN_FILES
 
 with DAG(
     dag_id="sessionlake_compaction",
@@ -25,7 +26,7 @@ with DAG(
     tags=["sessionlake", "maintenance"],
     default_args=dag_defaults(),
     params={
-        "min_files": Param(16, type="integer", minimum=1,
+        "min_files": Param(COMPACTION_MIN_FILES, type="integer", minimum=1,
                            description="compact a table only with at least this many small files"),
     },
 ):

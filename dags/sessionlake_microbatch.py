@@ -32,11 +32,12 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from sessionlake import orchestration as orch
 from sessionlake.airflow_tasks import alert_on_dag_failure, dag_defaults, submit_job, trigger_params
+from sessionlake.config import MICROBATCH_PERIOD, Settings
 
 with DAG(
     dag_id="sessionlake_microbatch",
     doc_md=__doc__,
-    schedule=timedelta(minutes=5),
+    schedule=MICROBATCH_PERIOD,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -45,7 +46,7 @@ with DAG(
     default_args=dag_defaults(),
     on_failure_callback=alert_on_dag_failure,
     params={
-        "shuffle_partitions": Param(4, type="integer", minimum=1,
+        "shuffle_partitions": Param(Settings.shuffle_partitions, type="integer", minimum=1,
                                     description="spark.sql.shuffle.partitions of this run"),
     },
 ):

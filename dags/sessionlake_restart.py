@@ -37,6 +37,7 @@ from sessionlake.airflow_tasks import (
     dag_defaults,
     trigger_params,
 )
+from sessionlake.config import Settings
 from sessionlake.spark import check_master_answers
 
 with DAG(
@@ -49,7 +50,7 @@ with DAG(
     tags=["sessionlake", "streaming", "maintenance"],
     default_args=dag_defaults(),
     params={
-        "shuffle_partitions": Param(4, type="integer", minimum=1),
+        "shuffle_partitions": Param(Settings.shuffle_partitions, type="integer", minimum=1),
         "master": Param("", type="string",
                         description="empty: spark_default's master; local[N], spark://host:port"),
     },

@@ -26,6 +26,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, XComArg, get_current_context
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
+from sessionlake.config import VACUUM_RETAIN_HOURS
 from sessionlake.orchestration import (
     ALERT_WEBHOOK_ENV,
     JOB_SCRIPT,
@@ -173,7 +174,7 @@ def vacuum_params() -> dict[str, Param]:
     """The VACUUM after an erasure or the age limits, and the dry run, which the retention
     and erasure DAGs share."""
     return {
-        "vacuum_retain_hours": Param(168, type=["null", "integer"], minimum=0),
+        "vacuum_retain_hours": Param(VACUUM_RETAIN_HOURS, type=["null", "integer"], minimum=0),
         "dry_run": Param(False, type="boolean",
                          description="only count what it would delete; change nothing"),
     }

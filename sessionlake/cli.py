@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from sessionlake import __version__
 from sessionlake.config import (
+    COMPACTION_MIN_FILES,
     ENV,
     INPUT_FORMATS,
     OUTPUT_FORMATS,
@@ -362,7 +363,8 @@ def _add_maintenance(commands: Any) -> None:
 
     compact = commands.add_parser("compact", help="OPTIMIZE tables where small files piled up")
     _lake(compact)
-    compact.add_argument("--min-files", dest="min_files", type=_at_least(1), default=16,
+    compact.add_argument("--min-files", dest="min_files", type=_at_least(1),
+                         default=COMPACTION_MIN_FILES,
                          help="compact a table with at least this many small files (16)")
     compact.add_argument("--table", dest="tables", action="append",
                          help="only this table (repeatable; default every table)")

@@ -74,6 +74,16 @@ _KAFKA_SERVER = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
 _KAFKA_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
+#: How often the micro-batch DAG runs the stream's available-now batches.
+MICROBATCH_PERIOD = timedelta(minutes=5)
+#: The small files a table must hold before ``sessionlake compact`` (``--min-files``) and
+#: the compaction DAG (``min_files``) OPTIMIZE it.
+COMPACTION_MIN_FILES = 16
+#: The hours of removed files VACUUM keeps for time travel and readers in flight: Delta's
+#: own default, and the retention DAG's ``vacuum_retain_hours``.
+VACUUM_RETAIN_HOURS = 168
+
+
 class ActionableError(Exception):
     """A command cannot do what was asked, for a reason its user can act on: the message
     says what is wrong, with which value, and what to do. The command line tells it in
@@ -288,7 +298,7 @@ class Settings:
     #: Input waiting and no batch committed for longer than this: the health page and its
     #: status (``/api/health/status``, 503) say the stream has stalled. Three micro-batch
     #: DAG periods.
-    alert_stalled_after: timedelta = timedelta(minutes=15)
+    alert_stalled_after: timedelta = 3 * MICROBATCH_PERIOD
     #: A batch whose late records exceed this fraction of its input logs an ``ALERT`` line.
     alert_late_fraction: float = 0.1
     #: A batch whose quarantined records exceed this fraction of its input logs an

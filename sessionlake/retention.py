@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from sessionlake import faults
 from sessionlake.agelimits import cutoff_conditions
 from sessionlake.checkpoint import LockTimeout, batch_locks
-from sessionlake.config import ActionableError, Settings, format_duration
+from sessionlake.config import VACUUM_RETAIN_HOURS, ActionableError, Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.erasure import (
     USER_HASH,
@@ -74,7 +74,7 @@ from sessionlake.tables import (
 log = logging.getLogger("sessionlake.retention")
 
 #: Delta's own safety margin for VACUUM (7 days); going below it needs its check turned off.
-DELTA_DEFAULT_RETAIN_HOURS = 168.0
+DELTA_DEFAULT_RETAIN_HOURS = float(VACUUM_RETAIN_HOURS)
 #: What a running stream may still read that was removed a moment ago.
 RUNNING_STREAM_HOURS = 1.0
 #: How long an erasure waits for the stream's batch in flight to finish.
