@@ -146,7 +146,8 @@ def _parse_figures(watermark: datetime | None, user_buckets: int) -> dict[str, C
 def watermark_of(max_event_time: datetime | None, grace: timedelta,
                  clock: datetime | None = None) -> datetime | None:
     """The watermark: the largest accepted event time so far minus the grace period, but
-    never past the batch's ``clock`` minus the grace period.
+    never past the batch's ``clock`` minus the grace period. (A batch's never falls below
+    the one reached before it, :func:`sessionlake.ledger.watermark_floor`.)
 
     An event ahead of the clock (a device whose clock is wrong, by less than
     ``--max-future-skew``, which is quarantined beyond) is accepted, but does not move
@@ -290,7 +291,8 @@ def _process_locked(
         return BatchReport(row={"batch_id": batch_id}, skipped=True)
     now = inputs.processing_time
     lake, gap, key = settings.lake, settings.gap, (identity.app_id, batch_id)
-    watermark = watermark_of(inputs.max_event_time_before, settings.grace, now)
+    watermark = _newest(watermark_of(inputs.max_event_time_before, settings.grace, now),
+                        inputs.watermark_floor)
     work = _BatchWork(on_phase)
     ahead = ThreadPoolExecutor(max_workers=len(RESOLVED_AHEAD))
     resolving = resolve_ahead(ahead, spark, lake, inputs, batch_label(batch_id))
@@ -340,7 +342,7 @@ def _process_locked(
         sessions = batch_sessions(assigned)
         work.phase("sessionize")
         max_event_time = _newest(inputs.max_event_time_before, moment_at(outcome["max_t"]))
-        watermark_after = watermark_of(max_event_time, settings.grace, now)
+        watermark_after = _newest(watermark_of(max_event_time, settings.grace, now), watermark)
         classified, classified_counts = _classified(sessions, watermark_after, gap, split_ids,
                                                     work)
         # The other users' open sessions, when the state's statistics leave any to close.
@@ -382,7 +384,8 @@ def _process_locked(
                      lake, BATCH_METRICS, key, inputs.written_after(BATCH_METRICS))
         faults.point("after_metrics")
         mark_done(spark, settings, identity, batch_id, inputs.entry, max_event_time,
-                  open_after, read_earlier_events=EVENTS in searched)
+                  open_after, read_earlier_events=EVENTS in searched,
+                  watermark_after=watermark_after)
         work.phase("metrics")
         log.debug("batch %s phases (ms): %s", batch_id, work.phases_ms)
         return BatchReport(row=row, phases_ms=work.phases_ms, resumed=inputs.replay)

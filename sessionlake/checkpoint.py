@@ -50,8 +50,10 @@ CONTINUOUS_RUN = "sessionlake-continuous.json"
 LAKE_LOCK_DIR = "_checkpoints"
 LAKE_LOCK_FILE = "lake.lock"
 LAKE_HOLDER_FILE = "lake-holder.json"
-#: In the lake's ``_checkpoints`` folder: the gap its stream cuts sessions with, noted at
-#: the first run (:func:`sessionlake.stream.check_gap_unchanged`).
+#: In the lake's ``_checkpoints`` folder: the gap and the maximum session duration its
+#: stream cuts sessions with, noted at the first run
+#: (:func:`sessionlake.stream.check_session_rules_unchanged`), ``{"gap_s": 1800.0,
+#: "max_session_duration_s": 86400.0}``; notes from before 2026-12-06 hold the gap alone.
 GAP_NOTE = "gap.json"
 #: In the lake's ``_checkpoints`` folder: where each Kafka stream's partitions ended when an
 #: erasure erased, a file per erasure, ``<its start, ms>.json``, ``{"<checkpoint>":
@@ -182,8 +184,23 @@ def noted_gap_s(spark: SparkSession | None, lake: str) -> float | None:
 
     :raises ValueError, KeyError, TypeError: on a note that does not parse.
     """
+    noted = noted_session_rules(spark, lake)
+    return None if noted is None else noted["gap_s"]
+
+
+def noted_session_rules(spark: SparkSession | None, lake: str) -> dict[str, float] | None:
+    """What the lake's stream cuts its sessions with, in seconds, as its first run noted
+    it (:data:`GAP_NOTE`): ``gap_s``, and ``max_session_duration_s`` unless the note is
+    older than that key; ``None`` before that run.
+
+    :raises ValueError, KeyError, TypeError: on a note that does not parse.
+    """
     text = read_text(spark, f"{lake_lock_folder(lake)}/{GAP_NOTE}")
-    return None if text is None else float(json.loads(text)["gap_s"])
+    if text is None:
+        return None
+    noted = json.loads(text)
+    return {key: float(noted[key]) for key in ("gap_s", "max_session_duration_s")
+            if key in noted or key == "gap_s"}
 
 
 @contextmanager

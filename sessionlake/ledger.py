@@ -97,6 +97,9 @@ class BatchInputs:
     table_versions: dict[str, int]
     max_event_time_before: datetime | None
     processing_time: datetime
+    #: The watermark reached before the batch (:func:`watermark_floor`); ``None`` on a new
+    #: lake, and in an entry recorded before 2026-12-06.
+    watermark_floor: datetime | None = None
     replay: bool = False
     #: The ledger entry of the previous batch of the same stream and epoch (empty when
     #: there is none), read once for all of its notes (:func:`previous_entry`).
@@ -229,6 +232,7 @@ def record_inputs(
         check_clock_not_set_back(clock().astimezone(UTC), previous, batch_id)
         versions = {table: table_version(spark, settings.lake, table) for table in STREAM_TABLES}
         max_before = max_event_time_before(spark, settings, previous, versions[BATCH_METRICS])
+        floor = watermark_floor(spark, settings, previous, versions[BATCH_METRICS])
         bounds = {table: eventids.id_bound(
             spark, settings.lake, eventids.from_json(previous.get(note)), versions[table],
             from_log=note not in previous, table=table,
@@ -240,6 +244,7 @@ def record_inputs(
             "sessions_version": versions[SESSIONS],
             "table_versions": versions,
             "max_event_time_before": None if max_before is None else max_before.isoformat(),
+            "watermark_floor": None if floor is None else floor.isoformat(),
             "processing_time": clock().astimezone(UTC).isoformat(),
             **{ID_BOUND_NOTES[table]: None if bound is None else bound.as_json()
                for table, bound in bounds.items()},
@@ -249,6 +254,7 @@ def record_inputs(
     inputs = BatchInputs(
         table_versions=_versions_before(spark, settings, entry),
         max_event_time_before=_parse_time(entry["max_event_time_before"]),
+        watermark_floor=_parse_time(entry.get("watermark_floor")),
         processing_time=_parse_time(entry["processing_time"]) or clock(),
         replay=replay,
         previous=previous,
@@ -298,14 +304,38 @@ def max_event_time_before(
     batch takes the maximum over ``batch_metrics``, as does the first batch after a restore
     (a new epoch) or after a ledger without that note.
     """
+    return _noted_or_newest(spark, settings, previous, metrics_version,
+                            "max_event_time_after", "max_event_time")
+
+
+def watermark_floor(
+    spark: SparkSession, settings: Settings, previous: Mapping[str, Any], metrics_version: int
+) -> datetime | None:
+    """The watermark the lake's batches have reached, which a batch's never falls below.
+
+    With one grace period it never would; a run with a longer ``--grace`` than the runs
+    before it would otherwise move the watermark back, and an event next to a session
+    already closed would find that session open again (a second session 20 minutes from
+    it with a 30-minute gap, where it is late). A shorter grace moves it on at once.
+    Read as :func:`max_event_time_before` reads its instant: the previous batch's note,
+    else ``batch_metrics``.
+    """
+    return _noted_or_newest(spark, settings, previous, metrics_version,
+                            "watermark_after", "watermark_after")
+
+
+def _noted_or_newest(spark: SparkSession, settings: Settings, previous: Mapping[str, Any],
+                     metrics_version: int, note: str, column: str) -> datetime | None:
+    """``previous``'s ``note`` while that batch's row is the only commit to
+    ``batch_metrics`` since the version it read; else the maximum of ``column`` there."""
     read_before = previous.get("table_versions", {}).get(BATCH_METRICS)
-    if (previous.get("done") and "max_event_time_after" in previous
+    if (previous.get("done") and note in previous
             and read_before is not None and metrics_version <= read_before + 1):
-        return _parse_time(previous["max_event_time_after"])
+        return _parse_time(previous[note])
     if never_written(spark, settings.lake, BATCH_METRICS):  # a new lake's first batch
         return None
     return _as_utc(single_row(read_table(spark, settings.lake, BATCH_METRICS, metrics_version).agg(
-        F.max("max_event_time")
+        F.max(column)
     ))[0])
 
 
@@ -326,16 +356,19 @@ def mark_done(
     max_event_time_after: datetime | None,
     open_after: OpenCount,
     read_earlier_events: bool = True,
+    watermark_after: datetime | None = None,
 ) -> None:
     """Note in the batch's ledger entry (``entry``, as :func:`record_inputs` recorded it)
     that every table write of the batch has committed, the largest accepted event time so
-    far (the next batch's watermark starts there), how many sessions are open at which
+    far and the watermark (the next batch's starts there), how many sessions are open at which
     version (see :func:`open_sessions_estimate` and :func:`count_open_sessions`) and
     whether the duplicate check read ``events``
     (:attr:`BatchInputs.earlier_events_read_before`)."""
     after = None if max_event_time_after is None else max_event_time_after.isoformat()
     write_ledger(spark, settings, identity, batch_id,
                   {**entry, "done": True, "max_event_time_after": after,
+                   "watermark_after": None if watermark_after is None
+                   else watermark_after.isoformat(),
                    "open_sessions_after": open_after.sessions,
                    "open_sessions_version_after": open_after.version,
                    EVENTS_READ_NOTE: read_earlier_events})

@@ -65,6 +65,7 @@ from sessionlake.sessionize import (
     session_id,
 )
 from sessionlake.state import OPEN_SESSION_COLUMNS
+from sessionlake.stream import check_session_rules_unchanged
 from sessionlake.tables import (
     BATCH_METRICS,
     BUCKETS_PROPERTY,
@@ -279,14 +280,19 @@ def _rebuild(spark: SparkSession, settings: Settings, clock: Clock) -> RebuildRe
     """The checks that need the lock, then the rebuild and its one write."""
     lake = settings.lake
     _check_no_batch_pending(spark, settings)
+    check_session_rules_unchanged(spark, settings, note=False)
     _check_gap(spark, settings)
     metrics = read_table(spark, lake, BATCH_METRICS)
-    newest = metrics.agg(F.max("max_event_time"), F.max("started_at")).head()
-    # Spark hands back UTC, naive; the last batch's clock caps its watermark, as it did.
-    max_event_time, last_clock = (None, None) if newest is None else (
+    newest = metrics.agg(F.max("max_event_time"), F.max("started_at"),
+                         F.max("watermark_after")).head()
+    # Spark hands back UTC, naive; the last batch's clock caps its watermark, as it did,
+    # and the watermark never falls below the one the batches reached.
+    max_event_time, last_clock, reached = (None, None, None) if newest is None else (
         None if moment is None else moment.replace(tzinfo=moment.tzinfo or UTC)
         for moment in newest)
-    watermark = watermark_of(max_event_time, settings.grace, last_clock)
+    watermark = max((moment for moment in (watermark_of(max_event_time, settings.grace,
+                                                        last_clock), reached)
+                     if moment is not None), default=None)
     since = None if watermark is None else (
         watermark - settings.gap - settings.max_session_duration)
     events = read_table(spark, lake, EVENTS)

@@ -46,8 +46,8 @@ from sessionlake.checkpoint import (
     lake_lock_folder,
     landing_subfolders_read,
     note_input_format,
-    noted_gap_s,
     noted_input_format,
+    noted_session_rules,
     partition_folder,
     recorded_source_file,
 )
@@ -153,31 +153,41 @@ def check_no_batch_cut_off_elsewhere(spark: SparkSession, settings: Settings) ->
             )
 
 
-def check_gap_unchanged(spark: SparkSession, settings: Settings) -> None:
-    """Refuse a run whose ``--gap`` is not the one the lake's stream has cut its sessions
-    with; note it at the lake's first run.
+def check_session_rules_unchanged(spark: SparkSession, settings: Settings,
+                                  note: bool = True) -> None:
+    """Refuse a run whose ``--gap`` or ``--max-session-duration`` is not the one the lake's
+    stream has cut its sessions with; note them at the lake's first run (and the maximum
+    duration at the first run after a note of the gap alone).
 
-    Open sessions cut with one gap and extended with another are neither: the lake would
-    no longer match a batch sessionization of its events with any gap. A gap changed by
-    mistake (``--gap 30``, which is 30 seconds; a DAG's environment other than the
-    command line's) is refused before any batch. Sessions with another gap are a backfill
-    of a date range (``sessionlake backfill --gap``) or a new lake.
+    Open sessions cut with one rule and extended with another are neither: the lake would
+    no longer match a batch sessionization of its events with any rule (a run at 1h cut
+    an open session of two hours in two, and the next at 24h extended the second piece).
+    A rule changed by mistake (``--gap 30``, which is 30 seconds; a DAG's environment
+    other than the command line's) is refused before any batch. Sessions cut otherwise
+    are a backfill of a date range (``sessionlake backfill``) or a new lake.
+
+    :param note: whether to note the rules where they are not yet (a run); a rebuild of
+        the state only checks.
     """
-    noted = noted_gap_s(spark, settings.lake)
-    gap_s = settings.gap.total_seconds()
-    if noted is None:
+    noted = noted_session_rules(spark, settings.lake)
+    asked = {"gap_s": settings.gap.total_seconds(),
+             "max_session_duration_s": settings.max_session_duration.total_seconds()}
+    rules = (("gap_s", "--gap", "another gap, `sessionlake backfill --gap` re-cuts a date "
+              "range, or start a new lake"),
+             ("max_session_duration_s", "--max-session-duration",
+              "another maximum duration, start a new lake"))
+    for key, flag, elsewhere in rules:
+        if noted is not None and key in noted and noted[key] != asked[key]:
+            lake_rule = format_duration(timedelta(seconds=noted[key]))
+            raise ConfigError(
+                f"the stream of lake {settings.lake} cuts its sessions with {flag} "
+                f"{lake_rule}; {flag} {format_duration(timedelta(seconds=asked[key]))} would "
+                f"cut the rest otherwise. Pass {flag} {lake_rule} (a number without a unit is "
+                f"seconds); for sessions with {elsewhere}"
+            )
+    if note and noted != asked:
         storage.write_text(spark, f"{lake_lock_folder(settings.lake)}/{GAP_NOTE}",
-                           json.dumps({"gap_s": gap_s}))
-        return
-    if noted != gap_s:
-        lake_gap = format_duration(timedelta(seconds=noted))
-        raise ConfigError(
-            f"the stream of lake {settings.lake} cuts its sessions with --gap {lake_gap}; "
-            f"--gap {format_duration(settings.gap)} would cut the rest with another. Pass "
-            f"--gap {lake_gap} (a number without a unit is seconds); for sessions with "
-            "another gap, `sessionlake backfill --gap` re-cuts a date range, or start a new "
-            "lake"
-        )
+                           json.dumps(asked))
 
 
 def check_format_unchanged(spark: SparkSession, settings: Settings) -> bool:
@@ -518,7 +528,7 @@ def check_and_register_stream(spark: SparkSession, settings: Settings,
     else:
         check_landing_folder(spark, settings)
         check_no_links_out(settings)
-    check_gap_unchanged(spark, settings)
+    check_session_rules_unchanged(spark, settings)
     format_unnoted = check_format_unchanged(spark, settings)
     if topic is None:
         warn_of_files_changed_since_read(settings.checkpoint)

@@ -563,6 +563,39 @@ def test_a_stream_back_after_another_wrote_the_lake_is_judged_by_the_lakes_water
     assert [event_id for event_id, _ in late_reasons(spark, lake)] == ["u1"]
 
 
+def at_utc(at: str) -> datetime:
+    return hm(at).replace(tzinfo=UTC)
+
+
+@pytest.mark.parametrize("floor_from", ["ledger", "batch_metrics"])
+def test_a_longer_grace_does_not_move_the_watermark_back(
+    spark: SparkSession, lake: str, floor_from: str
+) -> None:
+    """A run with a longer ``--grace`` than the runs before it keeps the watermark they
+    reached (the review's case: a at 10:00 closed at W 10:55 with grace 5m; a's 10:20,
+    next at 60m, became a second session 20 minutes from it with a 30-minute gap, where
+    it is late). Read from the previous batch's ledger note, or from ``batch_metrics``
+    when another stream's batch came between (a new stream identity here)."""
+    run_batches(spark, lake_settings(lake, grace="5m"),
+                [[event("a", "10:00", "/a", event_id="a1"),
+                  event("z", "11:00", "/z", event_id="z1")]])
+    later = StreamIdentity("test", 0) if floor_from == "ledger" else StreamIdentity("other", 0)
+    [report] = run_batches(spark, lake_settings(lake, grace="60m"),
+                           [[event("a", "10:20", "/a2", event_id="a2")]], identity=later,
+                           first_batch_id=1)
+    assert (report.row["watermark_before"], report.row["watermark_after"]) == (
+        at_utc("10:55"), at_utc("10:55"))
+    [(event_id, reason)] = late_reasons(spark, lake)
+    assert event_id == "a2" and reason.startswith("within the gap of closed session")
+    assert rows(read_table(spark, lake, "sessions").where("user_id = 'a'"),
+                "session_start", "event_count") == [(hm("10:00"), 1)]
+    # A shorter grace moves it on at once.
+    [report] = run_batches(spark, lake_settings(lake, grace="1m"),
+                           [[event("z", "11:30", "/z", event_id="z2")]], identity=later,
+                           first_batch_id=2)
+    assert report.row["watermark_after"] == at_utc("11:29")
+
+
 def test_the_watermark_is_carried_in_the_ledger_and_read_from_batch_metrics_without_it(
     spark: SparkSession, lake: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

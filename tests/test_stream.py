@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import threading
 from datetime import timedelta
@@ -15,6 +16,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from sessionlake import cli, faults, stream
 from sessionlake.checkpoint import (
+    GAP_NOTE,
     LANDING_NOTE,
     LOCK_FILE,
     PID_FILE,
@@ -25,6 +27,7 @@ from sessionlake.config import ConfigError, settings_from
 from sessionlake.doctor import check_lake
 from sessionlake.ledger import ClockSetBack
 from sessionlake.locks import StreamAlreadyRunning, checkpoint_lock
+from sessionlake.rebuild import rebuild_open_sessions
 from sessionlake.registry import (
     lake_streams,
 )
@@ -338,27 +341,53 @@ def test_a_run_starting_while_a_reader_probes_its_lock_waits_the_probe_out(
             probe_ends.join()
 
 
-@pytest.mark.parametrize(("gap", "refused"), [("30", True), ("45m", True), ("1800s", False)])
-def test_a_run_with_another_gap_than_the_lake_s_is_refused_before_any_batch(
-    spark: SparkSession, tmp_path: Path, gap: str, refused: bool
+@pytest.mark.parametrize(("rule", "flag", "value", "lake_s", "said"), [
+    ("gap", "--gap", "30", "30m", "30s"),  # a bare number is seconds: a mistake on a 30m lake
+    ("gap", "--gap", "45m", "30m", "45m"),
+    ("gap", "--gap", "1800s", "30m", None),  # the same gap, spelled otherwise
+    ("max_session_duration", "--max-session-duration", "1h", "1d", "1h"),
+    ("max_session_duration", "--max-session-duration", "24h", "1d", None),
+])
+def test_a_run_with_other_session_rules_than_the_lake_s_is_refused_before_any_batch(
+    spark: SparkSession, tmp_path: Path, rule: str, flag: str, value: str, lake_s: str,
+    said: str | None,
 ) -> None:
-    """Open sessions cut with one gap and extended with another match no batch
-    sessionization; a bare number is seconds, so ``--gap 30`` on a 30m lake is a mistake."""
+    """Open sessions cut with one rule and extended with another match no batch
+    sessionization (the review's: an open session of two hours cut in two at 1h, then
+    the second piece extended at 24h); so does a rebuild of the state with another rule."""
     files = split_log(tmp_path / "landing", 2)
     files[1].rename(tmp_path / "later.log")
     lake = tmp_path / "lake"
-    assert len(run(spark, tmp_path / "landing", lake)) == 1  # the default gap, 30m
+    assert len(run(spark, tmp_path / "landing", lake)) == 1  # the defaults, 30m and 24h
     (tmp_path / "later.log").rename(files[1])
     versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
-    if refused:
-        with pytest.raises(ConfigError, match=(
-                f"the stream of lake {lake} cuts its sessions with --gap 30m; --gap "
-                rf"{'30s' if gap == '30' else gap} would cut the rest with another\. Pass "
-                r"--gap 30m \(a number without a unit is seconds\)")):
-            run(spark, tmp_path / "landing", lake, gap=gap)
-        assert versions == {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
-    else:  # the same gap, spelled otherwise
-        assert len(run(spark, tmp_path / "landing", lake, gap=gap)) == 1
+    if said is None:
+        assert len(run(spark, tmp_path / "landing", lake, **{rule: value})) == 1
+        return
+    refusal = (f"the stream of lake {lake} cuts its sessions with {flag} {lake_s}; {flag} "
+               rf"{said} would cut the rest otherwise\. Pass {flag} {lake_s} \(a number "
+               r"without a unit is seconds\)")
+    with pytest.raises(ConfigError, match=refusal):
+        run(spark, tmp_path / "landing", lake, **{rule: value})
+    with pytest.raises(ConfigError, match=refusal):
+        rebuild_open_sessions(spark, settings_from({"lake": str(lake), rule: value}, env={}))
+    assert versions == {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+
+
+def test_a_lake_noted_with_its_gap_alone_notes_its_maximum_duration_at_the_next_run(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Lakes begun before 2026-12-06 noted the gap alone: their next run adds the maximum
+    duration it runs with, and refuses another one after that."""
+    files = split_log(tmp_path / "landing", 2)
+    files[1].rename(tmp_path / "later.log")
+    lake = tmp_path / "lake"
+    run(spark, tmp_path / "landing", lake)
+    note = lake / "_checkpoints" / GAP_NOTE
+    note.write_text(json.dumps({"gap_s": 1800.0}))
+    (tmp_path / "later.log").rename(files[1])
+    assert len(run(spark, tmp_path / "landing", lake, max_session_duration="12h")) == 1
+    assert json.loads(note.read_text()) == {"gap_s": 1800.0, "max_session_duration_s": 43200.0}
 
 
 def test_a_run_with_another_format_than_its_stream_s_is_refused_and_doctor_names_it(
