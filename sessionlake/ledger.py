@@ -231,8 +231,7 @@ def record_inputs(
     if entry is None:
         check_clock_not_set_back(clock().astimezone(UTC), previous, batch_id)
         versions = {table: table_version(spark, settings.lake, table) for table in STREAM_TABLES}
-        max_before = max_event_time_before(spark, settings, previous, versions[BATCH_METRICS])
-        floor = watermark_floor(spark, settings, previous, versions[BATCH_METRICS])
+        max_before, floor = times_before(spark, settings, previous, versions[BATCH_METRICS])
         bounds = {table: eventids.id_bound(
             spark, settings.lake, eventids.from_json(previous.get(note)), versions[table],
             from_log=note not in previous, table=table,
@@ -304,8 +303,7 @@ def max_event_time_before(
     batch takes the maximum over ``batch_metrics``, as does the first batch after a restore
     (a new epoch) or after a ledger without that note.
     """
-    return _noted_or_newest(spark, settings, previous, metrics_version,
-                            "max_event_time_after", "max_event_time")
+    return times_before(spark, settings, previous, metrics_version)[0]
 
 
 def watermark_floor(
@@ -320,23 +318,25 @@ def watermark_floor(
     Read as :func:`max_event_time_before` reads its instant: the previous batch's note,
     else ``batch_metrics``.
     """
-    return _noted_or_newest(spark, settings, previous, metrics_version,
-                            "watermark_after", "watermark_after")
+    return times_before(spark, settings, previous, metrics_version)[1]
 
 
-def _noted_or_newest(spark: SparkSession, settings: Settings, previous: Mapping[str, Any],
-                     metrics_version: int, note: str, column: str) -> datetime | None:
-    """``previous``'s ``note`` while that batch's row is the only commit to
-    ``batch_metrics`` since the version it read; else the maximum of ``column`` there."""
+def times_before(
+    spark: SparkSession, settings: Settings, previous: Mapping[str, Any], metrics_version: int
+) -> tuple[datetime | None, datetime | None]:
+    """:func:`max_event_time_before` and :func:`watermark_floor` together: the previous
+    batch's notes while its row is the only commit to ``batch_metrics`` since the version
+    it read; else the maxima over ``batch_metrics``, in one query."""
+    notes = ("max_event_time_after", "watermark_after")
     read_before = previous.get("table_versions", {}).get(BATCH_METRICS)
-    if (previous.get("done") and note in previous
+    if (previous.get("done") and all(note in previous for note in notes)
             and read_before is not None and metrics_version <= read_before + 1):
-        return _parse_time(previous[note])
+        return _parse_time(previous[notes[0]]), _parse_time(previous[notes[1]])
     if never_written(spark, settings.lake, BATCH_METRICS):  # a new lake's first batch
-        return None
-    return _as_utc(single_row(read_table(spark, settings.lake, BATCH_METRICS, metrics_version).agg(
-        F.max(column)
-    ))[0])
+        return None, None
+    newest = single_row(read_table(spark, settings.lake, BATCH_METRICS, metrics_version).agg(
+        F.max("max_event_time"), F.max("watermark_after")))
+    return _as_utc(newest[0]), _as_utc(newest[1])
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from sessionlake.checkpoint import (
     LANDING_NOTE,
     RESTORING_MARKER,
     SPARK_CHECKPOINT,
+    SPARK_OFFSETS_LOG,
     LoggedFile,
     batch_files,
     changed_since_read,
@@ -45,6 +46,7 @@ from sessionlake.checkpoint import (
     kafka_topics_read,
     lake_lock_folder,
     landing_subfolders_read,
+    last_committed_batch,
     note_input_format,
     noted_input_format,
     noted_session_rules,
@@ -129,6 +131,24 @@ def check_no_restore_pending(spark: SparkSession, checkpoint: str) -> None:
 
 class BatchUnfinishedElsewhere(ActionableError, RuntimeError):
     """A stream on another checkpoint of the lake was cut off in the middle of a batch."""
+
+
+def check_last_batch_has_its_offsets(spark: SparkSession, checkpoint: str) -> None:
+    """Refuse a run whose checkpoint lacks the offsets of the last batch it committed (a
+    file deleted or lost by hand): Spark would stop on an assertion of its own, in a
+    stack trace that says nothing of the checkpoint or of how to go on.
+
+    :raises ConfigError: naming the file, pointing at ``sessionlake doctor``, which says
+        what each way on costs.
+    """
+    spark_checkpoint = f"{checkpoint.rstrip('/')}/{SPARK_CHECKPOINT}"
+    committed = last_committed_batch(spark, spark_checkpoint)
+    offsets = f"{spark_checkpoint}/{SPARK_OFFSETS_LOG}/{committed}"
+    if committed >= 0 and not storage.exists(spark, offsets):
+        raise ConfigError(
+            f"checkpoint {checkpoint} is damaged: {offsets} is missing, although batch "
+            f"{committed} committed, so the stream cannot tell where it stopped. "
+            "`sessionlake doctor` says what is lost and how to go on")
 
 
 def check_no_batch_cut_off_elsewhere(spark: SparkSession, settings: Settings) -> None:
@@ -517,6 +537,7 @@ def check_and_register_stream(spark: SparkSession, settings: Settings,
     source than the checkpoint's, a changed gap or input format), tidy what the checkpoint read
     (files archived meanwhile), then note the stream in the lake."""
     check_no_restore_pending(spark, settings.checkpoint)
+    check_last_batch_has_its_offsets(spark, settings.checkpoint)
     check_no_batch_cut_off_elsewhere(spark, settings)
     # The source first: a run given another stream's folder or topic is told so, not
     # that this one's gap or format differs.

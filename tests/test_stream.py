@@ -374,6 +374,25 @@ def test_a_run_with_other_session_rules_than_the_lake_s_is_refused_before_any_ba
     assert versions == {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
 
 
+def test_a_checkpoint_without_its_last_batch_s_offsets_is_refused_naming_doctor(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A file of Spark's offset log deleted by hand: Spark would stop on an assertion of
+    its own in a 50-line trace (the day-30 review); the run says which file, and that
+    ``doctor`` says how to go on, before it reads anything."""
+    split_log(tmp_path / "landing", 2)
+    lake = tmp_path / "lake"
+    assert len(run(spark, tmp_path / "landing", lake)) == 1
+    offsets = lake / "_checkpoints" / "stream" / "spark" / "offsets" / "0"
+    offsets.unlink()
+    versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+    with pytest.raises(ConfigError, match=(
+            f"checkpoint {lake}/_checkpoints/stream is damaged: {offsets} is missing, "
+            r"although batch 0 committed.* `sessionlake doctor` says what is lost")):
+        run(spark, tmp_path / "landing", lake)
+    assert versions == {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+
+
 def test_a_lake_noted_with_its_gap_alone_notes_its_maximum_duration_at_the_next_run(
     spark: SparkSession, tmp_path: Path
 ) -> None:
