@@ -74,6 +74,7 @@ from sessionlake.tables import (
     SESSIONS,
     no_lake_at,
     read_table,
+    stream_gap_s,
     table_ddl,
     table_path,
     table_version,
@@ -197,10 +198,7 @@ def _check_no_batch_pending(spark: SparkSession, settings: Settings) -> None:
 
 def _check_gap(spark: SparkSession, settings: Settings) -> None:
     """Refuse when the stream closed its newest sessions with another gap than ``settings``."""
-    row = read_table(spark, settings.lake, SESSIONS).where(F.col("closed_batch_id") >= 0).agg(
-        F.max_by("gap_s", "closed_at").alias("gap_s")
-    ).head()
-    gap_s = None if row is None else row["gap_s"]
+    gap_s = stream_gap_s(spark, settings.lake)
     if gap_s is not None and gap_s != int(settings.gap.total_seconds()):
         stream_gap = format_duration(timedelta(seconds=gap_s))
         raise RebuildError(

@@ -97,6 +97,7 @@ from sessionlake.tables import (
     BATCH_METRICS,
     ensure_tables,
     read_table,
+    stream_gap_s,
     table_exists,
     upgrade_table_properties,
 )
@@ -183,13 +184,16 @@ def check_session_rules_unchanged(spark: SparkSession, settings: Settings,
     no longer match a batch sessionization of its events with any rule (a run at 1h cut
     an open session of two hours in two, and the next at 24h extended the second piece).
     A rule changed by mistake (``--gap 30``, which is 30 seconds; a DAG's environment
-    other than the command line's) is refused before any batch. Sessions cut otherwise
+    other than the command line's) is refused before any batch, and so is another gap on
+    a lake whose note was deleted: its newest closed sessions tell the gap. Sessions cut otherwise
     are a backfill of a date range (``sessionlake backfill``) or a new lake.
 
     :param note: whether to note the rules where they are not yet (a run); a rebuild of
         the state only checks.
     """
     noted = noted_session_rules(spark, settings.lake)
+    if noted is None and (closed_with := stream_gap_s(spark, settings.lake)) is not None:
+        noted = {"gap_s": float(closed_with)}  # the note is gone: the sessions tell
     asked = {"gap_s": settings.gap.total_seconds(),
              "max_session_duration_s": settings.max_session_duration.total_seconds()}
     rules = (("gap_s", "--gap", "another gap, `sessionlake backfill --gap` re-cuts a date "

@@ -342,6 +342,17 @@ def table_version(spark: SparkSession | None, lake: str, table: str) -> int:
     return max(versions)
 
 
+def stream_gap_s(spark: SparkSession, lake: str) -> int | None:
+    """The gap, in seconds, of the newest sessions the lake's stream closed (a backfill's
+    carry no batch id); ``None`` before the first. A query of ``sessions``: read only where
+    a lake has no note of its gap (:data:`~sessionlake.checkpoint.GAP_NOTE`) or is rebuilt."""
+    if not table_exists(spark, lake, SESSIONS) or never_written(spark, lake, SESSIONS):
+        return None
+    row = read_table(spark, lake, SESSIONS).where(F.col("closed_batch_id") >= 0).agg(
+        F.max_by("gap_s", "closed_at").alias("gap_s")).head()
+    return None if row is None or row["gap_s"] is None else int(row["gap_s"])
+
+
 def never_written(spark: SparkSession | None, lake: str, table: str) -> bool:
     """Whether ``table`` holds no row because nothing was ever written to it: its log
     has only its creation, which added no file.

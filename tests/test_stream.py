@@ -393,6 +393,26 @@ def test_a_checkpoint_without_its_last_batch_s_offsets_is_refused_naming_doctor(
     assert versions == {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
 
 
+def test_a_lake_whose_gap_note_was_deleted_takes_its_gap_from_its_closed_sessions(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Deleting ``gap.json`` is no way round the refusal (the day-30 review: a run at 10m
+    on a 30m lake then went through, and doctor said healthy): the newest sessions the
+    stream closed tell the gap."""
+    files = split_log(tmp_path / "landing", 2)
+    files[1].rename(tmp_path / "later.log")
+    lake = tmp_path / "lake"
+    run(spark, tmp_path / "landing", lake)
+    note = lake / "_checkpoints" / GAP_NOTE
+    note.unlink()
+    (tmp_path / "later.log").rename(files[1])
+    with pytest.raises(ConfigError, match="cuts its sessions with --gap 30m; --gap 10m would"):
+        run(spark, tmp_path / "landing", lake, gap="10m")
+    assert not note.exists()
+    assert len(run(spark, tmp_path / "landing", lake)) == 1
+    assert json.loads(note.read_text()) == {"gap_s": 1800.0, "max_session_duration_s": 86400.0}
+
+
 def test_a_lake_noted_with_its_gap_alone_notes_its_maximum_duration_at_the_next_run(
     spark: SparkSession, tmp_path: Path
 ) -> None:
