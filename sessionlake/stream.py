@@ -456,17 +456,20 @@ def forget_files_archived_meanwhile(settings: Settings) -> None:
 
 
 def warn_of_files_changed_since_read(checkpoint: str) -> None:
-    """Say which landing files changed after the stream read them: what was added to them
-    since is not read (:func:`sessionlake.checkpoint.changed_since_read`)."""
+    """Say which landing files changed after the stream read them, written to or replaced
+    by a file of the same name: a file is read once, and what it holds now is not read
+    (:func:`sessionlake.checkpoint.changed_since_read`)."""
     folder = local_path(checkpoint)
     try:
         changed = changed_since_read(folder / SPARK_CHECKPOINT) if folder is not None else []
     except (OSError, ValueError, KeyError, TypeError):
         return  # a source log Spark would not read either: its own error says so
     if changed:
-        log.warning("landing files changed after the stream read them, so what was added to "
-                    "them since is not read: %s%s. A file must be whole when it lands: write it "
-                    "elsewhere (or under a name starting with . or _) and move it in",
+        log.warning("landing files changed after the stream read them (written to, or put "
+                    "back under the same name), and a file is read once, so what they hold now "
+                    "is not read: %s%s. A file must be whole when it lands: write it elsewhere "
+                    "(or under a name starting with . or _) and move it in; a file to read "
+                    "again needs a new name",
                     ", ".join(str(p) for p in changed[:5]),
                     f" and {len(changed) - 5} more" if len(changed) > 5 else "")
 

@@ -622,8 +622,9 @@ def test_a_file_changed_after_it_was_read_is_named_at_the_next_run(
     os.utime(landing / "access.jsonl", (later, later))
 
     run_stream(spark, settings, clock=lambda: NOW)
-    assert ("changed after the stream read them, so what was added to them since is not "
-            f"read: {landing / 'access.jsonl'}. A file must be whole when it lands") in caplog.text
+    assert ("changed after the stream read them (written to, or put back under the same "
+            "name), and a file is read once, so what they hold now is not read: "
+            f"{landing / 'access.jsonl'}. A file must be whole when it lands") in caplog.text
     assert rows(read_table(spark, settings.lake, "events"), "user_id") == [("u1",)]
 
 
