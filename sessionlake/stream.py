@@ -54,6 +54,7 @@ from sessionlake.checkpoint import (
     recorded_source_file,
 )
 from sessionlake.config import ActionableError, ConfigError, Settings, format_duration
+from sessionlake.deltalog import commit_actions, commit_file
 from sessionlake.erasure import ErasureRun, KeepOut, KeptOut, files_kept_out
 from sessionlake.kafkaadmin import (
     KafkaTopic,
@@ -95,10 +96,13 @@ from sessionlake.spark import QUERY_FAILURE_LOGGER, fit_to_stream, quiet_task_fa
 from sessionlake.storage import is_glob, local_path
 from sessionlake.tables import (
     BATCH_METRICS,
+    STREAM_TABLES,
     ensure_tables,
     read_table,
     stream_gap_s,
     table_exists,
+    table_path,
+    table_version,
     upgrade_table_properties,
 )
 
@@ -150,6 +154,30 @@ def check_last_batch_has_its_offsets(spark: SparkSession, checkpoint: str) -> No
             f"checkpoint {checkpoint} is damaged: {offsets} is missing, although batch "
             f"{committed} committed, so the stream cannot tell where it stopped. "
             "`sessionlake doctor` says what is lost and how to go on")
+
+
+def check_newest_commits_whole(lake: str) -> None:
+    """Refuse a run when the newest commit of one of a local lake's tables is not whole
+    (cut short by a copy, a full disk, a hand): Delta skips a line it cannot parse, so the
+    run would lose what that line added, commit on top of it, and leave the table
+    unreadable after (the day-30 review). Delta writes a commit whole or not at all, so a
+    cut one is damage, never a commit in flight.
+
+    :raises ConfigError: naming the commit, pointing at ``sessionlake doctor``.
+    """
+    if local_path(lake) is None:
+        return  # a listing and a read per table on object storage: left to doctor
+    for table in STREAM_TABLES:
+        if not table_exists(None, lake, table):
+            continue
+        commit = f"{table_path(lake, table)}/{commit_file(table_version(None, lake, table))}"
+        try:
+            commit_actions(storage.read_text(None, commit) or "")
+        except ValueError:
+            raise ConfigError(
+                f"the newest commit of table {table} is cut short ({commit}: a line is not "
+                "complete JSON), and a run on it would lose what it added: nothing was "
+                "read. `sessionlake doctor` says how to recover") from None
 
 
 def check_no_batch_cut_off_elsewhere(spark: SparkSession, settings: Settings) -> None:
@@ -545,6 +573,7 @@ def check_and_register_stream(spark: SparkSession, settings: Settings,
     (files archived meanwhile), then note the stream in the lake."""
     check_no_restore_pending(spark, settings.checkpoint)
     check_last_batch_has_its_offsets(spark, settings.checkpoint)
+    check_newest_commits_whole(settings.lake)
     check_no_batch_cut_off_elsewhere(spark, settings)
     # The source first: a run given another stream's folder or topic is told so, not
     # that this one's gap or format differs.
