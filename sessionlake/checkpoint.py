@@ -62,7 +62,7 @@ KAFKA_ERASURES_DIR = "kafka-erasures"
 #: The checkpoints that ever ran a stream on the lake, a file each in this folder of
 #: ``<lake>/_checkpoints/`` (see ``sessionlake.registry.register_stream``).
 STREAMS_DIR = "streams"
-#: The stream's id and restore epoch (see ``sessionlake.ledger.StreamIdentity``).
+#: The stream's id and restore epoch (see :class:`StreamIdentity`).
 IDENTITY_FILE = "sessionlake.json"
 #: Left by a restore that has not finished (see ``sessionlake.snapshots``).
 RESTORING_MARKER = "sessionlake-restoring.json"
@@ -104,6 +104,48 @@ FORMAT_NOTE = "format.json"
 
 log = logging.getLogger("sessionlake.checkpoint")
 
+
+
+@dataclass(frozen=True)
+class StreamIdentity:
+    """Who writes: the checkpoint's id and its restore epoch, named in every commit's tag."""
+
+    stream_id: str
+    epoch: int
+
+    @property
+    def app_id(self) -> str:
+        """The stream's name in its commits' tags (changes with every restore)."""
+        return f"sessionlake-{self.stream_id}-e{self.epoch}"
+
+    @property
+    def ledger_prefix(self) -> str:
+        """How the names of this stream's ledger entries in this epoch begin:
+        ``<stream id>-<epoch>-`` (then the batch id and ``.json``)."""
+        return f"{self.stream_id}-{self.epoch}-"
+
+
+def read_stream_identity(spark: SparkSession | None, checkpoint: str) -> StreamIdentity | None:
+    """The identity kept in the checkpoint folder (:data:`IDENTITY_FILE`); ``None``
+    before the stream's first run.
+
+    :raises ValueError, KeyError, TypeError: on a file that does not parse.
+    """
+    text = read_text(spark, f"{checkpoint.rstrip('/')}/{IDENTITY_FILE}")
+    if text is None:
+        return None
+    data = json.loads(text)
+    return StreamIdentity(stream_id=str(data["stream_id"]), epoch=int(data["epoch"]))
+
+
+def ledger_batch_ids(spark: SparkSession | None, checkpoint: str,
+                     identity: StreamIdentity) -> list[int]:
+    """The batch ids of ``identity``'s entries in the checkpoint's ledger, ascending."""
+    prefix = identity.ledger_prefix
+    numbers = (name[len(prefix):-len(".json")]
+               for name in list_names(spark, f"{checkpoint.rstrip('/')}/ledger")
+               if name.startswith(prefix) and name.endswith(".json"))
+    return sorted(int(number) for number in numbers if number.isdigit())
 
 #: How long a starting run keeps trying for its lock before it calls the lock taken: long
 #: enough to ride out a reader's probe (:func:`lock_held`), short for a refusal to wait.

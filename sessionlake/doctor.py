@@ -37,7 +37,9 @@ from sessionlake.checkpoint import (
     SOURCE_LOG,
     SourceLogUnreadable,
     last_committed_batch,
+    ledger_batch_ids,
     noted_input_format,
+    read_stream_identity,
 )
 from sessionlake.config import ActionableError, Settings, no_lake_message
 from sessionlake.deltalog import TableLog, commit_file, inspect_table
@@ -268,16 +270,14 @@ def _newest_ledger_entry(
     its id, the entry's location and its contents (``None`` when they do not parse)."""
     root = checkpoint.rstrip("/")
     try:
-        identity = json.loads(storage.read_text(spark, f"{root}/{IDENTITY_FILE}") or "null")
-        prefix = f"{identity['stream_id']}-{identity['epoch']}-"
+        identity = read_stream_identity(spark, root)
     except (ValueError, KeyError, TypeError):
         return None
-    batches = [int(n[len(prefix):-5]) for n in storage.list_names(spark, f"{root}/ledger")
-               if n.startswith(prefix) and n.endswith(".json") and n[len(prefix):-5].isdigit()]
-    if not batches:
+    batches = [] if identity is None else ledger_batch_ids(spark, root, identity)
+    if identity is None or not batches:
         return None
-    newest = max(batches)
-    uri = f"{root}/ledger/{prefix}{newest}.json"
+    newest = batches[-1]
+    uri = f"{root}/ledger/{identity.ledger_prefix}{newest}.json"
     try:
         entry = json.loads(storage.read_text(spark, uri) or "")
     except ValueError:

@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sessionlake import eventids, storage
-from sessionlake.checkpoint import IDENTITY_FILE
+from sessionlake.checkpoint import IDENTITY_FILE, StreamIdentity, read_stream_identity
 from sessionlake.config import ConfigError, Settings, format_duration
 from sessionlake.state import MergeResult
 from sessionlake.tables import (
@@ -48,29 +48,13 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-@dataclass(frozen=True)
-class StreamIdentity:
-    """Who writes: the checkpoint's id and its restore epoch, named in every commit's tag."""
-
-    stream_id: str
-    epoch: int
-
-    @property
-    def app_id(self) -> str:
-        """The stream's name in its commits' tags (changes with every restore)."""
-        return f"sessionlake-{self.stream_id}-e{self.epoch}"
-
-
 def stream_identity(spark: SparkSession, checkpoint: str) -> StreamIdentity:
     """The identity kept in the checkpoint folder, created on the first run."""
-    uri = f"{checkpoint.rstrip('/')}/{IDENTITY_FILE}"
-    text = storage.read_text(spark, uri)
-    if text is None:
+    identity = read_stream_identity(spark, checkpoint)
+    if identity is None:
         identity = StreamIdentity(stream_id=uuid.uuid4().hex[:16], epoch=0)
         write_stream_identity(spark, checkpoint, identity)
-        return identity
-    data = json.loads(text)
-    return StreamIdentity(stream_id=str(data["stream_id"]), epoch=int(data["epoch"]))
+    return identity
 
 
 def write_stream_identity(
@@ -141,8 +125,7 @@ def _as_utc(value: datetime | None) -> datetime | None:
 
 
 def ledger_uri(settings: Settings, identity: StreamIdentity, batch_id: int) -> str:
-    return (f"{settings.checkpoint.rstrip('/')}/ledger/"
-            f"{identity.stream_id}-{identity.epoch}-{batch_id}.json")
+    return f"{settings.checkpoint.rstrip('/')}/ledger/{identity.ledger_prefix}{batch_id}.json"
 
 
 def read_ledger(

@@ -45,8 +45,8 @@ from sessionlake.archive import (
 from sessionlake.checkpoint import (
     CONTINUOUS_LOG,
     CONTINUOUS_RUN,
-    IDENTITY_FILE,
     lock_held,
+    read_stream_identity,
     unread_input,
 )
 from sessionlake.config import (
@@ -928,18 +928,15 @@ def stream_position(lake: str, checkpoint: str) -> StreamPosition:
     one-minute batches keeps some 43,000 commits, and the restart and restore DAGs ask
     every two seconds while they wait for the stream).
     """
-    identity = _local(checkpoint) / IDENTITY_FILE
-    fields = json.loads(identity.read_text()) if identity.exists() else {}
-    stream_id = fields.get("stream_id")
+    identity = read_stream_identity(None, str(_local(checkpoint)))
     log = _local(lake) / "batch_metrics" / "_delta_log"
-    if stream_id is not None and log.is_dir():
-        app_id = f"sessionlake-{stream_id}-e{int(fields.get('epoch', 0))}"
+    if identity is not None and log.is_dir():
         for commit in sorted(log.glob("*.json"), reverse=True):  # names sort by version
             batches = [batch for app, batch in batch_keys(commit_actions(commit.read_text()))
-                       if app == app_id]
+                       if app == identity.app_id]
             if batches:
-                return StreamPosition(stream_id, max(batches))
-    return StreamPosition(stream_id, -1)
+                return StreamPosition(identity.stream_id, max(batches))
+    return StreamPosition(None if identity is None else identity.stream_id, -1)
 
 
 def start_continuous_run(args: Sequence[str], checkpoint: str) -> int:

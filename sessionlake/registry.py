@@ -17,7 +17,12 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from sessionlake import storage
-from sessionlake.checkpoint import IDENTITY_FILE, STREAMS_DIR, lake_lock_folder
+from sessionlake.checkpoint import (
+    STREAMS_DIR,
+    lake_lock_folder,
+    ledger_batch_ids,
+    read_stream_identity,
+)
 from sessionlake.config import Settings
 from sessionlake.sources import KAFKA_SCHEME
 from sessionlake.storage import local_path
@@ -128,20 +133,15 @@ def unfinished_batch_since(spark: SparkSession | None, checkpoint: str) -> datet
     """When the oldest batch of the checkpoint's stream that is not marked done started
     (in flight, or cut off by a crash): it will read the table versions it recorded.
     ``None`` when every batch finished, or the checkpoint is gone."""
-    text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{IDENTITY_FILE}")
-    if text is None:
+    identity = read_stream_identity(spark, checkpoint)
+    if identity is None:
         return None
-    identity = json.loads(text)
-    prefix = f"{identity['stream_id']}-{identity['epoch']}-"
     ledger = f"{checkpoint.rstrip('/')}/ledger"
-    batches = sorted(
-        (int(n[len(prefix):-5]) for n in storage.list_names(spark, ledger)
-         if n.startswith(prefix) and n.endswith(".json") and n[len(prefix):-5].isdigit()),
-        reverse=True,
-    )
     oldest: datetime | None = None
-    for batch in batches[:3]:  # only the newest batches can be unfinished
-        entry = json.loads(storage.read_text(spark, f"{ledger}/{prefix}{batch}.json") or "{}")
+    # Only the newest batches can be unfinished.
+    for batch in reversed(ledger_batch_ids(spark, checkpoint, identity)[-3:]):
+        entry = json.loads(storage.read_text(
+            spark, f"{ledger}/{identity.ledger_prefix}{batch}.json") or "{}")
         if entry and not entry.get("done"):
             oldest = datetime.fromisoformat(entry["processing_time"])
     return oldest

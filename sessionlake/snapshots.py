@@ -56,9 +56,11 @@ from sessionlake.checkpoint import (
     RESTORING_MARKER,
     SNAPSHOTS_DIR,
     LockTimeout,
+    StreamIdentity,
     batch_lock,
     lake_batch_lock,
     last_committed_batch,
+    read_stream_identity,
 )
 from sessionlake.config import ActionableError, Settings
 from sessionlake.deltalog import (
@@ -73,7 +75,7 @@ from sessionlake.deltarestore import ConcurrentCommit, is_at, needs_delta, resto
 from sessionlake.erasure import mark_killed_erasures, reapply_retention
 from sessionlake.health import running_stream
 from sessionlake.kafkastream import check_restore_keeps_kafka_records
-from sessionlake.ledger import StreamIdentity, write_stream_identity
+from sessionlake.ledger import write_stream_identity
 from sessionlake.locks import StreamAlreadyRunning, stream_locks
 from sessionlake.registry import lake_streams
 from sessionlake.spark import SparkOnDemand
@@ -261,14 +263,6 @@ def version_after_batch(
     return chosen
 
 
-def _read_identity(spark: SparkSession | None, checkpoint: str) -> StreamIdentity | None:
-    text = storage.read_text(spark, f"{checkpoint.rstrip('/')}/{IDENTITY_FILE}")
-    if text is None:
-        return None
-    data = json.loads(text)
-    return StreamIdentity(stream_id=str(data["stream_id"]), epoch=int(data["epoch"]))
-
-
 def new_snapshot_id(now: datetime) -> str:
     """A sortable, unique id: ``20260105T101500Z-3f9a1c``."""
     return f"{now.strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(3)}"
@@ -300,7 +294,7 @@ def create_snapshot(
     if has_checkpoint:
         copy = f"{folder}/{CHECKPOINT_COPY}"
         copy_stable(spark, checkpoint, copy)
-        identity = _read_identity(spark, copy)
+        identity = read_stream_identity(spark, copy)
         last_batch = last_committed_batch(spark, f"{copy}/spark")
     if identity is None:
         versions = {t: table_version(spark, lake, t) for t in STREAM_TABLES}
@@ -443,7 +437,7 @@ def _replace_checkpoint(
     spark: SparkSession | None, checkpoint: str, snapshot_dir: str, snapshot: Snapshot
 ) -> StreamIdentity | None:
     """Put the snapshot's checkpoint copy in place, under a new epoch of its stream."""
-    current = _read_identity(spark, checkpoint)
+    current = read_stream_identity(spark, checkpoint)
     for name in storage.list_names(spark, checkpoint):
         if name not in _PROCESS_FILES:
             storage.delete(spark, f"{checkpoint}/{name}")
