@@ -539,16 +539,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     bar = progress("micro-batches") if settings.trigger == "available-now" else nullcontext()
     with bar as step:
         summary = run_stream(spark, settings, on_batch=_batch_step(step))
-    rows = summary.processed
-    totals = {k: sum(r[k] for r in rows) for k in (
-        "input_records", "accepted", "late", "quarantined", "duplicates", "closed_sessions")}
-    open_now = rows[-1]["open_sessions"] if rows else "unchanged"
-    print(
-        f"processed {len(rows)} micro-batch(es): {totals['input_records']} records, "
-        f"{totals['accepted']} accepted, {totals['late']} late, "
-        f"{totals['quarantined']} quarantined, {totals['duplicates']} duplicates; "
-        f"{totals['closed_sessions']} sessions closed, {open_now} open"
-    )
+    print(summary.summary())
     return 0
 
 

@@ -287,6 +287,19 @@ class RunSummary:
         """Metrics rows of the batches this run processed (replays already done excluded)."""
         return [b.row for b in self.batches if not b.skipped]
 
+    def summary(self) -> str:
+        """One line: the batches processed, where their records went, and the sessions
+        closed and open after them."""
+        rows = self.processed
+        total = {key: sum(row[key] for row in rows) for key in (
+            "input_records", "accepted", "late", "quarantined", "duplicates",
+            "closed_sessions")}
+        open_now = rows[-1]["open_sessions"] if rows else "unchanged"
+        return (f"processed {len(rows)} micro-batch(es): {total['input_records']} records, "
+                f"{total['accepted']} accepted, {total['late']} late, "
+                f"{total['quarantined']} quarantined, {total['duplicates']} duplicates; "
+                f"{total['closed_sessions']} sessions closed, {open_now} open")
+
 
 def check_source(settings: Settings) -> str:
     """The source folder, or ``kafka`` with its brokers and topic, checked before anything
