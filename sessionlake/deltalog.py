@@ -24,7 +24,6 @@ import json
 import re
 import sys
 import threading
-import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from urllib.parse import unquote
 import pyarrow.parquet as pq
 
 from sessionlake import storage
+from sessionlake.deltareader import deletion_vector_file
 
 if TYPE_CHECKING:  # the local paths need no Spark, nor its import
     from pyspark.sql import SparkSession
@@ -46,7 +46,6 @@ _HADOOP_CHECKSUM = re.compile(r"^\.(\d{20})\.json\.crc$")
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d+)\.(\d+))?\.parquet$")
 #: Any log entry of one version: commit, checksum, checkpoint, and Hadoop's ``.x.crc`` files.
 _OF_VERSION = re.compile(r"^\.?(\d{20})\.")
-_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 
 
 def commit_file(version: int) -> str:
@@ -604,24 +603,7 @@ def _deletion_vector_needs(live: LiveFile) -> tuple[str, int] | None:
     if not dv or dv.get("storageType") != "u":
         return None
     needed = int(dv.get("offset") or 0) + 4 + int(dv["sizeInBytes"]) + 4
-    return _deletion_vector_file(str(dv["pathOrInlineDv"])), needed
-
-
-def _deletion_vector_file(path_or_inline: str) -> str:
-    """The file of a deletion vector stored beside the data (``storageType`` ``u``).
-
-    ``pathOrInlineDv`` is an optional random prefix (a folder) followed by the file's UUID
-    in 20 characters of Z85.
-    """
-    prefix, encoded = path_or_inline[:-20], path_or_inline[-20:]
-    raw = b""
-    for start in range(0, 20, 5):
-        number = 0
-        for char in encoded[start:start + 5]:
-            number = number * 85 + _Z85.index(char)
-        raw += number.to_bytes(4, "big")
-    name = f"deletion_vector_{uuid.UUID(bytes=raw)}.bin"
-    return f"{prefix}/{name}" if prefix else name
+    return deletion_vector_file(str(dv["pathOrInlineDv"])), needed
 
 
 def _first_line(error: BaseException) -> str:

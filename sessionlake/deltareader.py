@@ -434,9 +434,16 @@ def deletion_vector_path(root: Path, vector: DeletionVector) -> Path | None:
         return local_table_path(vector.path_or_inline_dv)
     if vector.storage_type != "u":
         raise DeltaReadError(f"unknown deletion vector storage type {vector.storage_type!r}")
-    prefix, encoded = vector.path_or_inline_dv[:-20], vector.path_or_inline_dv[-20:]
+    return root / deletion_vector_file(vector.path_or_inline_dv)
+
+
+def deletion_vector_file(path_or_inline_dv: str) -> str:
+    """The file, relative to its table, of a deletion vector stored beside the data
+    (``storageType`` ``u``): ``pathOrInlineDv`` is an optional random prefix (a folder)
+    followed by the file's UUID in 20 characters of Z85."""
+    prefix, encoded = path_or_inline_dv[:-20], path_or_inline_dv[-20:]
     name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(encoded))}.bin"
-    return root / prefix / name if prefix else root / name
+    return f"{prefix}/{name}" if prefix else name
 
 
 def deleted_row_indexes(root: Path, vector: DeletionVector) -> np.ndarray:
