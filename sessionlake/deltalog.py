@@ -218,13 +218,9 @@ def read_log(spark: SparkSession | None, uri: str, version: int | None = None) -
             if missing[0] < last else "missing Delta log entry",
             missing[0], True,
         ))
-    # A commit's checksums outlive it when only the commit is deleted: Delta's NNN.crc, and
-    # the .NNN.json.crc of Hadoop's local file system, which fails the next commit of NNN.
-    orphans = [int(m[1]) for n in names
-               if (m := _CHECKSUM.match(n) or _HADOOP_CHECKSUM.match(n)) and int(m[1]) > newest
-               and version is None]
-    if orphans:
-        version = min(orphans)
+    gone = newest_commit_gone(names) if version is None else None
+    if gone is not None:
+        version = gone
         log.damage.append(Damage(
             commit_file(version),
             "missing Delta log entry: the newest commit is gone, a checksum of it is "
@@ -283,6 +279,24 @@ def inspect_table(spark: SparkSession | None, uri: str, version: int | None = No
         version = live.version if live.version is not None else added.get(live.path, 0)
         log.damage.append(Damage(file, problem, version, False))
     return log
+
+
+def newest_commit_gone(names: Iterable[str]) -> int | None:
+    """The first version past a table's newest commit (or checkpoint) that a checksum in
+    its log folder (``names``) still names: its commit was deleted, and what it wrote is
+    lost to every reader. A commit's checksums outlive it when only the commit is deleted:
+    Delta's ``NNN.crc``, and the ``.NNN.json.crc`` of Hadoop's local file system, which
+    fails the next commit of that version. ``None`` when none does.
+
+    Delta writes a commit before its checksums, so one in flight is never taken for gone.
+    """
+    names = list(names)
+    written = [int(m[1]) for n in names if (m := _COMMIT.match(n))]
+    written += list(_complete_checkpoints(names))
+    newest = max(written, default=-1)
+    orphans = [int(m[1]) for n in names
+               if (m := _CHECKSUM.match(n) or _HADOOP_CHECKSUM.match(n)) and int(m[1]) > newest]
+    return min(orphans, default=None)
 
 
 def missing_at(spark: SparkSession | None, uri: str, version: int,

@@ -54,7 +54,7 @@ from sessionlake.checkpoint import (
     recorded_source_file,
 )
 from sessionlake.config import ActionableError, ConfigError, Settings, format_duration
-from sessionlake.deltalog import commit_actions, commit_file
+from sessionlake.deltalog import LOG_DIR, commit_actions, commit_file, newest_commit_gone
 from sessionlake.erasure import ErasureRun, KeepOut, KeptOut, files_kept_out
 from sessionlake.kafkaadmin import (
     KafkaTopic,
@@ -102,7 +102,6 @@ from sessionlake.tables import (
     stream_gap_s,
     table_exists,
     table_path,
-    table_version,
     upgrade_table_properties,
 )
 
@@ -156,21 +155,31 @@ def check_last_batch_has_its_offsets(spark: SparkSession, checkpoint: str) -> No
             "`sessionlake doctor` says what is lost and how to go on")
 
 
-def check_newest_commits_whole(lake: str) -> None:
-    """Refuse a run when the newest commit of one of a local lake's tables is not whole
-    (cut short by a copy, a full disk, a hand): Delta skips a line it cannot parse, so the
-    run would lose what that line added, commit on top of it, and leave the table
-    unreadable after (the day-30 review). Delta writes a commit whole or not at all, so a
-    cut one is damage, never a commit in flight.
+def check_newest_commits(lake: str) -> None:
+    """Refuse a run when the newest commit of one of a local lake's tables is cut short
+    (a copy, a full disk, a hand) or gone while its checksum stays (deleted by hand): Delta
+    skips a line it cannot parse and reads a log without its newest commit as the version
+    before, so the run would lose what that commit added, commit on top of it, and in the
+    first case leave the table unreadable after (the day-30 review). Delta writes a
+    commit whole or not at all, and before its checksums, so neither is a commit in flight.
 
     :raises ConfigError: naming the commit, pointing at ``sessionlake doctor``.
     """
     if local_path(lake) is None:
         return  # a listing and a read per table on object storage: left to doctor
     for table in STREAM_TABLES:
-        if not table_exists(None, lake, table):
+        names = storage.list_names(None, f"{table_path(lake, table)}/{LOG_DIR}")
+        if (gone := newest_commit_gone(names)) is not None:
+            raise ConfigError(
+                f"the newest commit of table {table} is gone "
+                f"({table_path(lake, table)}/{commit_file(gone)}: its checksum is still "
+                "there), and a run on the version before would lose what it added: nothing "
+                "was read. `sessionlake doctor` says how to recover")
+        versions = [int(name[:-5]) for name in names
+                     if name.endswith(".json") and name[:-5].isdigit()]
+        if not versions:
             continue
-        commit = f"{table_path(lake, table)}/{commit_file(table_version(None, lake, table))}"
+        commit = f"{table_path(lake, table)}/{commit_file(max(versions))}"
         try:
             commit_actions(storage.read_text(None, commit) or "")
         except ValueError:
@@ -586,7 +595,7 @@ def check_and_register_stream(spark: SparkSession, settings: Settings,
     (files archived meanwhile), then note the stream in the lake."""
     check_no_restore_pending(spark, settings.checkpoint)
     check_last_batch_has_its_offsets(spark, settings.checkpoint)
-    check_newest_commits_whole(settings.lake)
+    check_newest_commits(settings.lake)
     check_no_batch_cut_off_elsewhere(spark, settings)
     # The source first: a run given another stream's folder or topic is told so, not
     # that this one's gap or format differs.

@@ -413,12 +413,15 @@ def test_a_lake_whose_gap_note_was_deleted_takes_its_gap_from_its_closed_session
     assert json.loads(note.read_text()) == {"gap_s": 1800.0, "max_session_duration_s": 86400.0}
 
 
-def test_a_table_whose_newest_commit_is_cut_short_is_refused_before_any_read(
-    spark: SparkSession, tmp_path: Path
+@pytest.mark.parametrize("damage", ["cut short", "deleted"])
+def test_a_table_whose_newest_commit_is_damaged_is_refused_before_any_read(
+    spark: SparkSession, tmp_path: Path, damage: str
 ) -> None:
-    """Delta skips a line of a commit it cannot parse: a run on a ``sessions`` commit cut
-    short exited 0, lost the sessions that line added and committed on top, after which
-    no query read the table (the day-30 review). The run now stops first, naming it."""
+    """Delta skips a line of a commit it cannot parse, and reads a log without its newest
+    commit as the version before: a run on a ``sessions`` commit cut short, or deleted by
+    hand with its checksums left, exited 0, lost the sessions it added and committed on
+    top (the day-30 review; cut short, no query read the table after). The run now stops
+    first, naming it."""
     files = split_log(tmp_path / "landing", 2)
     files[1].rename(tmp_path / "later.log")
     lake = tmp_path / "lake"
@@ -426,16 +429,19 @@ def test_a_table_whose_newest_commit_is_cut_short_is_refused_before_any_read(
     (tmp_path / "later.log").rename(files[1])
     log = lake / "sessions" / "_delta_log"
     commit = log / f"{table_version(spark, str(lake), 'sessions'):020d}.json"
-    text = commit.read_text()
-    cut = text[: text.index("\n") + 10]  # ten characters into its second action
-    commit.write_text(cut)
+    if damage == "cut short":
+        text = commit.read_text()
+        commit.write_text(text[: text.index("\n") + 10])  # ten characters into its 2nd action
+        said = (rf"is cut short \({commit}: a line is not complete JSON\), and a run on it "
+                "would lose what it added: nothing was read")
+    else:
+        commit.unlink()
+        said = (rf"is gone \({commit}: its checksum is still there\), and a run on the "
+                "version before would lose what it added: nothing was read")
     versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
-    with pytest.raises(ConfigError, match=(
-            rf"the newest commit of table sessions is cut short \({commit}: a line is not "
-            r"complete JSON\), and a run on it would lose what it added: nothing was read")):
+    with pytest.raises(ConfigError, match=f"the newest commit of table sessions {said}"):
         run(spark, tmp_path / "landing", lake)
     assert versions == {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
-    assert commit.read_text() == cut
 
 
 def test_a_lake_noted_with_its_gap_alone_notes_its_maximum_duration_at_the_next_run(
