@@ -175,7 +175,8 @@ def _check_sources(spark: SparkSession, lake: str) -> None:
         if damage:
             raise RebuildError(
                 f"{table} is damaged ({damage[0].file}: {damage[0].problem}), and the state "
-                "is rebuilt from it: repair it first (`sessionlake doctor` says how)"
+                "is rebuilt from it: repair it first. `sessionlake doctor` names the snapshot "
+                "to restore, or, when none holds it, says what is lost"
             )
 
 
