@@ -163,18 +163,28 @@ def check_newest_commits(lake: str) -> None:
     first case leave the table unreadable after (the day-30 review). Delta writes a
     commit whole or not at all, and before its checksums, so neither is a commit in flight.
 
-    :raises ConfigError: naming the commit, pointing at ``sessionlake doctor``.
+    A listing taken while another writer commits (a compaction, a retention) may show a
+    commit's checksum and not yet the commit: a checksum found alone is looked for again.
+
+    :raises ConfigError: naming the commit, pointing at ``sessionlake doctor`` (a snapshot
+        to restore), and saying how to go on without what the commit added.
     """
     if local_path(lake) is None:
         return  # a listing and a read per table on object storage: left to doctor
     for table in STREAM_TABLES:
-        names = storage.list_names(None, f"{table_path(lake, table)}/{LOG_DIR}")
-        if (gone := newest_commit_gone(names)) is not None:
+        log_dir = f"{table_path(lake, table)}/{LOG_DIR}"
+        names = storage.list_names(None, log_dir)
+        gone = newest_commit_gone(names)
+        if gone is not None and not storage.exists(None, f"{log_dir}/{gone:020d}.json"):
+            checksums = [name for name in names
+                         if name in (f"{gone:020d}.crc", f".{gone:020d}.json.crc")]
             raise ConfigError(
                 f"the newest commit of table {table} is gone "
                 f"({table_path(lake, table)}/{commit_file(gone)}: its checksum is still "
                 "there), and a run on the version before would lose what it added: nothing "
-                "was read. `sessionlake doctor` says how to recover")
+                f"was read. `sessionlake doctor` names a snapshot to restore if one holds "
+                f"the table; to go on without what the commit added, delete "
+                f"{' and '.join(f'{log_dir}/{name}' for name in checksums)}")
         versions = [int(name[:-5]) for name in names
                      if name.endswith(".json") and name[:-5].isdigit()]
         if not versions:
@@ -186,7 +196,9 @@ def check_newest_commits(lake: str) -> None:
             raise ConfigError(
                 f"the newest commit of table {table} is cut short ({commit}: a line is not "
                 "complete JSON), and a run on it would lose what it added: nothing was "
-                "read. `sessionlake doctor` says how to recover") from None
+                "read. `sessionlake doctor` names a snapshot to restore if one holds the "
+                "table; to go on without what the commit added, move it and its checksums "
+                "out of the log") from None
 
 
 def check_no_batch_cut_off_elsewhere(spark: SparkSession, settings: Settings) -> None:

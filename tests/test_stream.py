@@ -439,9 +439,25 @@ def test_a_table_whose_newest_commit_is_damaged_is_refused_before_any_read(
         said = (rf"is gone \({commit}: its checksum is still there\), and a run on the "
                 "version before would lose what it added: nothing was read")
     versions = {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
-    with pytest.raises(ConfigError, match=f"the newest commit of table sessions {said}"):
+    with pytest.raises(ConfigError, match=f"the newest commit of table sessions {said}"
+                       ) as refused:
         run(spark, tmp_path / "landing", lake)
     assert versions == {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+    # The way on without what the commit added, as the refusal says.
+    version = commit.name.removesuffix(".json")
+    checksums = [log / f"{version}.crc", log / f".{version}.json.crc"]
+    if damage == "deleted":
+        told = str(refused.value).rsplit("; to go on without what the commit added, delete ")
+        assert sorted(told[1].split(" and ")) == sorted(
+            str(path) for path in checksums if path.exists())
+    else:
+        assert str(refused.value).endswith("move it and its checksums out of the log")
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for path in (commit, *checksums):
+        if path.exists():
+            path.rename(aside / path.name)
+    assert len(run(spark, tmp_path / "landing", lake)) == 1
 
 
 def test_a_lake_noted_with_its_gap_alone_notes_its_maximum_duration_at_the_next_run(
