@@ -33,6 +33,7 @@ from sessionlake.config import (
     TRIGGERS,
     ActionableError,
     Settings,
+    check_process_environment,
     no_lake_message,
     settings_from,
 )
@@ -906,6 +907,7 @@ def _run(argv: Sequence[str] | None) -> int:
     _COMMAND_SESSION.clear()
     _CTRL_C.clear()
     try:
+        check_process_environment()
         return COMMANDS[args.command](args)
     except (UsageError, ActionableError) as error:
         print(f"sessionlake: error: {error}", file=sys.stderr)

@@ -352,6 +352,37 @@ def _pick(values: Mapping[str, Any], env: Mapping[str, str], key: str) -> Any:
     return value
 
 
+def conflict_attempts() -> int:
+    """How often a Delta commit that lost a race is tried: ``$SESSIONLAKE_CONFLICT_ATTEMPTS``,
+    8 (see :mod:`sessionlake.conflicts`).
+
+    :raises ConfigError: naming the variable, when it is no positive whole number.
+    """
+    return positive_int(os.environ.get("SESSIONLAKE_CONFLICT_ATTEMPTS", "8"),
+                        "SESSIONLAKE_CONFLICT_ATTEMPTS")
+
+
+def restart_timeout() -> float:
+    """Seconds to wait for a run to stop or to resume: ``$SESSIONLAKE_RESTART_TIMEOUT``
+    (seconds, or a duration such as ``10m``), 300.
+
+    :raises ConfigError: naming the variable, when it is no duration.
+    """
+    return parse_duration(os.environ.get("SESSIONLAKE_RESTART_TIMEOUT", "300"),
+                          "SESSIONLAKE_RESTART_TIMEOUT").total_seconds()
+
+
+def check_process_environment() -> None:
+    """Refuse a wrong value of a variable read deep inside a command, before the command
+    touches any data: otherwise it would surface only where first needed, such as a
+    batch's first lost commit race, after other tables had taken the batch.
+
+    :raises ConfigError: naming the first wrong variable.
+    """
+    conflict_attempts()
+    restart_timeout()
+
+
 def settings_from(
     values: Mapping[str, Any] | None = None,
     *,

@@ -12,7 +12,6 @@ never fails maintenance.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from typing import TypeVar
 
 from delta.exceptions.base import DeltaConcurrentModificationException
 
-from sessionlake.config import positive_int
+from sessionlake.config import conflict_attempts
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +46,6 @@ def is_commit_conflict(error: BaseException) -> bool:
         return True
     text = f"{type(error).__name__}: {error}"
     return any(marker in text for marker in _CONFLICT_MARKERS)
-
-
-def conflict_attempts() -> int:
-    """How often a conflicting commit is tried: ``$SESSIONLAKE_CONFLICT_ATTEMPTS``, default 8."""
-    return positive_int(os.environ.get("SESSIONLAKE_CONFLICT_ATTEMPTS", "8"),
-                        "SESSIONLAKE_CONFLICT_ATTEMPTS")
 
 
 def retry_on_conflict(

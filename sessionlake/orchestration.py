@@ -56,6 +56,7 @@ from sessionlake.config import (
     Settings,
     format_duration,
     parse_duration,
+    restart_timeout,
     settings_from,
 )
 from sessionlake.deltalog import batch_keys, commit_actions
@@ -685,16 +686,6 @@ def _local(location: str) -> Path:
     if "://" in location:
         raise ValueError(f"restart needs a local checkpoint and lake, got {location}")
     return Path(location)
-
-
-def restart_timeout() -> float:
-    """Seconds to wait for a run to stop or to resume: ``$SESSIONLAKE_RESTART_TIMEOUT``
-    (seconds, or a duration such as ``10m``), 300.
-
-    :raises ConfigError: naming the variable, when it is no duration.
-    """
-    return parse_duration(os.environ.get("SESSIONLAKE_RESTART_TIMEOUT", "300"),
-                          "SESSIONLAKE_RESTART_TIMEOUT").total_seconds()
 
 
 def stream_holding(checkpoint: str) -> Holder | None:

@@ -123,6 +123,31 @@ def test_bad_arguments_exit_2_with_one_line(
     assert not (tmp_path / "L").exists()
 
 
+@pytest.mark.parametrize(("variable", "value"), [
+    ("SESSIONLAKE_CONFLICT_ATTEMPTS", "0"),
+    ("SESSIONLAKE_CONFLICT_ATTEMPTS", "many"),
+    ("SESSIONLAKE_RESTART_TIMEOUT", "five minutes"),
+])
+def test_a_bad_process_variable_is_refused_before_the_lake_is_touched(
+    variable: str, value: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """A variable read deep inside a run (at a batch's first lost commit race, say) is
+    checked at its start, not where first needed: after some tables took the batch."""
+    def no_spark(*_: object, **__: object) -> None:
+        raise AssertionError("Spark was started under a variable that is refused")
+
+    monkeypatch.setattr("sessionlake.cli._spark", no_spark)
+    monkeypatch.setenv(variable, value)
+    (tmp_path / "landing").mkdir()
+    status = main(["run", "--lake", str(tmp_path / "L"), "--source", str(tmp_path / "landing")])
+    err = capsys.readouterr().err.strip()
+    assert status == 2
+    assert len(err.splitlines()) == 1
+    assert variable in err
+    assert not (tmp_path / "L").exists()
+
+
 @pytest.mark.parametrize(("raised", "said"), [
     (RuntimeError("An exception was raised by the Python Proxy. Return Message: Traceback\n"
                   + "\tat org.apache.spark.Frame.call(Frame.java:1)\n" * 2000

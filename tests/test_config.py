@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from sessionlake.config import ConfigError, format_duration, parse_duration, settings_from
+from sessionlake.config import (
+    ConfigError,
+    check_process_environment,
+    format_duration,
+    parse_duration,
+    settings_from,
+)
 
 
 @pytest.mark.parametrize(
@@ -156,3 +162,24 @@ def test_bad_kafka_properties_are_refused_naming_the_key(
         settings_from({"lake": "L", "kafka_properties": str(file)}, env={})
     with pytest.raises(ConfigError, match="from SESSIONLAKE_KAFKA_PROPERTIES"):
         settings_from({"lake": "L"}, env={"SESSIONLAKE_KAFKA_PROPERTIES": str(file)})
+
+
+@pytest.mark.parametrize(("variable", "value", "wrong"), [
+    ("SESSIONLAKE_CONFLICT_ATTEMPTS", "1", False),
+    ("SESSIONLAKE_CONFLICT_ATTEMPTS", "0", True),
+    ("SESSIONLAKE_CONFLICT_ATTEMPTS", "-3", True),
+    ("SESSIONLAKE_CONFLICT_ATTEMPTS", "2.5", True),
+    ("SESSIONLAKE_RESTART_TIMEOUT", "90", False),
+    ("SESSIONLAKE_RESTART_TIMEOUT", "10m", False),
+    ("SESSIONLAKE_RESTART_TIMEOUT", "soon", True),
+])
+def test_the_process_variables_are_checked_together(
+    variable: str, value: str, wrong: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What each command checks at its start, naming the variable."""
+    monkeypatch.setenv(variable, value)
+    if wrong:
+        with pytest.raises(ConfigError, match=variable):
+            check_process_environment()
+    else:
+        check_process_environment()
