@@ -151,6 +151,31 @@ def held_by_another_process(locks: str, *paths: str | Path) -> Iterator[subproce
 
 
 @contextmanager
+def flock_held(lock: Path, stubborn_run: bool = False) -> Iterator[subprocess.Popen[str]]:
+    """A Python process holding ``lock`` with ``flock`` until the block ends (then killed):
+    no sessionlake run, or with ``stubborn_run`` one that a stop takes for a run (its
+    command line names sessionlake) and that a SIGTERM does not stop."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         ("# a sessionlake run that ignores SIGTERM\n"
+          "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if stubborn_run
+          else "")
+         + "import fcntl, os, time\n"
+         + "lock = open(os.environ['LOCK'], 'a+'); fcntl.flock(lock, fcntl.LOCK_EX)\n"
+         "print('held', flush=True); time.sleep(600)"],
+        # The path in the environment, not the command line: a test's folder may be named
+        # for sessionlake, and a stop signals a command line that names it.
+        env={**os.environ, "LOCK": str(lock)}, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@contextmanager
 def erasure_stalled(lake: str, user: str, tmp: Path, point: str = "erase"
                     ) -> Iterator[subprocess.Popen[str]]:
     """``sessionlake retention --erase-user USER`` in a process group of its own, stalled

@@ -27,7 +27,7 @@ from sessionlake.spark import (
     QUICK_START_MAX_BATCHES,
     QUICK_START_MAX_BYTES,
 )
-from tests.helpers import held_by_another_process
+from tests.helpers import flock_held, held_by_another_process
 
 WHERE = orch.Locations(lake="/l", source="/in", checkpoint="/l/_checkpoints/stream")
 
@@ -474,21 +474,11 @@ def test_a_process_that_is_no_sessionlake_run_is_not_signalled(tmp_path: Path) -
     runs sessionlake (the diff review)."""
     checkpoint = tmp_path / "cp"
     checkpoint.mkdir()
-    other = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, os, time\n"
-         "lock = open(os.environ['LOCK'], 'a+'); fcntl.flock(lock, fcntl.LOCK_EX)\n"
-         "print('held', flush=True); time.sleep(600)"],
-        env={**os.environ, "LOCK": str(checkpoint / "sessionlake.lock")},
-        stdout=subprocess.PIPE, text=True)
-    try:
-        assert other.stdout is not None and other.stdout.readline().strip() == "held"
+    with flock_held(checkpoint / "sessionlake.lock") as other:
         with pytest.raises(ValueError, match=f"pid {other.pid} holds the lock of checkpoint "
                                              ".* is no sessionlake process: not signalled"):
             orch.stop_continuous_run(str(checkpoint), timeout=5)
         assert other.poll() is None
-    finally:
-        other.kill()
-        other.wait()
 
 
 @pytest.mark.parametrize(("value", "seconds"), [(None, 300.0), ("45", 45.0), ("10m", 600.0)])
@@ -516,16 +506,7 @@ def test_a_stop_waits_as_long_as_the_restart_timeout_says(
     checkpoint = tmp_path / "cp"
     checkpoint.mkdir()
     args = ["run", "--trigger", "continuous"]
-    stubborn = subprocess.Popen(
-        [sys.executable, "-c", "# a sessionlake run that ignores SIGTERM\n"
-         "import fcntl, os, signal, time\n"
-         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-         "lock = open(os.environ['LOCK'], 'a+'); fcntl.flock(lock, fcntl.LOCK_EX)\n"
-         "print('held', flush=True); time.sleep(600)"],
-        env={**os.environ, "LOCK": str(checkpoint / "sessionlake.lock")},
-        stdout=subprocess.PIPE, text=True)
-    try:
-        assert stubborn.stdout is not None and stubborn.stdout.readline().strip() == "held"
+    with flock_held(checkpoint / "sessionlake.lock", stubborn_run=True) as stubborn:
         (checkpoint / CONTINUOUS_RUN).write_text(json.dumps({"pid": stubborn.pid,
                                                              "args": args}))
         monkeypatch.setenv("SESSIONLAKE_RESTART_TIMEOUT", "1")
@@ -534,9 +515,6 @@ def test_a_stop_waits_as_long_as_the_restart_timeout_says(
                                                    "after SIGTERM"):
                 stop(str(checkpoint))
         assert stubborn.poll() is None
-    finally:
-        stubborn.kill()
-        stubborn.wait()
 
 
 _STOPS_FROM_ANOTHER_CONTAINER = """
