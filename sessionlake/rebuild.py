@@ -49,7 +49,7 @@ from pyspark.sql import functions as F
 from sessionlake import storage
 from sessionlake.batch import watermark_of
 from sessionlake.checkpoint import RESTORING_MARKER, lake_batch_lock
-from sessionlake.config import ActionableError, Settings, format_duration
+from sessionlake.config import ActionableError, Settings
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.deltalog import clear_delta_cache, inspect_table
 from sessionlake.doctor import STATE_SOURCES, unfinished_batch
@@ -74,7 +74,6 @@ from sessionlake.tables import (
     SESSIONS,
     no_lake_at,
     read_table,
-    stream_gap_s,
     table_ddl,
     table_path,
     table_version,
@@ -197,18 +196,6 @@ def _check_no_batch_pending(spark: SparkSession, settings: Settings) -> None:
         )
 
 
-def _check_gap(spark: SparkSession, settings: Settings) -> None:
-    """Refuse when the stream closed its newest sessions with another gap than ``settings``."""
-    gap_s = stream_gap_s(spark, settings.lake)
-    if gap_s is not None and gap_s != int(settings.gap.total_seconds()):
-        stream_gap = format_duration(timedelta(seconds=gap_s))
-        raise RebuildError(
-            f"the stream closed its latest sessions with gap {stream_gap}, this rebuild would "
-            f"use {format_duration(settings.gap)}: pass --gap {stream_gap} (and the stream's "
-            "--grace and --max-session-duration)"
-        )
-
-
 def _unfinished_batches(events: DataFrame, metrics: DataFrame) -> list[int]:
     """Batches that wrote ``events`` rows but no ``batch_metrics`` row (cut off mid-way).
 
@@ -280,7 +267,6 @@ def _rebuild(spark: SparkSession, settings: Settings, clock: Clock) -> RebuildRe
     lake = settings.lake
     _check_no_batch_pending(spark, settings)
     check_session_rules_unchanged(spark, settings, note=False)
-    _check_gap(spark, settings)
     metrics = read_table(spark, lake, BATCH_METRICS)
     newest = metrics.agg(F.max("max_event_time"), F.max("started_at"),
                          F.max("watermark_after")).head()

@@ -345,7 +345,7 @@ def table_version(spark: SparkSession | None, lake: str, table: str) -> int:
 def stream_gap_s(spark: SparkSession, lake: str) -> int | None:
     """The gap, in seconds, of the newest sessions the lake's stream closed (a backfill's
     carry no batch id); ``None`` before the first. A query of ``sessions``: read only where
-    a lake has no note of its gap (:data:`~sessionlake.checkpoint.GAP_NOTE`) or is rebuilt."""
+    a lake has no note of its gap (:data:`~sessionlake.checkpoint.GAP_NOTE`)."""
     if not table_exists(spark, lake, SESSIONS) or never_written(spark, lake, SESSIONS):
         return None
     row = read_table(spark, lake, SESSIONS).where(F.col("closed_batch_id") >= 0).agg(
