@@ -65,11 +65,12 @@ with DAG(
         return orch.restore_job(locations, checked)
 
     @task(pool=orch.CHECKPOINT_POOL)
-    def stop_running_stream() -> list[str] | None:
+    def stop_running_stream() -> list[str]:
         """Stop the restart DAG's continuous run, if one holds the checkpoint; return its
-        command line, to start it again after the restore."""
+        command line, to start it again after the restore (empty: none ran; a value all
+        the same, since a task's ``None`` is no XCom and its reader logs an error)."""
         return orch.stop_for_restore(orch.locations_from_env().checkpoint,
-                                     orch.restart_timeout())
+                                     orch.restart_timeout()) or []
 
     @task(pool=orch.CHECKPOINT_POOL)
     def start_stream_again(args: list[str] | None) -> dict[str, Any]:

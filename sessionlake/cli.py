@@ -27,6 +27,8 @@ from sessionlake.config import (
     COMPACTION_MIN_FILES,
     ENV,
     INPUT_FORMATS,
+    JAVA_INT_MAX,
+    MAX_AGE_DAYS,
     OUTPUT_FORMATS,
     STARTING_OFFSETS,
     TABLE_ROWS,
@@ -290,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _at_least(minimum: int) -> Callable[[str], int]:
+def _at_least(minimum: int, maximum: int = JAVA_INT_MAX) -> Callable[[str], int]:
     def whole(text: str) -> int:
         try:
             value = int(text)
@@ -298,6 +300,8 @@ def _at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{text!r} must be >= {minimum}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be <= {maximum}")
         return value
 
     return whole
@@ -333,7 +337,8 @@ def _add_maintenance(commands: Any) -> None:
     snap.add_argument("--checkpoint", help=checkpoint_help)
     snap.add_argument("--name", help="a label for the restore point")
     snap.add_argument("--list", action="store_true", help="list the restore points instead")
-    snap.add_argument("--max-age-days", dest="max_age_days", type=_at_least(1), metavar="N",
+    snap.add_argument("--max-age-days", dest="max_age_days", type=_at_least(1, MAX_AGE_DAYS),
+                      metavar="N",
                       help="then expire the snapshots taken more than N days ago (the "
                            "--keep-last newest stay, one at least); VACUUM no longer keeps "
                            "files for them")
@@ -382,11 +387,13 @@ def _add_maintenance(commands: Any) -> None:
                            help="erase the user whose id has this SHA-256 (64 hex digits; "
                                 "repeatable): no id in the command line or its logs")
     retention.add_argument("--sessions-max-age-days", dest="sessions_max_age_days",
-                           type=_at_least(1), help="delete sessions older than this")
+                           type=_at_least(1, MAX_AGE_DAYS),
+                           help="delete sessions older than this")
     retention.add_argument("--events-max-age-days", dest="events_max_age_days",
-                           type=_at_least(1), help="delete events older than this")
+                           type=_at_least(1, MAX_AGE_DAYS),
+                           help="delete events older than this")
     retention.add_argument("--vacuum-retain-hours", dest="vacuum_retain_hours",
-                           type=_at_least(0),
+                           type=_at_least(0, MAX_AGE_DAYS * 24),
                            help="VACUUM files older than this (never below what the stream "
                                 "or a kept snapshot needs, unless --force-vacuum)")
     retention.add_argument("--force-vacuum", dest="force_vacuum", action="store_true",
@@ -987,10 +994,23 @@ def _failed(command: str, error: Exception) -> int:
     from sessionlake.monitor import error_summary
 
     traceback.print_exc()
-    print(f"sessionlake: error: {command} failed: "
-          f"{error_summary(f'{type(error).__name__}: {error}')} (its trace is above)",
+    summary = error_summary(f"{type(error).__name__}: {error}")
+    if _jvm_gone(error):
+        summary = (f"Spark's driver JVM is gone (killed, or out of memory: its last lines "
+                   f"above say which); run it again: a run goes on from its checkpoint and "
+                   f"replays the batch it was in ({summary})")
+    print(f"sessionlake: error: {command} failed: {summary} (its trace is above)",
           file=sys.stderr)
     return EXIT_FAILED
+
+
+def _jvm_gone(error: BaseException) -> bool:
+    """Whether ``error`` is py4j's finding that the driver's JVM no longer answers: the
+    Python side's socket refused or cut (a SIGKILL of the JVM alone, the kernel's OOM
+    killer), rather than any error of the work itself."""
+    from py4j.protocol import Py4JNetworkError
+
+    return isinstance(error, Py4JNetworkError | ConnectionRefusedError | ConnectionResetError)
 
 
 def _kafka_data_lost(error: BaseException) -> str | None:

@@ -66,6 +66,17 @@ ENV = {
     "kafka_properties": "SESSIONLAKE_KAFKA_PROPERTIES",
 }
 
+#: The largest whole number a setting that Spark or Kafka reads as a Java ``int`` takes.
+JAVA_INT_MAX = 2**31 - 1
+#: The largest whole number a setting that Spark or Kafka reads as a Java ``long`` takes.
+JAVA_LONG_MAX = 2**63 - 1
+#: The longest age limit a maintenance command takes, in days (a century): dates further
+#: back than that are beyond Python's calendar for some, and a typo for all.
+MAX_AGE_DAYS = 36_500
+
+#: The longest duration a setting takes (a gap of more is a typo, and Python's dates end).
+MAX_DURATION = timedelta(days=MAX_AGE_DAYS)
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 #: One Kafka bootstrap server: a host name, IPv4 or [IPv6] address, and a port.
@@ -115,6 +126,8 @@ def parse_duration(value: str | int | float | timedelta, name: str) -> timedelta
         seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2) or "s"]
     if seconds < 0:
         raise ConfigError(f"{name} must not be negative, got {value!r}")
+    if seconds > MAX_DURATION.total_seconds():
+        raise ConfigError(f"{name} must be at most {MAX_AGE_DAYS}d, got {value!r}")
     return timedelta(seconds=seconds)
 
 
@@ -170,17 +183,23 @@ def spark_master(value: Any) -> str:
     return text
 
 
-def positive_int(value: Any, name: str) -> int:
-    """A whole number >= 1 read from a flag, param or environment variable.
+def whole_number(value: Any, name: str, minimum: int = 1, maximum: int = JAVA_INT_MAX) -> int:
+    """A whole number from ``minimum`` to ``maximum`` read from a flag, param or
+    environment variable. The bound keeps a mistyped value (a digit too many) from
+    passing here and failing later, in Spark or in date arithmetic, after a restart DAG
+    stopped the stream or a command touched the lake.
 
-    :raises ConfigError: naming the setting, for anything else.
+    :raises ConfigError: naming the setting and the range, for anything else.
     """
+    wanted = f"{name} must be a whole number from {minimum} to {maximum}, got {value!r}"
+    if isinstance(value, bool):
+        raise ConfigError(wanted)
     try:
-        number = int(str(value))
+        number = int(str(value).strip())
     except ValueError:
-        raise ConfigError(f"{name} must be a whole number >= 1, got {value!r}") from None
-    if number < 1:
-        raise ConfigError(f"{name} must be a whole number >= 1, got {value!r}")
+        raise ConfigError(wanted) from None
+    if not minimum <= number <= maximum:
+        raise ConfigError(wanted)
     return number
 
 
@@ -358,7 +377,7 @@ def conflict_attempts() -> int:
 
     :raises ConfigError: naming the variable, when it is no positive whole number.
     """
-    return positive_int(os.environ.get("SESSIONLAKE_CONFLICT_ATTEMPTS", "8"),
+    return whole_number(os.environ.get("SESSIONLAKE_CONFLICT_ATTEMPTS", "8"),
                         "SESSIONLAKE_CONFLICT_ATTEMPTS")
 
 
@@ -452,7 +471,9 @@ def settings_from(
     for key in ("shuffle_partitions", "max_files_per_trigger", "user_buckets",
                 "kafka_max_offsets_per_trigger"):
         if key in current:
-            check(key, partial(positive_int, name=key.removeprefix("kafka_").replace("_", "-")))
+            check(key, partial(whole_number, name=key.removeprefix("kafka_").replace("_", "-"),
+                               maximum=JAVA_LONG_MAX if key.startswith("kafka_")
+                               else JAVA_INT_MAX))
     for key in ("read_subfolders", "kafka_accept_data_loss"):
         if key in current:
             updates[key] = bool(current[key])

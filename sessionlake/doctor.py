@@ -195,10 +195,11 @@ def _json_problem(text: str | None, keys: Sequence[str]) -> str | None:
 
 
 _CHECKPOINT_LOST = (
-    "the record of which landing files were processed is lost: a run on a "
-    "fresh checkpoint (move the damaged one aside) reads every landing file again, in which "
-    "events already accepted or rejected as late count as duplicates but quarantined "
-    "records are recorded a second time"
+    "the record of what the stream has read is lost: a run on a fresh checkpoint (move the "
+    "damaged one aside) reads every landing file again, in which events already accepted "
+    "or rejected as late count as duplicates but quarantined records are recorded a second "
+    "time; on a Kafka topic it is refused, since the topic's events without an event_id "
+    "would be taken in twice (restore a snapshot, or run with --starting-offsets latest)"
 )
 
 

@@ -53,6 +53,14 @@ from sessionlake.registry import (
     source_key,
 )
 from sessionlake.sources import KAFKA_SCHEME
+from sessionlake.tables import (
+    EVENTS,
+    LATE_EVENTS,
+    QUARANTINE,
+    never_written,
+    read_table,
+    table_exists,
+)
 
 #: The run's logger: these checks are the run's, and its log lines keep one name.
 log = logging.getLogger("sessionlake.stream")
@@ -480,9 +488,11 @@ def check_topic_not_read_elsewhere(
     ours, source = checkpoint_key(settings.checkpoint), source_key(settings)
     if storage.list_names(spark, f"{ours}/{SPARK_CHECKPOINT}/offsets"):
         return  # a stream that has read is not new
+    readers = []
     for checkpoint, noted in lake_stream_entries(spark, settings.lake).items():
+        if not same_kafka_topic(noted, source, topic.cluster_id, topic.topic_id):
+            continue
         if checkpoint != ours and \
-                same_kafka_topic(noted, source, topic.cluster_id, topic.topic_id) and \
                 storage.list_names(spark, f"{checkpoint}/{SPARK_CHECKPOINT}/offsets"):
             raise ConfigError(
                 f"topic {settings.kafka_topic} on {settings.kafka_bootstrap} was read by the "
@@ -491,6 +501,30 @@ def check_topic_not_read_elsewhere(
                 f"{settings.checkpoint} would start again from --starting-offsets "
                 f"{settings.kafka_starting_offsets}. Run with --checkpoint {checkpoint}"
             )
+        readers.append(checkpoint)
+    if readers and settings.kafka_starting_offsets == "earliest" and \
+            topic_taken_in(spark, settings.lake, settings.kafka_topic or ""):
+        raise ConfigError(
+            f"the lake holds records of topic {settings.kafka_topic}, read by the stream of "
+            f"checkpoint {' and '.join(readers)}, whose offsets are gone; a stream on the new "
+            f"checkpoint {settings.checkpoint} would read the topic again from its first "
+            "record, and take in a second time every event without an event_id (its id is "
+            "the record's offset) and every quarantined record. Nothing was read. `sessionlake "
+            "doctor` names a snapshot to restore, which brings the checkpoint back and reads "
+            "what came after it; or run with --starting-offsets latest to go on from the "
+            "topic's end, leaving unread what was produced since the lake's last batch"
+        )
+
+
+def topic_taken_in(spark: SparkSession, lake: str, topic: str) -> bool:
+    """Whether the lake's ``events``, ``late_events`` or ``quarantine`` holds a record of
+    Kafka ``topic`` (asked only of a new checkpoint on a topic its lake's streams read)."""
+    prefix = f"{KAFKA_SCHEME}{topic}/"
+    return any(
+        table_exists(spark, lake, table) and not never_written(spark, lake, table)
+        and read_table(spark, lake, table).where(F.col("source_file").startswith(prefix))
+        .limit(1).count() > 0
+        for table in (EVENTS, LATE_EVENTS, QUARANTINE))
 
 
 def check_kafka_settings(settings: Settings) -> str:

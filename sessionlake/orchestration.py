@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -50,6 +51,8 @@ from sessionlake.checkpoint import (
     unread_input,
 )
 from sessionlake.config import (
+    JAVA_INT_MAX,
+    MAX_AGE_DAYS,
     SPARK_MASTER,
     SPARK_MASTER_FORMS,
     ConfigError,
@@ -58,6 +61,7 @@ from sessionlake.config import (
     parse_duration,
     restart_timeout,
     settings_from,
+    whole_number,
 )
 from sessionlake.deltalog import batch_keys, commit_actions
 from sessionlake.erasure import USER_HASH, user_hash
@@ -72,6 +76,8 @@ from sessionlake.spark import (
     spark_jars,
 )
 from sessionlake.storage import local_path, within
+
+log = logging.getLogger(__name__)
 
 #: The spark-submit entry point every Spark task runs.
 JOB_SCRIPT = PROJECT_ROOT / "jobs" / "sessionlake_job.py"
@@ -126,6 +132,10 @@ def _need_source(locations: Locations) -> str:
 # --- params ----------------------------------------------------------------------------
 
 
+#: A number without a unit.
+_BARE_NUMBER = re.compile(r"^\d+(?:\.\d+)?$")
+
+
 def _bad(name: str, value: Any, why: str) -> ValueError:
     return ValueError(f"param {name}={value!r} is invalid: {why}")
 
@@ -138,21 +148,22 @@ def unknown_param(name: str, declared: Sequence[str]) -> ValueError:
                       f"{', '.join(declared) or 'none'})")
 
 
-def _whole(params: Mapping[str, Any], name: str, minimum: int) -> int:
+def _whole(params: Mapping[str, Any], name: str, minimum: int,
+           maximum: int = JAVA_INT_MAX) -> int:
+    """``params[name]`` as a whole number from ``minimum`` to ``maximum``."""
     value = params.get(name)
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise _bad(name, value, f"must be a whole number >= {minimum}")
+    wanted = f"must be a whole number from {minimum} to {maximum}"
+    if not isinstance(value, int | str):
+        raise _bad(name, value, wanted)
     try:
-        number = int(value)
-    except ValueError:
-        raise _bad(name, value, f"must be a whole number >= {minimum}") from None
-    if number < minimum:
-        raise _bad(name, value, f"must be >= {minimum}")
-    return number
+        return whole_number(value, name, minimum, maximum)
+    except ConfigError:
+        raise _bad(name, value, wanted) from None
 
 
-def _optional_whole(params: Mapping[str, Any], name: str, minimum: int) -> int | None:
-    return None if params.get(name) is None else _whole(params, name, minimum)
+def _optional_whole(params: Mapping[str, Any], name: str, minimum: int,
+                    maximum: int = JAVA_INT_MAX) -> int | None:
+    return None if params.get(name) is None else _whole(params, name, minimum, maximum)
 
 
 def _iso_date(params: Mapping[str, Any], name: str) -> date:
@@ -273,7 +284,8 @@ def validate_backfill_params(params: Mapping[str, Any]) -> BackfillParams:
         raise _bad("gap_minutes", value, "must be minutes (30) or a duration (30m, 1h)")
     text = str(value).strip()
     try:
-        gap = parse_duration(f"{text}m" if text.isdigit() else text, "gap_minutes")
+        # A bare number is minutes, as the param's name says, a fraction too (1.5: 90 s).
+        gap = parse_duration(f"{text}m" if _BARE_NUMBER.match(text) else text, "gap_minutes")
     except ConfigError as error:
         raise _bad("gap_minutes", value, str(error)) from None
     if gap <= timedelta(0):
@@ -296,7 +308,7 @@ def validate_snapshot_params(params: Mapping[str, Any]) -> SnapshotParams:
     :raises ValueError: naming the param, its value and why it is wrong.
     """
     name = None if params.get("name") in (None, "") else _identifier(params, "name")
-    return SnapshotParams(name, _optional_whole(params, "max_age_days", 1),
+    return SnapshotParams(name, _optional_whole(params, "max_age_days", 1, MAX_AGE_DAYS),
                           _optional_whole(params, "keep_last", 1))
 
 
@@ -329,11 +341,18 @@ def validate_retention_params(params: Mapping[str, Any]) -> RetentionParams:
     users = params.get("erase_user_ids") or []
     if not isinstance(users, list | tuple):
         raise _bad("erase_user_ids", "...", "must be a list of user ids")
-    for user in users:
+    for number, user in enumerate(users, start=1):
         if not isinstance(user, str) or not user.strip():
             # The list is not repeated: it holds the ids of people being erased.
             raise _bad("erase_user_ids", f"[{len(users)} ids]",
                        f"{user!r} is not a non-empty string")
+        if user != user.strip():
+            # Pasted into the trigger form with a space, it would match no row and the
+            # run would succeed having erased nobody (the Airflow review).
+            raise _bad("erase_user_ids", f"[{len(users)} ids]",
+                       f"entry {number} begins or ends with white space, and ids are "
+                       "matched exactly: give it without, or, where the space is part of "
+                       "the id, its SHA-256 in erase_user_sha256")
     hashes = params.get("erase_user_sha256") or []
     # Nor are these repeated: a user id given here by mistake would go to the task's log.
     if not isinstance(hashes, list | tuple):
@@ -346,9 +365,10 @@ def validate_retention_params(params: Mapping[str, Any]) -> RetentionParams:
     checked = RetentionParams(
         erase_user_sha256=tuple(dict.fromkeys(
             [*(user_hash(u) for u in users), *(d.lower() for d in hashes)])),
-        sessions_max_age_days=_optional_whole(params, "sessions_max_age_days", 1),
-        events_max_age_days=_optional_whole(params, "events_max_age_days", 1),
-        vacuum_retain_hours=_optional_whole(params, "vacuum_retain_hours", 0),
+        sessions_max_age_days=_optional_whole(params, "sessions_max_age_days", 1, MAX_AGE_DAYS),
+        events_max_age_days=_optional_whole(params, "events_max_age_days", 1, MAX_AGE_DAYS),
+        vacuum_retain_hours=_optional_whole(params, "vacuum_retain_hours", 0,
+                                            MAX_AGE_DAYS * 24),
         dry_run=_flag(params, "dry_run"),
     )
     if not checked.erase_user_sha256 and checked.sessions_max_age_days is None \
@@ -738,9 +758,18 @@ def check_restore_possible(locations: Locations, params: RestoreParams,
         except SnapshotError as error:
             raise _bad("snapshot_id", params.snapshot_id, str(error)) from None
     holder = stream_holding(locations.checkpoint)
+    if holder is not None and _restart_dag_args(locations.checkpoint, holder) is None:
+        holder = wait_for_run_to_end(locations.checkpoint, holder, restart_timeout())
     noted = None if holder is None else _restart_dag_args(locations.checkpoint, holder)
     if noted is not None:
         checked_restart_args(locations, noted, connection_master)
+    if holder is not None and noted is None and ends_by_itself(holder):
+        raise ValueError(
+            f"sessionlake {holder} still holds checkpoint {locations.checkpoint} after "
+            f"{format_duration(timedelta(seconds=restart_timeout()))} "
+            "(SESSIONLAKE_RESTART_TIMEOUT), and a restore needs the stream stopped. It is no "
+            "continuous run: it ends once it has read its input (a micro-batch DAG run, a "
+            "backlog, a maintenance command); trigger the restore again once it has")
     if holder is not None and noted is None:
         raise ValueError(
             f"sessionlake run {holder} holds checkpoint {locations.checkpoint}, and a restore "
@@ -749,6 +778,36 @@ def check_restore_possible(locations: Locations, params: RestoreParams,
             "flight; trigger the restore again, then start the run again as it was started")
     if holder is not None:
         refuse_signal_elsewhere(holder, locations.checkpoint)
+
+
+def ends_by_itself(holder: Holder) -> bool:
+    """Whether the process holding a checkpoint ends without being stopped: a sessionlake
+    process of this host whose command line asks for no continuous run (an available-now
+    run, such as the micro-batch DAG's; a snapshot, an erasure). Unknown, it does not."""
+    if not holder.here or holder.pid is None:
+        return False
+    try:
+        args = Path(f"/proc/{holder.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return (any(b"sessionlake" in arg for arg in args)
+            and b"continuous" not in args and b"--trigger=continuous" not in args)
+
+
+def wait_for_run_to_end(checkpoint: str, holder: Holder, timeout: float) -> Holder | None:
+    """Wait, up to ``timeout`` seconds, while a run that ends by itself
+    (:func:`ends_by_itself`) holds the checkpoint: a restore triggered beside a scheduled
+    micro-batch waits for its batch instead of failing. The holder then; ``None`` once
+    the checkpoint is free."""
+    deadline = time.monotonic() + timeout
+    current: Holder | None = holder
+    if ends_by_itself(holder):
+        log.info("sessionlake %s holds checkpoint %s and ends by itself: waiting up to %.0f s",
+                 holder, checkpoint, timeout)
+    while current is not None and ends_by_itself(current) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        current = stream_holding(checkpoint)
+    return current
 
 
 def checked_restart_args(locations: Locations, args: Sequence[str],

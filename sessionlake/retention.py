@@ -35,7 +35,13 @@ from pyspark.sql import functions as F
 from sessionlake import faults
 from sessionlake.agelimits import cutoff_conditions
 from sessionlake.checkpoint import LockTimeout, batch_locks
-from sessionlake.config import VACUUM_RETAIN_HOURS, ActionableError, Settings, format_duration
+from sessionlake.config import (
+    MAX_AGE_DAYS,
+    VACUUM_RETAIN_HOURS,
+    ActionableError,
+    Settings,
+    format_duration,
+)
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.erasure import (
     USER_HASH,
@@ -177,13 +183,13 @@ def check_request(request: RetentionRequest) -> None:
         if not isinstance(digest, str) or not USER_HASH.match(digest):
             raise RetentionError(f"erase-user-sha256 {digest!r} is not a SHA-256 in "
                                  "lowercase hex (64 digits)")
-    for name in ("sessions_max_age_days", "events_max_age_days"):
+    for name, low, high in (("sessions_max_age_days", 1, MAX_AGE_DAYS),
+                            ("events_max_age_days", 1, MAX_AGE_DAYS),
+                            ("vacuum_retain_hours", 0, MAX_AGE_DAYS * 24)):
         value = getattr(request, name)
-        if value is not None and value < 1:
-            raise RetentionError(f"{name.replace('_', '-')} must be >= 1, got {value}")
-    if request.vacuum_retain_hours is not None and request.vacuum_retain_hours < 0:
-        raise RetentionError(
-            f"vacuum-retain-hours must be >= 0, got {request.vacuum_retain_hours}")
+        if value is not None and not low <= value <= high:
+            raise RetentionError(
+                f"{name.replace('_', '-')} must be from {low} to {high}, got {value}")
     if not (request.erased_hashes or request.vacuum_retain_hours is not None
             or request.sessions_max_age_days is not None
             or request.events_max_age_days is not None):

@@ -151,10 +151,12 @@ def held_by_another_process(locks: str, *paths: str | Path) -> Iterator[subproce
 
 
 @contextmanager
-def flock_held(lock: Path, stubborn_run: bool = False) -> Iterator[subprocess.Popen[str]]:
+def flock_held(lock: Path, stubborn_run: bool = False, args: Sequence[str] = ()
+               ) -> Iterator[subprocess.Popen[str]]:
     """A Python process holding ``lock`` with ``flock`` until the block ends (then killed):
     no sessionlake run, or with ``stubborn_run`` one that a stop takes for a run (its
-    command line names sessionlake) and that a SIGTERM does not stop."""
+    command line names sessionlake) and that a SIGTERM does not stop; ``args`` end its
+    command line (``--trigger continuous``, say)."""
     holder = subprocess.Popen(
         [sys.executable, "-c",
          ("# a sessionlake run that ignores SIGTERM\n"
@@ -162,7 +164,7 @@ def flock_held(lock: Path, stubborn_run: bool = False) -> Iterator[subprocess.Po
           else "")
          + "import fcntl, os, time\n"
          + "lock = open(os.environ['LOCK'], 'a+'); fcntl.flock(lock, fcntl.LOCK_EX)\n"
-         "print('held', flush=True); time.sleep(600)"],
+         "print('held', flush=True); time.sleep(600)", *args],
         # The path in the environment, not the command line: a test's folder may be named
         # for sessionlake, and a stop signals a command line that names it.
         env={**os.environ, "LOCK": str(lock)}, stdout=subprocess.PIPE, text=True,

@@ -75,7 +75,11 @@ def test_every_option_s_value_has_a_name_not_its_dest() -> None:
          "a value that starts with '-' is written --gap=VALUE"),
         (["run", "--lake", "L", "--source", ".", "--gap=-5m"], "gap must be a duration"),
         (["run", "--lake", "L", "--source", ".", "--shuffle-partitions", "0"],
-         "shuffle-partitions must be a whole number >= 1"),
+         "shuffle-partitions must be a whole number from 1 to 2147483647"),
+        (["run", "--lake", "L", "--source", ".", "--shuffle-partitions", "2147483648"],
+         "shuffle-partitions must be a whole number from 1 to 2147483647, got 2147483648"),
+        (["run", "--lake", "L", "--source", ".", "--gap", "99999999999d"],
+         "gap must be at most 36500d"),
         (["run", "--source", "."], "no lake location"),
         (["run", "--lake", "L", "--source", "."], "lies in the landing folder"),
         (["run", "--lake", "../elsewhere", "--source", ".", "--checkpoint", "L"],
@@ -155,6 +159,11 @@ def test_a_bad_process_variable_is_refused_before_the_lake_is_touched(
                   "Checkpoint block rdd_12_0 not found!\n"),
      "[CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND] Checkpoint block rdd_12_0 not found!"),
     (KeyError("session_id"), "KeyError: 'session_id'"),
+    # The JVM killed alone (the Kafka review: the line said only "Connection refused").
+    (ConnectionRefusedError(111, "Connection refused"),
+     "Spark's driver JVM is gone (killed, or out of memory: its last lines above say which); "
+     "run it again: a run goes on from its checkpoint and replays the batch it was in "
+     "(ConnectionRefusedError: [Errno 111] Connection refused)"),
 ])
 def test_an_unforeseen_failure_ends_with_its_cause_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,

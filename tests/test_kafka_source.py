@@ -259,6 +259,23 @@ def test_a_new_checkpoint_on_a_topic_another_checkpoint_read_is_refused(
     assert lake_streams(spark, str(lake)) == [str(tmp_path / "first")]  # not noted
     assert not (lake / "_checkpoints" / "stream" / "format.json").exists()  # nor its format
 
+    # Its offsets gone (moved aside, as doctor says of a damaged one), a new checkpoint
+    # there or elsewhere would read the topic again, and its events without an event_id
+    # (an id from the offset, which the duplicate check leaves out) would be doubled (the
+    # Kafka review).
+    (tmp_path / "first").rename(tmp_path / "moved-aside")
+    for checkpoint in ("first", "other"):
+        with pytest.raises(ConfigError, match=(
+                f"the lake holds records of topic {topic}, read by the stream of checkpoint "
+                f"{tmp_path / 'first'}, whose offsets are gone.* Nothing was read.*"
+                "--starting-offsets latest")):
+            run_stream(spark, forgot.with_overrides(checkpoint=str(tmp_path / checkpoint)))
+    assert {t: table_version(spark, str(lake), t) for t in STREAM_TABLES} == versions
+    events = read_table(spark, str(lake), "events").count()
+    run_stream(spark, forgot.with_overrides(checkpoint=str(tmp_path / "first"),
+                                            kafka_starting_offsets="latest"))
+    assert read_table(spark, str(lake), "events").count() == events  # none read again
+
 
 def input_records(spark: SparkSession, lake: Path) -> int:
     """The records the lake's batches read, in all."""

@@ -335,6 +335,9 @@ def test_a_dry_run_counts_what_the_run_deletes_and_changes_nothing(
         (RetentionRequest(erase_user_sha256=("u2",)), "erase-user-sha256 'u2' is not a SHA-256"),
         (RetentionRequest(sessions_max_age_days=0), "sessions-max-age-days"),
         (RetentionRequest(vacuum_retain_hours=-1), "vacuum-retain-hours"),
+        # A digit too many: the cut-off date would lie before Python's first (year 1).
+        (RetentionRequest(events_max_age_days=10**6),
+         "events-max-age-days must be from 1 to 36500, got 1000000"),
         (RetentionRequest(), "nothing to do: give --erase-user ID"),  # no audit row either
         (RetentionRequest(force_vacuum=True), "nothing to do"),
     ],

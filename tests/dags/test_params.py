@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from datetime import date, timedelta
 from functools import partial
@@ -43,6 +44,12 @@ WHERE = orch.Locations(lake="/l", source="/in", checkpoint="/l/_checkpoints/stre
         (orch.validate_backfill_params,  # a duration instead of minutes
          {"from_date": "2026-01-01", "to_date": "2026-01-31", "gap_minutes": "1h"},
          orch.BackfillParams(date(2026, 1, 1), date(2026, 1, 31), timedelta(hours=1))),
+        # A bare number is minutes, a fraction too: "1.5" was 1.5 s (the Airflow review).
+        *[(orch.validate_backfill_params,
+           {"from_date": "2026-01-01", "to_date": "2026-01-01", "gap_minutes": minutes},
+           orch.BackfillParams(date(2026, 1, 1), date(2026, 1, 1), gap))
+          for minutes, gap in (("1.5", timedelta(seconds=90)), (" 45 ", timedelta(minutes=45)),
+                               ("90s", timedelta(seconds=90)))],
         (orch.validate_compaction_params, {"min_files": 1}, orch.CompactionParams(1)),
         (orch.validate_snapshot_params, {"name": None}, orch.SnapshotParams(None)),
         (orch.validate_snapshot_params, {"name": "before-upgrade_2.1"},
@@ -159,6 +166,15 @@ def test_an_unknown_param_is_named_without_its_value() -> None:
          {"erase_user_ids": [], "sessions_max_age_days": None, "events_max_age_days": None,
           "vacuum_retain_hours": None, "dry_run": True}, "the run would do nothing"),
         (orch.validate_retention_params, {"erase_user_ids": ["u1", " "]}, "' ' is not"),
+        (orch.validate_retention_params, {"erase_user_ids": ["u1", "66.249.73.135 "]},
+         "entry 2 begins or ends with white space"),
+        (orch.validate_retention_params, {"sessions_max_age_days": 10**12},
+         "sessions_max_age_days=1000000000000 is invalid: must be a whole number from 1 to "
+         "36500"),
+        (orch.validate_retention_params, {"vacuum_retain_hours": 10**15},
+         "from 0 to 876000"),
+        (orch.validate_snapshot_params, {"max_age_days": 36501}, "from 1 to 36500"),
+        (orch.validate_compaction_params, {"min_files": 10**30}, "from 1 to 2147483647"),
         (orch.validate_retention_params, {"erase_user_ids": [7]}, "7 is not a non-empty"),
         (orch.validate_retention_params, {"erase_user_sha256": "ab"}, "must be a list"),
         (orch.validate_retention_params, {"erase_user_sha256": ["ab" * 31]},
@@ -172,6 +188,14 @@ def test_an_unknown_param_is_named_without_its_value() -> None:
         (orch.validate_restart_params, {"shuffle_partitions": 2, "master": "local[0]"}, "master"),
         (orch.validate_restart_params, {"shuffle_partitions": 0, "master": "local[2]"},
          "shuffle_partitions=0"),
+        # Above a Java int: Spark refused it only after the restart DAG stopped the stream
+        # (the Airflow review).
+        (orch.validate_restart_params,
+         {"shuffle_partitions": 2147483648, "master": "local[2]"},
+         "shuffle_partitions=2147483648 is invalid: must be a whole number from 1 to "
+         "2147483647"),
+        (orch.validate_microbatch_params, {"shuffle_partitions": "99999999999999999999"},
+         "from 1 to 2147483647"),
     ],
 )
 def test_bad_params_name_the_param_value_and_reason(
@@ -424,6 +448,32 @@ def test_only_the_restart_dag_s_run_is_stopped_for_a_restore(tmp_path: Path) -> 
         assert orch.stop_for_restore(str(checkpoint), timeout=30) == args
         holder.wait(timeout=30)
     assert orch.running_pid(str(checkpoint)) is None
+
+
+def test_a_restore_waits_for_a_run_that_ends_by_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore triggered while a scheduled micro-batch (no continuous run) holds the
+    checkpoint waits for it to end instead of failing (the Airflow review); one that
+    outlasts ``SESSIONLAKE_RESTART_TIMEOUT`` is refused, saying it ends by itself."""
+    checkpoint = tmp_path / "cp"
+    where = orch.Locations(lake="s3a://bucket/lake", source="/in", checkpoint=str(checkpoint))
+    params = orch.RestoreParams("20260105T101500Z-3f2a")
+    monkeypatch.setenv("SESSIONLAKE_RESTART_TIMEOUT", "1")
+    with held_by_another_process("checkpoint_lock", checkpoint) as holder:
+        with pytest.raises(ValueError, match=f"sessionlake pid {holder.pid} still holds "
+                                             r"checkpoint .* after 1s .* It is no continuous"):
+            orch.check_restore_possible(where, params)
+        monkeypatch.setenv("SESSIONLAKE_RESTART_TIMEOUT", "60")
+        threading.Timer(1.0, holder.kill).start()
+        orch.check_restore_possible(where, params)  # the run ended: the checkpoint is free
+        assert holder.poll() is not None
+    # A continuous run the restart DAG did not start is no run to wait for.
+    with flock_held(checkpoint / "sessionlake.lock", stubborn_run=True,
+                    args=["run", "--trigger", "continuous"]) as holder:
+        refusal = f"`kill -TERM {holder.pid}` stops it"
+        with pytest.raises(ValueError, match=refusal):
+            orch.check_restore_possible(where, params)
 
 
 def test_the_pid_files_do_not_choose_whom_a_stop_signals(tmp_path: Path) -> None:
