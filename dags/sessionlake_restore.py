@@ -15,8 +15,10 @@ snapshot, so the next run resumes from exactly that point.
    snapshot's point (within `SESSIONLAKE_RESTART_TIMEOUT` seconds, 300). With no run
    stopped, step 4 is skipped: the next micro-batch run resumes from the snapshot.
 
-A run from the command line holding the checkpoint is not stopped: the DAG run fails at
-step 1, saying how to stop it. Steps 2-4 run in the one-slot pool `sessionlake_checkpoint`,
+A continuous run from the command line holding the checkpoint is not stopped: the DAG run
+fails at step 1, saying how to stop it. A run of this host that ends by itself (a
+scheduled micro-batch, an available-now run) is waited for at step 1, up to
+`SESSIONLAKE_RESTART_TIMEOUT`. Steps 2-4 run in the one-slot pool `sessionlake_checkpoint`,
 so no micro-batch runs beside any of them; one may run between two of them, which is
 harmless (before the restore, the restore undoes its batch; after it, it resumes from the
 snapshot), and step 4 counts only the started run's own batches.

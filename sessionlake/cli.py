@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve", help="a Spark Connect server with the lake's tables, for notebooks and BI")
     _lake(serve)
-    serve.add_argument("--port", type=_at_least(1), default=15002,
+    serve.add_argument("--port", type=_at_least(1, 65535), default=15002,
                        help="Spark Connect port (15002)")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (127.0.0.1; 0.0.0.0 for every interface, "
@@ -907,6 +907,11 @@ def configure_logging(verbosity: int) -> None:
     logging.getLogger("sessionlake.monitor").setLevel(logging.INFO)
 
 
+#: Commands that commit nothing to a lake: a wrong variable of the writers' does not stop
+#: them (``doctor`` least of all, which tells what to mend).
+READ_ONLY_COMMANDS = frozenset({"sql", "serve", "report", "doctor", "generate"})
+
+
 def _run(argv: Sequence[str] | None) -> int:
     """Parse the command line and run its command, turning known errors into one line."""
     args = build_parser().parse_args(argv)
@@ -914,7 +919,8 @@ def _run(argv: Sequence[str] | None) -> int:
     _COMMAND_SESSION.clear()
     _CTRL_C.clear()
     try:
-        check_process_environment()
+        if args.command not in READ_ONLY_COMMANDS:
+            check_process_environment()
         return COMMANDS[args.command](args)
     except (UsageError, ActionableError) as error:
         print(f"sessionlake: error: {error}", file=sys.stderr)
@@ -996,9 +1002,10 @@ def _failed(command: str, error: Exception) -> int:
     traceback.print_exc()
     summary = error_summary(f"{type(error).__name__}: {error}")
     if _jvm_gone(error):
-        summary = (f"Spark's driver JVM is gone (killed, or out of memory: its last lines "
-                   f"above say which); run it again: a run goes on from its checkpoint and "
-                   f"replays the batch it was in ({summary})")
+        again = ("run it again: it goes on from its checkpoint and replays the batch it was "
+                 "in" if command == "run" else AFTER_INTERRUPT.get(command, "run it again"))
+        summary = (f"Spark's driver JVM is gone under it (killed: by hand, or by the kernel's "
+                   f"OOM killer, which `dmesg` names); {again} ({summary})")
     print(f"sessionlake: error: {command} failed: {summary} (its trace is above)",
           file=sys.stderr)
     return EXIT_FAILED

@@ -371,6 +371,12 @@ def _pick(values: Mapping[str, Any], env: Mapping[str, str], key: str) -> Any:
     return value
 
 
+def positive_int(value: Any, name: str) -> int:
+    """A whole number from 1 to :data:`JAVA_INT_MAX` (:func:`whole_number`, which it
+    was before the upper bound)."""
+    return whole_number(value, name)
+
+
 def conflict_attempts() -> int:
     """How often a Delta commit that lost a race is tried: ``$SESSIONLAKE_CONFLICT_ATTEMPTS``,
     8 (see :mod:`sessionlake.conflicts`).
@@ -392,14 +398,14 @@ def restart_timeout() -> float:
 
 
 def check_process_environment() -> None:
-    """Refuse a wrong value of a variable read deep inside a command, before the command
-    touches any data: otherwise it would surface only where first needed, such as a
-    batch's first lost commit race, after other tables had taken the batch.
+    """Refuse a wrong value of a variable read deep inside a command that writes, before
+    it touches any data: otherwise it would surface only where first needed, a batch's
+    first lost commit race, after other tables had taken the batch. (The restart and
+    restore DAGs read ``SESSIONLAKE_RESTART_TIMEOUT`` before they stop anything.)
 
-    :raises ConfigError: naming the first wrong variable.
+    :raises ConfigError: naming the variable.
     """
     conflict_attempts()
-    restart_timeout()
 
 
 def settings_from(

@@ -49,11 +49,13 @@ from sessionlake.registry import (
     checkpoint_key,
     kafka_source_key,
     lake_stream_entries,
+    noted_stream_ids,
     same_kafka_topic,
     source_key,
 )
 from sessionlake.sources import KAFKA_SCHEME
 from sessionlake.tables import (
+    BATCH_METRICS,
     EVENTS,
     LATE_EVENTS,
     QUARANTINE,
@@ -488,7 +490,7 @@ def check_topic_not_read_elsewhere(
     ours, source = checkpoint_key(settings.checkpoint), source_key(settings)
     if storage.list_names(spark, f"{ours}/{SPARK_CHECKPOINT}/offsets"):
         return  # a stream that has read is not new
-    readers = []
+    candidates: dict[str, Mapping[str, Any]] = {}
     for checkpoint, noted in lake_stream_entries(spark, settings.lake).items():
         if not same_kafka_topic(noted, source, topic.cluster_id, topic.topic_id):
             continue
@@ -501,9 +503,10 @@ def check_topic_not_read_elsewhere(
                 f"{settings.checkpoint} would start again from --starting-offsets "
                 f"{settings.kafka_starting_offsets}. Run with --checkpoint {checkpoint}"
             )
-        readers.append(checkpoint)
-    if readers and settings.kafka_starting_offsets == "earliest" and \
-            topic_taken_in(spark, settings.lake, settings.kafka_topic or ""):
+        candidates[checkpoint] = noted
+    readers = (_streams_that_read(spark, settings, candidates)
+               if candidates and settings.kafka_starting_offsets == "earliest" else [])
+    if readers:
         raise ConfigError(
             f"the lake holds records of topic {settings.kafka_topic}, read by the stream of "
             f"checkpoint {' and '.join(readers)}, whose offsets are gone; a stream on the new "
@@ -516,14 +519,32 @@ def check_topic_not_read_elsewhere(
         )
 
 
+def _streams_that_read(spark: SparkSession, settings: Settings,
+                       candidates: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Which of the checkpoints noted on the topic, none of which holds offsets now, had
+    read it: those whose identities have batches in ``batch_metrics`` (a checkpoint
+    that failed before its first batch read nothing). A note from before identities were
+    noted is judged by the lake's records of the topic's name (:func:`topic_taken_in`)."""
+    ids = {checkpoint: noted_stream_ids(noted) for checkpoint, noted in candidates.items()}
+    known = {i for noted in ids.values() for i in noted or []}
+    ran = set() if not known or never_written(spark, settings.lake, BATCH_METRICS) else {
+        row["stream_id"] for row in read_table(spark, settings.lake, BATCH_METRICS)
+        .where(F.col("stream_id").isin(sorted(known))).select("stream_id").distinct()
+        .collect()}
+    old = [checkpoint for checkpoint, noted in ids.items() if noted is None]
+    old_read = bool(old) and topic_taken_in(spark, settings.lake, settings.kafka_topic or "")
+    return [checkpoint for checkpoint, noted in ids.items()
+            if (noted is None and old_read) or ran.intersection(noted or [])]
+
+
 def topic_taken_in(spark: SparkSession, lake: str, topic: str) -> bool:
     """Whether the lake's ``events``, ``late_events`` or ``quarantine`` holds a record of
     Kafka ``topic`` (asked only of a new checkpoint on a topic its lake's streams read)."""
     prefix = f"{KAFKA_SCHEME}{topic}/"
     return any(
         table_exists(spark, lake, table) and not never_written(spark, lake, table)
-        and read_table(spark, lake, table).where(F.col("source_file").startswith(prefix))
-        .limit(1).count() > 0
+        and not read_table(spark, lake, table).where(F.col("source_file").startswith(prefix))
+        .isEmpty()
         for table in (EVENTS, LATE_EVENTS, QUARANTINE))
 
 

@@ -745,7 +745,8 @@ def check_restore_possible(locations: Locations, params: RestoreParams,
     run that Airflow cannot start again holds the checkpoint (one from the command line,
     or one whose noted command line :func:`checked_restart_args` refuses). The restart
     DAG's continuous run is no obstacle: the restore DAG stops it first and starts it
-    again after (:func:`stop_for_restore`).
+    again after (:func:`stop_for_restore`). Nor is, for ``SESSIONLAKE_RESTART_TIMEOUT``, a
+    run of this host that ends by itself (:func:`ends_by_itself`): it is waited for.
 
     :raises ValueError: naming the param and the snapshots there are, or the run and how to
         stop it.
@@ -769,7 +770,8 @@ def check_restore_possible(locations: Locations, params: RestoreParams,
             f"{format_duration(timedelta(seconds=restart_timeout()))} "
             "(SESSIONLAKE_RESTART_TIMEOUT), and a restore needs the stream stopped. It is no "
             "continuous run: it ends once it has read its input (a micro-batch DAG run, a "
-            "backlog, a maintenance command); trigger the restore again once it has")
+            "backlog, a maintenance command); trigger the restore again once it has, or, "
+            f"if it hangs, `kill -TERM {holder.pid}` stops it after its batch in flight")
     if holder is not None and noted is None:
         raise ValueError(
             f"sessionlake run {holder} holds checkpoint {locations.checkpoint}, and a restore "
@@ -783,15 +785,27 @@ def check_restore_possible(locations: Locations, params: RestoreParams,
 def ends_by_itself(holder: Holder) -> bool:
     """Whether the process holding a checkpoint ends without being stopped: a sessionlake
     process of this host whose command line asks for no continuous run (an available-now
-    run, such as the micro-batch DAG's; a snapshot, an erasure). Unknown, it does not."""
+    run, such as the micro-batch DAG's; a snapshot, a restore). Unknown, it does not."""
     if not holder.here or holder.pid is None:
         return False
     try:
-        args = Path(f"/proc/{holder.pid}/cmdline").read_bytes().split(b"\0")
+        args = Path(f"/proc/{holder.pid}/cmdline").read_bytes().decode(
+            errors="replace").split("\0")
     except OSError:
         return False
-    return (any(b"sessionlake" in arg for arg in args)
-            and b"continuous" not in args and b"--trigger=continuous" not in args)
+    return any("sessionlake" in arg for arg in args) and not asks_continuous(args)
+
+
+def asks_continuous(args: Sequence[str]) -> bool:
+    """Whether a command line asks for ``--trigger continuous``, as the command line's
+    parser reads it: ``--trigger=continuous``, or any prefix of the flag it takes
+    (``--trig continuous``); not another flag's value (``--name continuous``)."""
+    def is_trigger(flag: str) -> bool:
+        return len(flag) > 2 and "--trigger".startswith(flag)
+
+    return any((is_trigger(arg.partition("=")[0]) and arg.partition("=")[2] == "continuous")
+               or (arg == "continuous" and index > 0 and is_trigger(args[index - 1]))
+               for index, arg in enumerate(args))
 
 
 def wait_for_run_to_end(checkpoint: str, holder: Holder, timeout: float) -> Holder | None:

@@ -40,7 +40,7 @@ def _streams_folder(lake: str) -> str:
 
 def register_stream(spark: SparkSession, lake: str, checkpoint: str,
                     source: str | None = None, kafka_cluster: str | None = None,
-                    kafka_topic_id: str | None = None) -> None:
+                    kafka_topic_id: str | None = None, stream_id: str | None = None) -> None:
     """Note ``checkpoint`` among the lake's streams, once, with the ``source`` it reads
     (:func:`source_key`) and, for Kafka, the ids of the brokers' cluster and of the topic,
     so that maintenance and the lake's other streams find its unfinished batches
@@ -51,6 +51,9 @@ def register_stream(spark: SparkSession, lake: str, checkpoint: str,
     A checkpoint inside the lake (the default) is noted relative to it, so that a copy of
     the lake names its own copy of the checkpoint, not the original's. A note written
     before sources (or clusters) were noted gets them at the stream's next run.
+    ``stream_id``: the checkpoint's identity, kept with those it had before (a checkpoint
+    made anew at the same path has another), so that a stream's rows in ``batch_metrics``
+    tell whether it read anything (:func:`noted_stream_ids`).
     """
     key, inside = checkpoint_key(checkpoint), f"{checkpoint_key(lake)}/"
     noted = key[len(inside):] if key.startswith(inside) else key
@@ -62,6 +65,9 @@ def register_stream(spark: SparkSession, lake: str, checkpoint: str,
     for key, value in (("kafka_cluster", kafka_cluster), ("kafka_topic_id", kafka_topic_id)):
         if value or before.get(key):
             entry[key] = before.get(key) or value
+    ids = [*before.get("stream_ids", []), *([stream_id] if stream_id else [])]
+    if ids:
+        entry["stream_ids"] = list(dict.fromkeys(ids))
     if entry != before:
         storage.write_text(spark, uri, json.dumps(entry))
 
@@ -145,3 +151,10 @@ def unfinished_batch_since(spark: SparkSession | None, checkpoint: str) -> datet
         if entry and not entry.get("done"):
             oldest = datetime.fromisoformat(entry["processing_time"])
     return oldest
+
+
+def noted_stream_ids(noted: Mapping[str, Any]) -> list[str] | None:
+    """The identities a stream's note (:func:`register_stream`) has known its checkpoint
+    by; ``None`` for a note written before they were noted."""
+    ids = noted.get("stream_ids")
+    return [str(i) for i in ids] if isinstance(ids, list) else None

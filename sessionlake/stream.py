@@ -600,11 +600,12 @@ def landing_files(spark: SparkSession, settings: Settings, subfolders: bool = Tr
 
 
 def check_and_register_stream(spark: SparkSession, settings: Settings,
-                              topic: KafkaTopic | None) -> None:
+                              topic: KafkaTopic | None) -> StreamIdentity:
     """Refuse, before the stream reads or writes anything, a run that would break what
     earlier runs left (a restore cut off, another checkpoint's batch cut off, another
     source than the checkpoint's, a changed gap or input format), tidy what the checkpoint read
-    (files archived meanwhile), then note the stream in the lake."""
+    (files archived meanwhile), then note the stream in the lake with its identity, which
+    it returns."""
     check_no_restore_pending(spark, settings.checkpoint)
     check_last_batch_has_its_offsets(spark, settings.checkpoint)
     check_newest_commits(settings.lake)
@@ -626,8 +627,11 @@ def check_and_register_stream(spark: SparkSession, settings: Settings,
         forget_files_archived_meanwhile(settings)
     if format_unnoted:
         note_input_format(spark, settings.checkpoint, settings.input_format)
+    identity = stream_identity(spark, settings.checkpoint)
     register_stream(spark, settings.lake, settings.checkpoint, source_key(settings),
-                    *((topic.cluster_id, topic.topic_id) if topic else ()))
+                    *((topic.cluster_id, topic.topic_id) if topic else (None, None)),
+                    stream_id=identity.stream_id)
+    return identity
 
 
 def prepare_lake(spark: SparkSession, settings: Settings) -> Settings:
@@ -697,9 +701,8 @@ def run_stream(
     source = check_source(settings)
     topic = check_kafka_topic(spark, settings) if settings.reads_kafka else None
     with stream_locks(settings.lake, settings.checkpoint):
-        check_and_register_stream(spark, settings, topic)
+        identity = check_and_register_stream(spark, settings, topic)
         settings = prepare_lake(spark, settings)
-        identity = stream_identity(spark, settings.checkpoint)
         stream, to_lines = input_lines(spark, settings, source)
         handler = _BatchHandler(spark, settings, identity, to_lines, clock, on_batch,
                                 topic.earliest if topic is not None else {})

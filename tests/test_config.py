@@ -169,9 +169,6 @@ def test_bad_kafka_properties_are_refused_naming_the_key(
     ("SESSIONLAKE_CONFLICT_ATTEMPTS", "0", True),
     ("SESSIONLAKE_CONFLICT_ATTEMPTS", "-3", True),
     ("SESSIONLAKE_CONFLICT_ATTEMPTS", "2.5", True),
-    ("SESSIONLAKE_RESTART_TIMEOUT", "90", False),
-    ("SESSIONLAKE_RESTART_TIMEOUT", "10m", False),
-    ("SESSIONLAKE_RESTART_TIMEOUT", "soon", True),
 ])
 def test_the_process_variables_are_checked_together(
     variable: str, value: str, wrong: bool, monkeypatch: pytest.MonkeyPatch

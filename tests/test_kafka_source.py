@@ -41,7 +41,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake.checkpoint import KAFKA_ERASURE_NOTE, KAFKA_ERASURES_DIR
+from sessionlake.checkpoint import KAFKA_ERASURE_NOTE, KAFKA_ERASURES_DIR, STREAMS_DIR
 from sessionlake.cli import main
 from sessionlake.config import ConfigError, Settings, settings_from
 from sessionlake.devkafka import KafkaBroker, free_port, start_broker
@@ -275,6 +275,17 @@ def test_a_new_checkpoint_on_a_topic_another_checkpoint_read_is_refused(
     run_stream(spark, forgot.with_overrides(checkpoint=str(tmp_path / "first"),
                                             kafka_starting_offsets="latest"))
     assert read_table(spark, str(lake), "events").count() == events  # none read again
+
+    # A checkpoint whose first run failed before its first batch read nothing, and is no
+    # reader (the diff review): with the lake's stream noted on an earlier topic of the
+    # name (another topic id), a run on it again reads the topic.
+    for note in (lake / "_checkpoints" / STREAMS_DIR).glob("*.json"):
+        note.write_text(json.dumps({**json.loads(note.read_text()),
+                                    "kafka_topic_id": "an-earlier-topic"}))
+    failed = forgot.with_overrides(checkpoint=str(tmp_path / "failed-first"))
+    register_stream(spark, str(lake), failed.checkpoint, source_key(failed),
+                    stream_id="failed-first")
+    assert len(run_stream(spark, failed).batches) >= 1
 
 
 def input_records(spark: SparkSession, lake: Path) -> int:

@@ -282,8 +282,8 @@ def test_microbatch_runs_are_skipped_while_a_continuous_run_holds_the_checkpoint
     """Beside the restart DAG's continuous run, the scheduled runs would each start a job
     that the checkpoint's lock refuses, and fail every five minutes; they are skipped. Any
     other run holding the checkpoint fails them, naming it: skipped, a run left hanging
-    would keep the DAG green while nothing reads the landing folder. A restore is refused
-    before its job starts, saying how to stop a run the restart DAG did not start."""
+    would keep the DAG green while nothing reads the landing folder. A restore waits for a
+    run that ends by itself, then is refused before its job starts."""
     monkeypatch.setenv("SESSIONLAKE_LAKE", str(lake["lake"]))
     monkeypatch.setenv("SESSIONLAKE_SOURCE", str(lake["root"] / "landing"))
     checkpoint = lake["lake"] / "_checkpoints" / "stream"

@@ -450,6 +450,24 @@ def test_only_the_restart_dag_s_run_is_stopped_for_a_restore(tmp_path: Path) -> 
     assert orch.running_pid(str(checkpoint)) is None
 
 
+@pytest.mark.parametrize(("args", "continuous"), [
+    (["sessionlake", "run", "--trigger", "continuous"], True),
+    (["sessionlake", "run", "--trigger=continuous"], True),
+    (["sessionlake", "run", "--trig", "continuous"], True),  # argparse takes a prefix
+    (["sessionlake", "run", "--trig=continuous"], True),
+    (["sessionlake", "run", "--trigger", "available-now"], False),
+    (["sessionlake", "run"], False),
+    (["sessionlake", "snapshot", "--name", "continuous"], False),  # another flag's value
+    (["sessionlake", "run", "--checkpoint", "continuous"], False),
+])
+def test_a_continuous_run_is_told_by_its_command_line_as_the_parser_reads_it(
+    args: list[str], continuous: bool
+) -> None:
+    """The diff review: ``--trig=continuous`` was taken for a run that ends by itself, and
+    ``--name continuous`` for a continuous one."""
+    assert orch.asks_continuous(args) is continuous
+
+
 def test_a_restore_waits_for_a_run_that_ends_by_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
