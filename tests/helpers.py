@@ -130,6 +130,17 @@ def hm(at: str) -> datetime:
     return datetime(2026, 1, 5, hours, minutes, rest[0] if rest else 0)
 
 
+def _once_held(holder: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """``holder`` once it printed ``held``, until the block ends; then it is killed, so the
+    kernel lets go of its locks and its holder files stay."""
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 @contextmanager
 def held_by_another_process(locks: str, *paths: str | Path) -> Iterator[subprocess.Popen[str]]:
     """Another process holding ``locks`` (a lock context manager of ``sessionlake.stream``,
@@ -142,12 +153,7 @@ def held_by_another_process(locks: str, *paths: str | Path) -> Iterator[subproce
          *map(str, paths)],
         stdout=subprocess.PIPE, text=True,
     )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        yield holder
-    finally:
-        holder.kill()
-        holder.wait()
+    yield from _once_held(holder)
 
 
 @contextmanager
@@ -169,12 +175,7 @@ def flock_held(lock: Path, stubborn_run: bool = False, args: Sequence[str] = ()
         # for sessionlake, and a stop signals a command line that names it.
         env={**os.environ, "LOCK": str(lock)}, stdout=subprocess.PIPE, text=True,
     )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        yield holder
-    finally:
-        holder.kill()
-        holder.wait()
+    yield from _once_held(holder)
 
 
 @contextmanager
