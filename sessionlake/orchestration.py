@@ -718,22 +718,34 @@ def stream_holding(checkpoint: str) -> Holder | None:
 def microbatch_skip_reason(locations: Locations) -> str | None:
     """Why a micro-batch DAG run has nothing to do: the restart DAG's continuous run holds
     the checkpoint and reads the landing folder itself (the job would be refused, and the
-    DAG run would fail every five minutes). ``None``: go on.
+    DAG run would fail every five minutes). ``None``: go on, also once a run of this host
+    that ends by itself (:func:`ends_by_itself`: a backlog run from the command line, say)
+    has let go of the checkpoint, waited for up to ``SESSIONLAKE_RESTART_TIMEOUT``.
 
     :raises ValueError: when another run holds it (one from the command line, or one left
         over by a task that was killed): skipped, the DAG would stay green for as long as
         that run hangs, and nothing would read the landing folder.
     """
     holder = stream_holding(locations.checkpoint)
+    if holder is not None and _restart_dag_args(locations.checkpoint, holder) is None:
+        holder = wait_for_run_to_end(locations.checkpoint, holder, restart_timeout())
     if holder is None:
         return None
     if _restart_dag_args(locations.checkpoint, holder) is None:
+        stuck = (f"`kill -TERM {holder.pid}` stops it after its batch in flight; a run "
+                 "meant to go on is better started by the sessionlake_restart DAG, beside "
+                 "which these runs are skipped")
+        if ends_by_itself(holder):
+            raise ValueError(
+                f"sessionlake {holder} still holds checkpoint {locations.checkpoint} after "
+                f"{format_duration(timedelta(seconds=restart_timeout()))} "
+                "(SESSIONLAKE_RESTART_TIMEOUT): no micro-batch can run until it ends. It is "
+                "no continuous run: it ends once it has read its input. If it hangs, "
+                + stuck)
         raise ValueError(
             f"sessionlake run {holder} holds checkpoint {locations.checkpoint}, and it is not "
             "the restart DAG's continuous run (one from the command line, or one left over): "
-            "no micro-batch can run until it ends. If it is stuck, `kill -TERM "
-            f"{holder.pid}` stops it after its batch in flight; a run meant to go on is better "
-            "started by the sessionlake_restart DAG, beside which these runs are skipped")
+            "no micro-batch can run until it ends. If it is stuck, " + stuck)
     return (f"sessionlake run {holder} holds checkpoint {locations.checkpoint} and reads "
             "the landing folder itself (the restart DAG's continuous run): this run has "
             "nothing to do")
@@ -811,8 +823,9 @@ def asks_continuous(args: Sequence[str]) -> bool:
 def wait_for_run_to_end(checkpoint: str, holder: Holder, timeout: float) -> Holder | None:
     """Wait, up to ``timeout`` seconds, while a run that ends by itself
     (:func:`ends_by_itself`) holds the checkpoint: a restore triggered beside a scheduled
-    micro-batch waits for its batch instead of failing. The holder then; ``None`` once
-    the checkpoint is free."""
+    micro-batch waits for its batch instead of failing, and so does a micro-batch DAG run
+    beside a backlog run from the command line. The holder then; ``None`` once the
+    checkpoint is free."""
     deadline = time.monotonic() + timeout
     current: Holder | None = holder
     if ends_by_itself(holder):

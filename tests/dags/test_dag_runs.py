@@ -281,9 +281,11 @@ def test_microbatch_runs_are_skipped_while_a_continuous_run_holds_the_checkpoint
 ) -> None:
     """Beside the restart DAG's continuous run, the scheduled runs would each start a job
     that the checkpoint's lock refuses, and fail every five minutes; they are skipped. Any
-    other run holding the checkpoint fails them, naming it: skipped, a run left hanging
-    would keep the DAG green while nothing reads the landing folder. A restore waits for a
-    run that ends by itself, then is refused before its job starts."""
+    other run holding the checkpoint fails them, naming it, once waited for when it ends
+    by itself: skipped, a run left hanging would keep the DAG green while nothing reads the
+    landing folder. A restore too waits for a run that ends by itself, then is refused
+    before its job starts."""
+    monkeypatch.setenv("SESSIONLAKE_RESTART_TIMEOUT", "1")
     monkeypatch.setenv("SESSIONLAKE_LAKE", str(lake["lake"]))
     monkeypatch.setenv("SESSIONLAKE_SOURCE", str(lake["root"] / "landing"))
     checkpoint = lake["lake"] / "_checkpoints" / "stream"
@@ -293,8 +295,10 @@ def test_microbatch_runs_are_skipped_while_a_continuous_run_holds_the_checkpoint
         assert str(run.state) == "failed"
         assert _task_states(run)["validate_params"] == "failed"
         said = caplog.text + capsys.readouterr().out
-        assert f"sessionlake run pid {holder.pid} holds checkpoint {checkpoint}, and it is " \
-               "not the restart DAG's continuous run" in said
+        # No continuous run (its command line asks for none): it ends by itself, and the
+        # micro-batch waits for it, up to SESSIONLAKE_RESTART_TIMEOUT.
+        assert f"sessionlake pid {holder.pid} still holds checkpoint {checkpoint} after 1s" \
+            in said
         (checkpoint / CONTINUOUS_RUN).write_text(json.dumps({"pid": holder.pid, "args": []}))
         try:
             run = run_dag("sessionlake_microbatch", {"shuffle_partitions": 2})
@@ -304,9 +308,7 @@ def test_microbatch_runs_are_skipped_while_a_continuous_run_holds_the_checkpoint
         assert _task_states(run) == {"validate_params": "skipped", "run_microbatch": "skipped"}
         said = caplog.text + capsys.readouterr().out
         assert f"sessionlake run pid {holder.pid} holds checkpoint {checkpoint} and reads" in said
-        # No continuous run (its command line asks for none): it ends by itself, and the
-        # restore waits for it, up to SESSIONLAKE_RESTART_TIMEOUT.
-        monkeypatch.setenv("SESSIONLAKE_RESTART_TIMEOUT", "1")
+        # The restore waits for it too.
         restore = run_dag("sessionlake_restore", {"snapshot_id": snapshot.snapshot_id})
         assert _task_states(restore)["validate_params"] == "failed"
         assert f"sessionlake pid {holder.pid} still holds checkpoint {checkpoint} after 1s" \

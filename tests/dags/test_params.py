@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from datetime import date, timedelta
 from functools import partial
@@ -492,6 +493,32 @@ def test_a_restore_waits_for_a_run_that_ends_by_itself(
         refusal = f"`kill -TERM {holder.pid}` stops it"
         with pytest.raises(ValueError, match=refusal):
             orch.check_restore_possible(where, params)
+
+
+def test_a_micro_batch_waits_for_a_run_that_ends_by_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scheduled micro-batch beside a backlog run from the command line (an available-now
+    run: it ends by itself) waits for it, then runs, instead of failing; one that outlasts
+    ``SESSIONLAKE_RESTART_TIMEOUT`` fails it, saying so. A continuous run the restart DAG
+    did not start is not waited for."""
+    checkpoint = tmp_path / "cp"
+    where = orch.Locations(lake=str(tmp_path / "lake"), source="/in", checkpoint=str(checkpoint))
+    monkeypatch.setenv("SESSIONLAKE_RESTART_TIMEOUT", "1")
+    with held_by_another_process("checkpoint_lock", checkpoint) as holder:
+        with pytest.raises(ValueError, match=f"sessionlake pid {holder.pid} still holds "
+                                             r"checkpoint .* after 1s .* It is no continuous"):
+            orch.microbatch_skip_reason(where)
+        monkeypatch.setenv("SESSIONLAKE_RESTART_TIMEOUT", "60")
+        threading.Timer(1.0, holder.kill).start()
+        assert orch.microbatch_skip_reason(where) is None  # it ended: the micro-batch runs
+        assert holder.poll() is not None
+    with flock_held(checkpoint / "sessionlake.lock", stubborn_run=True,
+                    args=["run", "--trigger", "continuous"]) as holder:
+        started = time.monotonic()
+        with pytest.raises(ValueError, match="it is not the restart DAG's continuous run"):
+            orch.microbatch_skip_reason(where)
+        assert time.monotonic() - started < 30, "a continuous run is not waited for"
 
 
 def test_the_pid_files_do_not_choose_whom_a_stop_signals(tmp_path: Path) -> None:
