@@ -315,8 +315,16 @@ def _iso_date(text: str) -> date:
 
 
 def _user_id(text: str) -> str:
+    """A user id to erase, as the DAG's ``erase_user_ids`` takes it: one pasted with a
+    space or line end around it would match no row, and the erasure would succeed having
+    erased nobody."""
     if not text.strip():
         raise argparse.ArgumentTypeError("a user id must not be empty")
+    if text != text.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} begins or ends with white space, and ids are matched exactly: give "
+            "it without, or, where the space is part of the id, its SHA-256 with "
+            "--erase-user-sha256")
     return text
 
 

@@ -96,6 +96,10 @@ def test_every_option_s_value_has_a_name_not_its_dest() -> None:
         (["sql", "--lake", "L", "--limit=-1", "SELECT 1"], "argument --limit: '-1' must be >= 0"),
         (["retention", "--lake", "L", "--dry-run"],
          "nothing to do: give --erase-user ID, --erase-user-sha256 HASH, "),
+        # Pasted with a space, it would erase nobody, and the run would succeed.
+        (["retention", "--lake", "L", "--erase-user", "u1 "],
+         "'u1 ' begins or ends with white space, and ids are matched exactly"),
+        (["retention", "--lake", "L", "--erase-user", "\tu1"], "--erase-user-sha256"),
         (["retention", "--lake", "L", "--erase-user-sha256", "ABC"],
          "'ABC' is not a SHA-256 (64 hex digits)"),
         (["snapshot", "--lake", "L", "--list", "--keep-last", "2"], "--list changes nothing"),
