@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,10 +44,12 @@ from sessionlake.tables import (
     QUARANTINE,
     RETENTION_AUDIT,
     STREAM_TABLES,
+    USER_METADATA_CONF,
     USER_TABLES,
     append,
     commit_metrics_since,
     each_table,
+    isolated_session,
     literal_row,
     path_identifier,
     read_table,
@@ -106,13 +109,19 @@ def users_named(table: str, hashes: Sequence[str]) -> Column:
 def delete_rows(spark: SparkSession, lake: str, table: str, condition: Column) -> int:
     """DELETE the rows of ``table`` matching ``condition``; how many rows it deleted.
 
-    Retried when it loses a commit race with the stream or another maintenance job.
+    Retried when it loses a commit race with the stream or another maintenance job. The
+    count is of this DELETE's own commit, told by a tag of its own (``userMetadata``, on a
+    private session: :func:`~sessionlake.tables.isolated_session`): an age limit and an
+    erasure run side by side each counted the other's deletes too (the concurrency review).
     """
-    target = DeltaTable.forPath(spark, table_path(lake, table))
+    tag = f"sessionlake delete {uuid.uuid4().hex}"
+    session = isolated_session(spark)
+    session.conf.set(USER_METADATA_CONF, tag)
+    target = DeltaTable.forPath(session, table_path(lake, table))
     before = table_version(spark, lake, table)
     retry_on_conflict(lambda: target.delete(condition), f"DELETE from {table}")
     return sum(m.get("numDeletedRows", 0)
-               for m in commit_metrics_since(spark, lake, table, before, "DELETE"))
+               for m in commit_metrics_since(spark, lake, table, before, "DELETE", tag))
 
 
 def purge_deleted_rows(spark: SparkSession, lake: str, table: str) -> None:

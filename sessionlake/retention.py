@@ -370,27 +370,40 @@ def age_limits(
 ) -> tuple[dict[str, int], date | None, date | None, str | None]:
     """Delete sessions and events older than their limits (:func:`age_conditions`).
 
-    Open sessions are the stream's state: a batch writes back the state it read when it
-    started, so they are deleted only between batches (:func:`batches_held`). When no
-    such moment comes (a batch in flight too long, or one cut off and not replayed), they
-    are left for the next run, and the note says so.
+    The tables' rows go first, beside the stream. Then, between two batches
+    (:func:`batches_held`), the open sessions, which are the stream's state (a batch writes
+    back the state it read when it started), and once more the rows of the tables a batch
+    committed to in the meantime: a stream reading old input would otherwise leave this
+    run's tables disagreeing, its events kept but their open sessions deleted, say (the
+    concurrency review). When no such moment comes (a batch in flight too long, or one cut
+    off and not replayed), both are left for the next run, and the note says so.
 
     :return: rows deleted per table, the two cut-off dates (``None``: no limit), and the
-        note when open sessions were left.
+        note when something was left.
     """
     lake = settings.lake
     limits, sessions_cutoff, events_cutoff = age_conditions(request, today)
     state_limit = limits.pop(OPEN_SESSIONS, None)
     deleted = each_table(lambda table: delete_rows(spark, lake, table, limits[table]), limits)
-    note = None
-    if state_limit is not None:
-        try:
-            with batches_held(spark, settings):
-                deleted[OPEN_SESSIONS] = delete_rows(spark, lake, OPEN_SESSIONS, state_limit)
-        except RetentionError as error:
-            note = f"open sessions were not aged out ({error})"
-            log.warning("%s", note)
-    return deleted, sessions_cutoff, events_cutoff, note
+    if not (limits or state_limit is not None):
+        return deleted, sessions_cutoff, events_cutoff, None
+    deleted_at = {table: table_version(spark, lake, table) for table in limits}
+    try:
+        with batches_held(spark, settings):
+            again = {table: limit for table, limit in limits.items()
+                     if table_version(spark, lake, table) > deleted_at[table]}
+            if state_limit is not None:
+                again[OPEN_SESSIONS] = state_limit
+            for table, rows in each_table(
+                    lambda table: delete_rows(spark, lake, table, again[table]), again).items():
+                deleted[table] = deleted.get(table, 0) + rows
+    except RetentionError as error:
+        written = "rows the stream may have written while this run deleted"
+        note = (f"open sessions were not aged out, nor {written} ({error})"
+                if state_limit is not None else f"{written} were not aged out ({error})")
+        log.warning("%s", note)
+        return deleted, sessions_cutoff, events_cutoff, note
+    return deleted, sessions_cutoff, events_cutoff, None
 
 
 def rows_to_delete(

@@ -472,9 +472,12 @@ def _int_metrics(actions: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def commit_metrics_since(
-    spark: SparkSession, lake: str, table: str, after: int, operation: str
+    spark: SparkSession, lake: str, table: str, after: int, operation: str,
+    user_metadata: str | None = None,
 ) -> list[dict[str, int]]:
-    """The operation metrics of every ``operation`` commit of ``table`` after version ``after``.
+    """The operation metrics of every ``operation`` commit of ``table`` after version
+    ``after``; with ``user_metadata``, of those tagged with it only (one writer's own
+    commits, not another's of the same operation beside it).
 
     Read from the commit files (a few small JSON files), not with ``DESCRIBE HISTORY``,
     which runs Spark jobs over the whole log: maintenance asks this once per table.
@@ -482,7 +485,9 @@ def commit_metrics_since(
     found = []
     for version in range(after + 1, table_version(spark, lake, table) + 1):
         actions = table_commit_actions(spark, lake, table, version)
-        if any(a.get("commitInfo", {}).get("operation") == operation for a in actions):
+        if any(info.get("operation") == operation
+               and (user_metadata is None or info.get("userMetadata") == user_metadata)
+               for info in (a.get("commitInfo", {}) for a in actions)):
             found.append(_int_metrics(actions))
     return found
 

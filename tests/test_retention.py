@@ -12,16 +12,19 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake import faults, rebuild, retention, snapshots
+from sessionlake import erasure, faults, rebuild, retention, snapshots
 from sessionlake.checkpoint import BATCH_LOCK_FILE, batch_locks, lake_lock_folder, lock_held
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
@@ -499,6 +502,60 @@ def test_a_restore_or_a_rebuild_holds_off_erasures_while_it_works(
     assert held == [True]
 
 
+def test_age_limits_beside_a_stream_leave_no_old_row_it_wrote_meanwhile(
+    spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The concurrency review: a stream reading old input committed a batch while a
+    retention run deleted by age, after the tables' DELETEs and before the open sessions':
+    the batch's events stayed while their open sessions went, and the audit counted none
+    of them. The tables a batch wrote to meanwhile are now aged out again between batches."""
+    later = datetime(2026, 3, 1, tzinfo=UTC)  # every row of the fixture is 30+ days old
+    register_stream(spark, settings.lake, settings.checkpoint)
+    identity = stream_identity(spark, settings.checkpoint)
+    events_before = read_table(spark, settings.lake, "events").count()
+    real, batch_ran = retention.batches_held, list[bool]()
+
+    @contextmanager
+    def after_a_batch(*args: Any, **kwargs: Any) -> Iterator[None]:
+        if not batch_ran:  # the batch commits once the tables' first DELETEs are done
+            run_batches(spark, settings, [[event("u4", "14:00", "/"), event("u4", "14:10", "/x")]],
+                        identity, len(BATCHES))
+            batch_ran.append(True)
+        with real(*args, **kwargs):
+            yield
+
+    monkeypatch.setattr(retention, "batches_held", after_a_batch)
+    report = enforce_retention(spark, settings, RetentionRequest(
+        sessions_max_age_days=30, events_max_age_days=30), now=later)
+    assert batch_ran
+    assert "not aged out" not in (report.note or ""), report.note
+    left = {t: read_table(spark, settings.lake, t).count()
+            for t in ("events", "open_sessions", "sessions", "session_changelog")}
+    assert left == dict.fromkeys(left, 0)
+    assert report.rows_deleted["events"] == events_before + 2
+
+
+def test_a_delete_counts_its_own_rows_not_another_writer_s_beside_it(
+    spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The concurrency review: an erasure and an age limit run side by side each counted
+    the other's DELETE too, in their lines and audit rows."""
+    events = read_table(spark, settings.lake, "events")
+    u1, u2 = (events.where(F.col("user_id") == user).count() for user in ("u1", "u2"))
+    assert u1 and u2
+    real = erasure.retry_on_conflict
+
+    def another_writer_first(action: Callable[[], Any], what: str) -> Any:
+        DeltaTable.forPath(spark, table_path(settings.lake, "events")).delete(
+            F.col("user_id") == "u1")
+        return real(action, what)
+
+    monkeypatch.setattr(erasure, "retry_on_conflict", another_writer_first)
+    assert erasure.delete_rows(spark, settings.lake, "events", F.col("user_id") == "u2") == u2
+    assert read_table(spark, settings.lake, "events").where(
+        F.col("user_id").isin("u1", "u2")).count() == 0
+
+
 @pytest.mark.parametrize("batch", ["none unfinished", "one cut off"])
 def test_open_sessions_past_the_age_limit_are_deleted_between_batches(
     spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch, batch: str
@@ -523,7 +580,8 @@ def test_open_sessions_past_the_age_limit_are_deleted_between_batches(
         left = enforce_retention(spark, settings, request, now=later)
         assert "open_sessions" not in left.rows_deleted
         assert (left.note or "").startswith(
-            "open sessions were not aged out (a batch of the stream on "), left.note
+            "open sessions were not aged out, nor rows the stream may have written while "
+            "this run deleted (a batch of the stream on "), left.note
         assert read_table(spark, settings.lake, "sessions").count() == 0  # closed: aged out
 
     run_batches(spark, settings, [CLOSING_BATCH], identity, len(BATCHES))
