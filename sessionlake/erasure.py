@@ -106,15 +106,17 @@ def users_named(table: str, hashes: Sequence[str]) -> Column:
     return named | F.coalesce(in_text, F.lit(False))
 
 
-def delete_rows(spark: SparkSession, lake: str, table: str, condition: Column) -> int:
+def delete_rows(spark: SparkSession, lake: str, table: str, condition: Column,
+                tag: str | None = None) -> int:
     """DELETE the rows of ``table`` matching ``condition``; how many rows it deleted.
 
     Retried when it loses a commit race with the stream or another maintenance job. The
-    count is of this DELETE's own commit, told by a tag of its own (``userMetadata``, on a
-    private session: :func:`~sessionlake.tables.isolated_session`): an age limit and an
-    erasure run side by side each counted the other's deletes too (the concurrency review).
+    count is of this DELETE's own commit, told by its tag (``userMetadata``, on a private
+    session: :func:`~sessionlake.tables.isolated_session`; one of its own unless ``tag``
+    is given): an age limit and an erasure run side by side each counted the other's
+    deletes too (the concurrency review).
     """
-    tag = f"sessionlake delete {uuid.uuid4().hex}"
+    tag = tag or f"sessionlake delete {uuid.uuid4().hex}"
     session = isolated_session(spark)
     session.conf.set(USER_METADATA_CONF, tag)
     target = DeltaTable.forPath(session, table_path(lake, table))

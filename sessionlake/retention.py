@@ -75,6 +75,7 @@ from sessionlake.tables import (
     read_table,
     table_path,
     table_version,
+    written_by_others_since,
 )
 
 log = logging.getLogger("sessionlake.retention")
@@ -384,18 +385,23 @@ def age_limits(
     lake = settings.lake
     limits, sessions_cutoff, events_cutoff = age_conditions(request, today)
     state_limit = limits.pop(OPEN_SESSIONS, None)
-    deleted = each_table(lambda table: delete_rows(spark, lake, table, limits[table]), limits)
     if not (limits or state_limit is not None):
-        return deleted, sessions_cutoff, events_cutoff, None
-    deleted_at = {table: table_version(spark, lake, table) for table in limits}
+        return {}, sessions_cutoff, events_cutoff, None
+    tag = f"sessionlake retention {uuid.uuid4().hex}"  # this run's DELETEs
+    before = {table: table_version(spark, lake, table) for table in limits}
+    deleted = each_table(lambda table: delete_rows(spark, lake, table, limits[table], tag),
+                         limits)
     try:
         with batches_held(spark, settings):
+            # A batch's blind append does not conflict with a DELETE: rows appended while
+            # it ran are found by any other writer's commit since the run began.
             again = {table: limit for table, limit in limits.items()
-                     if table_version(spark, lake, table) > deleted_at[table]}
+                     if written_by_others_since(spark, lake, table, before[table], tag)}
             if state_limit is not None:
                 again[OPEN_SESSIONS] = state_limit
             for table, rows in each_table(
-                    lambda table: delete_rows(spark, lake, table, again[table]), again).items():
+                    lambda table: delete_rows(spark, lake, table, again[table], tag),
+                    again).items():
                 deleted[table] = deleted.get(table, 0) + rows
     except RetentionError as error:
         written = "rows the stream may have written while this run deleted"

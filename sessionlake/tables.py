@@ -492,6 +492,19 @@ def commit_metrics_since(
     return found
 
 
+def written_by_others_since(
+    spark: SparkSession, lake: str, table: str, after: int, user_metadata: str
+) -> bool:
+    """Whether a commit of ``table`` after version ``after`` is not tagged
+    ``user_metadata``: another writer's (or one whose commit file is gone, unknown)."""
+    for version in range(after + 1, table_version(spark, lake, table) + 1):
+        actions = table_commit_actions(spark, lake, table, version)
+        if not any(a.get("commitInfo", {}).get("userMetadata") == user_metadata
+                   for a in actions):
+            return True
+    return False
+
+
 def batch_commit_metrics(
     spark: SparkSession, lake: str, table: str, batch: BatchKey, after: int | None = None,
     newest: int = 50,
