@@ -207,19 +207,19 @@ def compact_table(
 
 
 def survey_table(spark: SparkSession, path: str) -> TableSurvey:
-    """Count the live and the small files of the Delta table at ``path``.
+    """Count the live and the small files of the Delta table at ``path``, all of one
+    version (a stream committing beside it made the counts of two disagree: "0 files,
+    0 B" before an OPTIMIZE of one small file, the concurrency review).
 
     Reads the Delta log and lists the folder; reads no data.
     """
-    detail = _detail(spark, path)
+    partition_columns = tuple(_detail(spark, path)["partitionColumns"] or ())
     frame = spark.read.format("delta").load(path)
-    partition_columns = tuple(detail["partitionColumns"] or ())
+    live = frame.inputFiles()
     small_below = int(spark.conf.get(MIN_FILE_SIZE_CONF, None) or OPTIMIZE_MIN_FILE_SIZE)
-    sizes = storage.file_sizes(spark, path)
+    sizes = storage.file_sizes(spark, path)  # listed after the version was read: every file
     root = storage.qualified(spark, path).rstrip("/") + "/"
-    small: list[str] = [
-        name for name in frame.inputFiles() if sizes.get(name, 0) < small_below
-    ]
+    small: list[str] = [name for name in live if sizes.get(name, 0) < small_below]
     crowded: tuple[Partition, ...] | None = ()
     if partition_columns:
         located = [_partition_of(name, root, partition_columns) for name in small]
@@ -235,7 +235,7 @@ def survey_table(spark: SparkSession, path: str) -> TableSurvey:
         crowded = None
     data_columns = {f.name for f in frame.schema.fields} - set(partition_columns)
     return TableSurvey(
-        files=int(detail["numFiles"] or 0), bytes=int(detail["sizeInBytes"] or 0),
+        files=len(live), bytes=sum(sizes.get(name, 0) for name in live),
         small_files=len(small),
         partition_columns=partition_columns, crowded=crowded,
         zorder_by=CLUSTER_COLUMN if CLUSTER_COLUMN in data_columns else None,

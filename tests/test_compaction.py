@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, IntegerType, StringType, StructField, StructType
 from pyspark.testing import assertDataFrameEqual
 
+from sessionlake import compaction
 from sessionlake.cli import main
 from sessionlake.compaction import (
     CompactionError,
@@ -120,6 +121,28 @@ def test_compaction_rewrites_small_files_and_changes_no_row(
     for table in PUBLIC_TABLES:
         assertDataFrameEqual(read_table(spark, copied_lake, table),
                              read_table(spark, copied_lake, table, before[table]))
+
+
+def test_the_survey_counts_one_version_of_a_table_another_writer_commits_to(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The concurrency review: beside a running stream, `compact` printed "events: 0 files,
+    0 B -> 1" for a table with one small file: its counts and its small files were read
+    at two versions."""
+    path = str(tmp_path / "table")
+    spark.range(3).write.format("delta").save(path)
+    real = compaction._detail
+
+    def then_a_commit(session: SparkSession, table: str) -> object:
+        detail = real(session, table)
+        spark.range(1).write.format("delta").mode("append").save(path)
+        return detail
+
+    monkeypatch.setattr(compaction, "_detail", then_a_commit)
+    survey = compaction.survey_table(spark, path)
+    live = spark.read.format("delta").load(path).inputFiles()
+    assert (survey.files, survey.small_files) == (len(live), len(live))
+    assert survey.bytes == sum(Path(name.removeprefix("file:")).stat().st_size for name in live)
 
 
 def test_tables_below_min_files_are_skipped_and_untouched(
