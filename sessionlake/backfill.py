@@ -461,6 +461,7 @@ def _record_changelog(
     ))
 
     changelog_version: int | None = None
+    sessions_before = replaced.rows_before
     recorded = replaced.already_applied and read_table(spark, lake, SESSION_CHANGELOG).where(
         (F.col("batch_id") == BACKFILL_BATCH_ID) & (F.col("change") == BACKFILL_CHANGE)
         & (F.unix_micros("changed_at") == F.lit(stamp_us))
@@ -470,6 +471,10 @@ def _record_changelog(
             old = read_table(spark, lake, SESSIONS, int(commit.readVersion)).where(
                 in_range(first, last)
             )
+            # What the commit replaced: a stream may have closed sessions of the range
+            # between the first look and the commit (the concurrency review: "557 -> 919"
+            # for 732 sessions replaced).
+            sessions_before = old.count()
         else:  # the commit left the log: its lineage is unknown
             old = new.limit(0)
         still_there = read_table(spark, lake, SESSIONS).where(
@@ -491,7 +496,7 @@ def _record_changelog(
         first=first,
         last=last,
         gap=settings.gap,
-        sessions_before=replaced.rows_before,
+        sessions_before=sessions_before,
         sessions_after=int(new_stats["in_range"]),
         spilled=int(new_stats["spilled"]),
         events_read=int(new_stats["events"]),

@@ -240,6 +240,30 @@ def test_backfill_replaces_the_range_once_and_only_the_range(
 STAMP = datetime(2026, 1, 8, 12, 0, 0, 123456, tzinfo=UTC)
 
 
+def test_the_line_counts_the_sessions_its_commit_replaced(
+    spark: SparkSession, lake_copy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The concurrency review: a stream closed sessions of the range between the
+    backfill's first look and its commit, and the line said "557 -> 919" for 732
+    sessions replaced."""
+    lake = lake_copy
+    real = backfill.recut_sessions
+
+    def after_a_stream_commit(*args: Any, **kwargs: Any) -> Any:
+        # A session the stream closes meanwhile (a copy of one of the range, another id).
+        one = read_table(spark, lake, SESSIONS).where(backfill.in_range(FIRST, LAST)).limit(1)
+        one.withColumn("session_id", F.concat("session_id", F.lit("-again"))).write.format(
+            "delta").mode("append").save(table_path(lake, SESSIONS))
+        monkeypatch.setattr(backfill, "recut_sessions", real)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(backfill, "recut_sessions", after_a_stream_commit)
+    report = backfill_sessions(spark, lake_settings(lake, gap="45m"), FIRST, LAST)
+    assert report.sessions_before == len(STREAM_RANGE) + 1, report.summary()
+    assert report.summary().startswith(
+        f"backfill 2026-01-05..2026-01-06 gap 45m: sessions in range {len(STREAM_RANGE) + 1} ->")
+
+
 @pytest.mark.parametrize(
     ("day", "closed_batch_id", "closed_at", "replaced"),
     [
