@@ -53,8 +53,9 @@ with DAG(
 
     @task(multiple_outputs=True)
     def validate_params() -> orch.SparkJob:
-        """Check the params and build the job before any data is touched; skip the run
-        while a continuous run reads the landing folder itself."""
+        """Check the params and build the job before any data is touched; wait for a run
+        from the command line that ends by itself, and skip the run while a continuous run
+        reads the landing folder itself."""
         checked = orch.validate_microbatch_params(trigger_params())
         locations = orch.locations_from_env()
         if (busy := orch.microbatch_skip_reason(locations)) is not None:
