@@ -44,15 +44,14 @@ from sessionlake.tables import (
     QUARANTINE,
     RETENTION_AUDIT,
     STREAM_TABLES,
-    USER_METADATA_CONF,
     USER_TABLES,
     append,
     commit_metrics_since,
     each_table,
-    isolated_session,
     literal_row,
     path_identifier,
     read_table,
+    session_tagged,
     table_commit_actions,
     table_exists,
     table_path,
@@ -112,14 +111,12 @@ def delete_rows(spark: SparkSession, lake: str, table: str, condition: Column,
 
     Retried when it loses a commit race with the stream or another maintenance job. The
     count is of this DELETE's own commit, told by its tag (``userMetadata``, on a private
-    session: :func:`~sessionlake.tables.isolated_session`; one of its own unless ``tag``
+    session: :func:`~sessionlake.tables.session_tagged`; one of its own unless ``tag``
     is given): an age limit and an erasure run side by side each counted the other's
     deletes too (the concurrency review).
     """
     tag = tag or f"sessionlake delete {uuid.uuid4().hex}"
-    session = isolated_session(spark)
-    session.conf.set(USER_METADATA_CONF, tag)
-    target = DeltaTable.forPath(session, table_path(lake, table))
+    target = DeltaTable.forPath(session_tagged(spark, tag), table_path(lake, table))
     before = table_version(spark, lake, table)
     retry_on_conflict(lambda: target.delete(condition), f"DELETE from {table}")
     return sum(m.get("numDeletedRows", 0)

@@ -423,9 +423,15 @@ def tagged_session(spark: SparkSession, batch: BatchKey | None) -> Iterator[Spar
     if batch is None:
         yield spark
         return
+    yield session_tagged(spark, batch_tag(batch))
+
+
+def session_tagged(spark: SparkSession, tag: str) -> SparkSession:
+    """A private clone of ``spark`` (:func:`isolated_session`) whose MERGE, UPDATE and
+    DELETE commits carry ``tag`` as their ``userMetadata``, and no other thread's."""
     session = isolated_session(spark)
-    session.conf.set(USER_METADATA_CONF, batch_tag(batch))
-    yield session
+    session.conf.set(USER_METADATA_CONF, tag)
+    return session
 
 
 def last_operation_metrics(
@@ -482,14 +488,9 @@ def commit_metrics_since(
     Read from the commit files (a few small JSON files), not with ``DESCRIBE HISTORY``,
     which runs Spark jobs over the whole log: maintenance asks this once per table.
     """
-    found = []
-    for version in range(after + 1, table_version(spark, lake, table) + 1):
-        actions = table_commit_actions(spark, lake, table, version)
-        if any(info.get("operation") == operation
-               and (user_metadata is None or info.get("userMetadata") == user_metadata)
-               for info in (a.get("commitInfo", {}) for a in actions)):
-            found.append(_int_metrics(actions))
-    return found
+    return [_int_metrics(actions) for actions, info in _commits_since(spark, lake, table, after)
+            if info.get("operation") == operation
+            and (user_metadata is None or info.get("userMetadata") == user_metadata)]
 
 
 def written_by_others_since(
@@ -497,12 +498,17 @@ def written_by_others_since(
 ) -> bool:
     """Whether a commit of ``table`` after version ``after`` is not tagged
     ``user_metadata``: another writer's (or one whose commit file is gone, unknown)."""
+    return any(info.get("userMetadata") != user_metadata
+               for _, info in _commits_since(spark, lake, table, after))
+
+
+def _commits_since(spark: SparkSession, lake: str, table: str, after: int
+                   ) -> Iterator[tuple[list[dict[str, Any]], dict[str, Any]]]:
+    """Each commit of ``table`` after version ``after``, oldest first: its actions and its
+    ``commitInfo`` (empty when the commit file is gone)."""
     for version in range(after + 1, table_version(spark, lake, table) + 1):
         actions = table_commit_actions(spark, lake, table, version)
-        if not any(a.get("commitInfo", {}).get("userMetadata") == user_metadata
-                   for a in actions):
-            return True
-    return False
+        yield actions, next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
 
 
 def batch_commit_metrics(
