@@ -72,6 +72,7 @@ from sessionlake.spark import (
     driver_memory,
     is_local_master,
     java_options,
+    local_fs_conf,
     quick_start_for,
     spark_jars,
 )
@@ -575,16 +576,20 @@ def spark_submit_conf(quick_start: bool = False) -> dict[str, str]:
     The driver JVM starts before the job's Python runs, so the jars, the driver memory
     (:func:`sessionlake.spark.driver_memory`), the Delta extension and the driver's
     compiler (C1 only with ``quick_start``: :func:`sessionlake.spark.quick_start_for`) go
-    here. Tuning an administrator set in ``spark-defaults.conf`` is left to the file
+    here, and so does the driver's file system for commits
+    (:func:`sessionlake.spark.local_fs_conf`: the master, Airflow's connection's, is not
+    known here). Tuning an administrator set in ``spark-defaults.conf`` is left to the file
     (:func:`sessionlake.spark.default_conf`).
 
     :raises sessionlake.spark.JarsMissingError: when the jars have not been fetched.
     """
+    options = java_options(quick_start)
     return {
         **default_conf(),
         "spark.jars": spark_jars(),
         "spark.driver.memory": driver_memory(),
-        **java_options(quick_start),
+        **options,
+        **local_fs_conf(None, options),
         "spark.pyspark.python": python_executable(),
     }
 

@@ -329,6 +329,12 @@ LOCAL_FS_CONF: dict[str, str] = {
     "spark.hadoop.fs.file.impl": "sessionlake.hadoop.LocalFileSystem",
     "spark.hadoop.fs.AbstractFileSystem.file.impl": "sessionlake.hadoop.LocalFs",
 }
+#: The part of :data:`LOCAL_FS_CONF` a driver on any master takes: its ``FileContext``,
+#: through which it alone writes (Delta's commits, the streaming checkpoint), and whose
+#: rename without overwrite must fail for all writers of a version but one.
+COMMIT_FS_CONF: dict[str, str] = {
+    key: value for key, value in LOCAL_FS_CONF.items() if "AbstractFileSystem" in key
+}
 
 
 def local_fs_jar(jars_dir: str | os.PathLike[str] | None = None) -> Path | None:
@@ -338,21 +344,28 @@ def local_fs_jar(jars_dir: str | os.PathLike[str] | None = None) -> Path | None:
     return jar.resolve() if jar.is_file() else None
 
 
-def local_fs_conf(master: str, settings: Mapping[str, str]) -> dict[str, str]:
-    """:data:`LOCAL_FS_CONF` for a new local session whose driver ``settings`` put the jar
-    on the class path; nothing otherwise, or when ``$SESSIONLAKE_LOCAL_FS`` is ``hadoop``.
+def local_fs_conf(master: str | None, settings: Mapping[str, str]) -> dict[str, str]:
+    """sessionlake's local file system for a new driver whose ``settings`` put its jar on
+    the class path: all of :data:`LOCAL_FS_CONF` on a local master, only
+    :data:`COMMIT_FS_CONF` on any other, or on one not known yet (``None``: spark-submit's
+    master comes from Airflow's connection); nothing when ``$SESSIONLAKE_LOCAL_FS`` is
+    ``hadoop``.
 
     Only a local master runs its executors in the driver's JVM, whose class path has the
-    jar: a cluster's executors keep Hadoop's own file system. The jar stays on the class
-    path either way, so that the driver's class archive still fits it.
+    jar: a cluster's executors write their data files through Hadoop's own file system.
+    Its driver still commits through sessionlake's, so that a stream and a maintenance
+    command committing beside it cannot both win a version (:data:`COMMIT_FS_CONF`); the
+    setting reaches the executors too, where nothing sessionlake runs opens a
+    ``FileContext``. The jar stays on the class path either way, so that the driver's
+    class archive still fits it.
     """
     if os.environ.get(LOCAL_FS_ENV, "").strip().lower() == "hadoop":
         return {}
     jar = local_fs_jar()
     class_path = settings.get("spark.driver.extraClassPath", "").split(os.pathsep)
-    if jar is None or str(jar) not in class_path or not is_local_master(master):
+    if jar is None or str(jar) not in class_path:
         return {}
-    return dict(LOCAL_FS_CONF)
+    return dict(LOCAL_FS_CONF if master and is_local_master(master) else COMMIT_FS_CONF)
 
 
 class JarsMissingError(ActionableError, RuntimeError):

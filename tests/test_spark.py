@@ -26,6 +26,7 @@ from sessionlake.spark import (
     _STARTED_WITH,
     CODEGEN_KEYS,
     CODEGEN_MIN_RECORDS,
+    COMMIT_FS_CONF,
     DEFAULT_CONF,
     DRIVER_JIT_ENV,
     ENV_DRIVER_MEMORY,
@@ -522,16 +523,20 @@ def test_a_new_driver_runs_with_the_administrators_spark_defaults(tmp_path: Path
 
 
 @pytest.mark.parametrize(("master", "on_class_path", "switch", "chosen"), [
-    ("local[2]", True, None, True),
-    ("local[*]", True, "sessionlake", True),
-    ("spark://127.0.0.1:7077", True, None, False),  # the executors lack the jar
-    ("local[2]", False, None, False),  # an operator's own driver class path
-    ("local[2]", True, "hadoop", False),
-    ("local[2]", True, " Hadoop ", False),
+    ("local[2]", True, None, LOCAL_FS_CONF),
+    ("local[*]", True, "sessionlake", LOCAL_FS_CONF),
+    # The executors lack the jar: the driver's commits alone.
+    ("spark://127.0.0.1:7077", True, None, COMMIT_FS_CONF),
+    ("local-cluster[2,1,1024]", True, None, COMMIT_FS_CONF),
+    (None, True, None, COMMIT_FS_CONF),  # spark-submit's: the master is not known
+    ("local[2]", False, None, {}),  # an operator's own driver class path
+    ("spark://127.0.0.1:7077", False, None, {}),
+    ("local[2]", True, "hadoop", {}),
+    (None, True, " Hadoop ", {}),
 ])
-def test_a_new_local_session_gets_the_local_file_system(
-    monkeypatch: pytest.MonkeyPatch, master: str, on_class_path: bool, switch: str | None,
-    chosen: bool,
+def test_a_new_driver_gets_the_local_file_system_its_executors_can_load(
+    monkeypatch: pytest.MonkeyPatch, master: str | None, on_class_path: bool,
+    switch: str | None, chosen: dict[str, str],
 ) -> None:
     jar = local_fs_jar()
     assert jar is not None
@@ -540,7 +545,10 @@ def test_a_new_local_session_gets_the_local_file_system(
     else:
         monkeypatch.setenv(LOCAL_FS_ENV, switch)
     settings = {"spark.driver.extraClassPath": str(jar) if on_class_path else "/opt/other.jar"}
-    assert local_fs_conf(master, settings) == (LOCAL_FS_CONF if chosen else {})
+    assert local_fs_conf(master, settings) == chosen
+    assert COMMIT_FS_CONF == {
+        "spark.hadoop.fs.AbstractFileSystem.file.impl": "sessionlake.hadoop.LocalFs"}
+
 
 
 @pytest.fixture(scope="module")

@@ -24,10 +24,14 @@ from sessionlake.checkpoint import CONTINUOUS_LOG, CONTINUOUS_RUN, PID_FILE
 from sessionlake.config import ConfigError
 from sessionlake.erasure import user_hash
 from sessionlake.spark import (
+    COMMIT_FS_CONF,
     DRIVER_JIT_ENV,
+    LOCAL_FS_CONF,
+    LOCAL_FS_ENV,
     QUICK_START_JIT,
     QUICK_START_MAX_BATCHES,
     QUICK_START_MAX_BYTES,
+    local_fs_jar,
 )
 from tests.helpers import flock_held, held_by_another_process
 
@@ -346,6 +350,20 @@ def test_the_submitted_driver_imports_the_project_of_the_dags(
     assert (orch.PROJECT_ROOT / "sessionlake" / "orchestration.py").is_file()
     assert orch.JOB_SCRIPT.parent.parent == orch.PROJECT_ROOT
 
+
+def test_a_spark_submitted_driver_commits_through_the_local_file_system(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The DAGs' spark-submit, on whatever master Airflow's connection names, commits with
+    the hard-link rename: a micro-batch and a compaction DAG run committing the same version
+    of a table cannot both win it."""
+    monkeypatch.delenv(LOCAL_FS_ENV, raising=False)
+    conf = orch.spark_submit_conf()
+    assert str(local_fs_jar()) in conf["spark.driver.extraClassPath"].split(os.pathsep)
+    assert conf.items() >= COMMIT_FS_CONF.items()
+    assert "spark.hadoop.fs.file.impl" not in conf
+    monkeypatch.setenv(LOCAL_FS_ENV, "hadoop")
+    assert not orch.spark_submit_conf().keys() & LOCAL_FS_CONF.keys()
 
 def test_stream_position_reads_the_batch_tags_of_batch_metrics(tmp_path: Path) -> None:
     checkpoint, lake = tmp_path / "cp", tmp_path / "lake"
