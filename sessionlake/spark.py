@@ -322,18 +322,17 @@ def administrators_conf() -> dict[str, str]:
 LOCAL_FS_JAR = "sessionlake-hadoop.jar"
 #: Set to ``hadoop`` to keep Hadoop's own local file system.
 LOCAL_FS_ENV = "SESSIONLAKE_LOCAL_FS"
-#: The Hadoop settings that give ``file:`` paths sessionlake's local file system, through
-#: Hadoop's ``FileSystem`` (Parquet files) and its ``FileContext`` (Delta's commits and
-#: Spark's streaming checkpoint).
-LOCAL_FS_CONF: dict[str, str] = {
-    "spark.hadoop.fs.file.impl": "sessionlake.hadoop.LocalFileSystem",
-    "spark.hadoop.fs.AbstractFileSystem.file.impl": "sessionlake.hadoop.LocalFs",
-}
 #: The part of :data:`LOCAL_FS_CONF` a driver on any master takes: its ``FileContext``,
 #: through which it alone writes (Delta's commits, the streaming checkpoint), and whose
 #: rename without overwrite must fail for all writers of a version but one.
 COMMIT_FS_CONF: dict[str, str] = {
-    key: value for key, value in LOCAL_FS_CONF.items() if "AbstractFileSystem" in key
+    "spark.hadoop.fs.AbstractFileSystem.file.impl": "sessionlake.hadoop.LocalFs",
+}
+#: The Hadoop settings that give ``file:`` paths sessionlake's local file system, through
+#: Hadoop's ``FileSystem`` (Parquet files) and its ``FileContext`` (:data:`COMMIT_FS_CONF`).
+LOCAL_FS_CONF: dict[str, str] = {
+    "spark.hadoop.fs.file.impl": "sessionlake.hadoop.LocalFileSystem",
+    **COMMIT_FS_CONF,
 }
 
 

@@ -550,7 +550,6 @@ def test_a_new_driver_gets_the_local_file_system_its_executors_can_load(
         "spark.hadoop.fs.AbstractFileSystem.file.impl": "sessionlake.hadoop.LocalFs"}
 
 
-
 @pytest.fixture(scope="module")
 def hadoop(spark: SparkSession) -> SimpleNamespace:
     """The session's Hadoop file system and file context for ``file:`` paths, and the JVM."""

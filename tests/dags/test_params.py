@@ -365,6 +365,7 @@ def test_a_spark_submitted_driver_commits_through_the_local_file_system(
     monkeypatch.setenv(LOCAL_FS_ENV, "hadoop")
     assert not orch.spark_submit_conf().keys() & LOCAL_FS_CONF.keys()
 
+
 def test_stream_position_reads_the_batch_tags_of_batch_metrics(tmp_path: Path) -> None:
     checkpoint, lake = tmp_path / "cp", tmp_path / "lake"
     checkpoint.mkdir()
