@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -441,6 +441,82 @@ def rows_to_delete(
             {t: n for t, (_, n) in counted.items() if t in USER_TABLES})
 
 
+@dataclass(frozen=True)
+class _Erasure:
+    """What a run's erasure did, under the batch locks."""
+
+    #: When it began, once the batch in flight was done: what landed before, it reaches.
+    started: datetime
+    #: Rows deleted per table: its own, and those of the cut-off runs it finishes.
+    erased: dict[str, int]
+    #: Its own deletes alone.
+    own: dict[str, int]
+    #: The cut-off runs of the same users whose deletes it counts.
+    finished: list[str]
+    #: Cut-off runs of these users and others, with how many others: not finished here.
+    partly: list[tuple[str, int]]
+
+
+def _erase_users(
+    spark: SparkSession, settings: Settings, run_id: str, to_erase: Sequence[str],
+    now: datetime | None,
+) -> _Erasure:
+    """Delete the users ``to_erase`` (SHA-256 hashes) from every user table, the batch
+    locks held so that no batch writes them back, and note the run so that, cut off, it
+    is finished and counted by a later one (:mod:`sessionlake.erasure`)."""
+    lake = settings.lake
+    with batches_held(spark, settings):
+        # The run starts now, the batch in flight done: what landed before this moment,
+        # the erasure reaches (a batch keeps it out when read later), whatever waited.
+        started = now or datetime.now(UTC)
+        mark_killed_erasures(spark, lake)  # counted before this run's deletes follow
+        # Under the batch locks: after these versions, the DELETEs are this run's.
+        user_versions = {t: table_version(spark, lake, t) for t in USER_TABLES}
+        note_erasure(spark, lake, run_id, started, to_erase, user_versions)
+        try:
+            note_kafka_ends(spark, settings, started)  # what Kafka holds of them now
+            own = erase(spark, lake, to_erase)
+            note_deleted(spark, lake, run_id, own)
+            finished, earlier = cut_off_erasures(spark, lake, to_erase)
+            partly = cut_off_with_others(spark, lake, to_erase)
+        except BaseException:
+            # Cut off (Ctrl-C, a failure) before any delete: no erasure to keep the users'
+            # records out for, until it is run again. After some: its note stays, for the
+            # run that finishes it and counts them.
+            erasure_cut_off(spark, lake, run_id,
+                            erased_since(spark, lake, to_erase, user_versions))
+            raise
+    erased = {t: own.get(t, 0) + earlier.get(t, 0) for t in {*own, *earlier}} \
+        if finished else own
+    return _Erasure(started, erased, own, finished, partly)
+
+
+def _run_notes(
+    plan: VacuumPlan | None, erasure: _Erasure | None, state_left: str | None,
+    deleted: Mapping[str, int], started: datetime,
+) -> str | None:
+    """The audit row's note: what the run left undone or kept, and why."""
+    purged = plan is not None and plan.hours == 0
+    notes = [plan.reason] if plan is not None and plan.reason else []
+    if erasure is not None and erasure.finished:
+        notes.append(f"finishes erasure run(s) {', '.join(erasure.finished)}, cut off after "
+                     "some of their deletes (counted here)")
+    if erasure is not None and erasure.partly:
+        notes.append(
+            "erasure run(s) " + ", ".join(f"{run} (with {n} other user(s))"
+                                          for run, n in erasure.partly)
+            + " erased these users with others and were cut off after some of their "
+            "deletes, which are not counted here: erase all their users in one run to "
+            "finish them and count those deletes")
+    if state_left is not None:
+        notes.append(state_left)
+    if erasure is not None and not any(erasure.erased.values()):
+        notes.append(NO_ROW_TO_ERASE)
+    if not purged and any(deleted.values()):
+        notes.append(still_readable(started, plan))
+    return "; ".join(notes) or None
+
+
 def enforce_retention(
     spark: SparkSession,
     settings: Settings,
@@ -466,41 +542,11 @@ def enforce_retention(
     ensure_tables(spark, lake)
     versions_before = {t: table_version(spark, lake, t) for t in STREAM_TABLES}
 
-    deleted: dict[str, int] = {}
-    erased: dict[str, int] = {}
-    own: dict[str, int] = {}  # this run's erasure deletes, without those it finishes
-    finished: list[str] = []  # the cut-off runs whose deletes it counts
-    finishing: str | None = None
-    partly: list[tuple[str, int]] = []  # cut-off runs of these users and others
-    if to_erase := request.erased_hashes:
-        with batches_held(spark, settings):
-            # The run starts now, the batch in flight done: what landed before this moment,
-            # the erasure reaches (a batch keeps it out when read later), whatever waited.
-            started = now or datetime.now(UTC)
-            mark_killed_erasures(spark, lake)  # counted before this run's deletes follow
-            # Under the batch locks: after these versions, the DELETEs are this run's.
-            user_versions = {t: table_version(spark, lake, t) for t in USER_TABLES}
-            note_erasure(spark, lake, run_id, started, to_erase, user_versions)
-            try:
-                note_kafka_ends(spark, settings, started)  # what Kafka holds of them now
-                erased = own = erase(spark, lake, to_erase)
-                note_deleted(spark, lake, run_id, own)
-                finished, earlier = cut_off_erasures(spark, lake, to_erase)
-                partly = cut_off_with_others(spark, lake, to_erase)
-            except BaseException:
-                # Cut off (Ctrl-C, a failure) before any delete: no erasure to keep the
-                # users' records out for, until it is run again. After some: its note
-                # stays, for the run that finishes it and counts them.
-                erasure_cut_off(spark, lake, run_id, erased_since(spark, lake, to_erase,
-                                                          user_versions))
-                raise
-            if finished:
-                erased = {t: erased.get(t, 0) + earlier.get(t, 0)
-                          for t in {*erased, *earlier}}
-                finishing = (f"finishes erasure run(s) {', '.join(finished)}, cut off after "
-                             "some of their deletes (counted here)")
-        for table, rows in erased.items():
-            deleted[table] = deleted.get(table, 0) + rows
+    to_erase = request.erased_hashes
+    erasure = _erase_users(spark, settings, run_id, to_erase, now) if to_erase else None
+    if erasure is not None:
+        started = erasure.started
+    deleted = dict(erasure.erased) if erasure is not None else {}
     try:
         aged, sessions_cutoff, events_cutoff, state_left = age_limits(
             spark, settings, request, started.date())
@@ -510,34 +556,17 @@ def enforce_retention(
         plan = plan_vacuum(spark, settings, request, started)
         faults.point("vacuum")
         files = vacuum_tables(spark, lake, plan.hours) if plan is not None else 0
-        purged = plan is not None and plan.hours == 0
-        notes = [plan.reason] if plan is not None and plan.reason else []
-        if finishing is not None:
-            notes.append(finishing)
-        if partly:
-            notes.append(
-                "erasure run(s) " + ", ".join(f"{run} (with {n} other user(s))"
-                                              for run, n in partly)
-                + " erased these users with others and were cut off after some of their "
-                "deletes, which are not counted here: erase all their users in one run to "
-                "finish them and count those deletes")
-        if state_left is not None:
-            notes.append(state_left)
-        if to_erase and not any(erased.values()):
-            notes.append(NO_ROW_TO_ERASE)
-        if not purged and any(deleted.values()):
-            notes.append(still_readable(started, plan))
-        note = "; ".join(notes) or None
-
-        report = RetentionReport(run_id, deleted, plan, files, purged, note)
+        report = RetentionReport(run_id, deleted, plan, files,
+                                 plan is not None and plan.hours == 0,
+                                 _run_notes(plan, erasure, state_left, deleted, started))
         _append_audit(spark, lake, report, request, started, sessions_cutoff, events_cutoff,
                       versions_before)
     except BaseException:
-        if to_erase:  # cut off after its erasure: the run that finishes it counts it
-            erasure_cut_off(spark, lake, run_id, {t: n for t, n in own.items() if n})
+        if erasure is not None:  # cut off after its erasure: the run that finishes it counts it
+            erasure_cut_off(spark, lake, run_id, {t: n for t, n in erasure.own.items() if n})
         raise
-    if to_erase:
-        erasure_noted(spark, lake, run_id, to_erase, finished)
+    if erasure is not None:
+        erasure_noted(spark, lake, run_id, to_erase, erasure.finished)
     log.info("%s", report.summary())
     return report
 
