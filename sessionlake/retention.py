@@ -296,16 +296,19 @@ def plan_vacuum(
                       lasts)
 
 
-def still_readable(started: datetime, plan: VacuumPlan | None) -> str:
+def still_readable(started: datetime, plan: VacuumPlan | None, earlier: bool = False) -> str:
     """How long rows a retention run deleted stay readable by time travel, given its
-    VACUUM: for an erasure request, the part that must not be left out."""
+    VACUUM: for an erasure request, the part that must not be left out. ``earlier``: the
+    run deleted none, and the rows meant are those earlier runs deleted of its users."""
+    rows = ("rows of these users that earlier runs deleted may stay" if earlier
+            else "deleted rows stay")
     if plan is None:
-        return ("deleted rows stay readable by time travel until a retention run with "
+        return (f"{rows} readable by time travel until a retention run with "
                 "VACUUM (--vacuum-retain-hours) removes them")
     if plan.lasts is not None:
-        return f"deleted rows stay readable by time travel {plan.lasts}"
+        return f"{rows} readable by time travel {plan.lasts}"
     until = (started + timedelta(hours=plan.hours)).isoformat(timespec="minutes")
-    return (f"deleted rows stay readable by time travel until {until}: a later retention "
+    return (f"{rows} readable by time travel until {until}: a later retention "
             "run with VACUUM removes them")
 
 
@@ -514,6 +517,9 @@ def _run_notes(
         notes.append(NO_ROW_TO_ERASE)
     if not purged and any(deleted.values()):
         notes.append(still_readable(started, plan))
+    elif not purged and erasure is not None and plan is not None:
+        # An erasure run again with VACUUM to purge time travel, its VACUUM held back.
+        notes.append(still_readable(started, plan, earlier=True))
     return "; ".join(notes) or None
 
 

@@ -180,6 +180,27 @@ def test_age_limits_delete_old_sessions_and_events_only(
     assert not report.time_travel_purged and "time travel" in (report.note or "")
 
 
+def test_an_erasure_rerun_to_purge_time_travel_says_what_a_snapshot_keeps_readable(
+    spark: SparkSession, settings: Settings
+) -> None:
+    """An erasure run again with VACUUM 0 to purge what an earlier run deleted, a snapshot
+    taken between them: it deletes nothing, and its VACUUM keeps the files of the hours
+    before the snapshot (VACUUM counts whole hours). Its line said only "time travel
+    kept" (a hands-on review): it says the earlier deletes may stay readable, and for how
+    long."""
+    first = enforce_retention(spark, settings, RetentionRequest(erase_users=("u2",)))
+    assert any(first.rows_deleted.values())
+    snapshot = create_snapshot(spark, settings)
+    report = enforce_retention(spark, settings, RetentionRequest(
+        erase_users=("u2",), vacuum_retain_hours=0), now=snapshot.created + timedelta(hours=2))
+    assert not any(report.rows_deleted.values()) and not report.time_travel_purged
+    assert report.note is not None and report.note.endswith(
+        "rows of these users that earlier runs deleted may stay readable by time travel "
+        f"while snapshot {snapshot.snapshot_id} is kept (expire it: `sessionlake snapshot "
+        "--expire-only --max-age-days N`, or the snapshot DAG's max_age_days; --force-vacuum "
+        "removes them, and the snapshot can then not be restored)"), report.note
+
+
 def test_vacuum_keeps_what_a_snapshot_needs_and_a_restore_keeps_the_erasure(
     spark: SparkSession, settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
