@@ -296,6 +296,12 @@ def plan_vacuum(
                       lasts)
 
 
+def purges_time_travel(plan: VacuumPlan | None) -> bool:
+    """Whether a run's VACUUM leaves no deleted row readable by time travel: it keeps no
+    hour of removed files."""
+    return plan is not None and plan.hours == 0
+
+
 def still_readable(started: datetime, plan: VacuumPlan | None, earlier: bool = False) -> str:
     """How long rows a retention run deleted stay readable by time travel, given its
     VACUUM: for an erasure request, the part that must not be left out. ``earlier``: the
@@ -489,8 +495,9 @@ def _erase_users(
             erasure_cut_off(spark, lake, run_id,
                             erased_since(spark, lake, to_erase, user_versions))
             raise
-    erased = {t: own.get(t, 0) + earlier.get(t, 0) for t in {*own, *earlier}} \
-        if finished else own
+    erased = own
+    if finished:  # the cut-off runs' deletes are counted here
+        erased = {t: own.get(t, 0) + earlier.get(t, 0) for t in {*own, *earlier}}
     return _Erasure(started, erased, own, finished, partly)
 
 
@@ -499,7 +506,7 @@ def _run_notes(
     deleted: Mapping[str, int], started: datetime,
 ) -> str | None:
     """The audit row's note: what the run left undone or kept, and why."""
-    purged = plan is not None and plan.hours == 0
+    purged = purges_time_travel(plan)
     notes = [plan.reason] if plan is not None and plan.reason else []
     if erasure is not None and erasure.finished:
         notes.append(f"finishes erasure run(s) {', '.join(erasure.finished)}, cut off after "
@@ -562,8 +569,7 @@ def enforce_retention(
         plan = plan_vacuum(spark, settings, request, started)
         faults.point("vacuum")
         files = vacuum_tables(spark, lake, plan.hours) if plan is not None else 0
-        report = RetentionReport(run_id, deleted, plan, files,
-                                 plan is not None and plan.hours == 0,
+        report = RetentionReport(run_id, deleted, plan, files, purges_time_travel(plan),
                                  _run_notes(plan, erasure, state_left, deleted, started))
         _append_audit(spark, lake, report, request, started, sessions_cutoff, events_cutoff,
                       versions_before)
@@ -606,7 +612,7 @@ def preview_retention(
         notes.append(NO_ROW_TO_ERASE)
     notes.append("rows counted in " + ", ".join(
         f"{t}@{versions[t]}" for t in STREAM_TABLES if t in deleted))
-    report = RetentionReport(run_id, deleted, plan, files, plan is not None and plan.hours == 0,
+    report = RetentionReport(run_id, deleted, plan, files, purges_time_travel(plan),
                              "; ".join(notes) or None, dry_run=True)
     log.info("%s", report.summary())
     return report
