@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -60,6 +60,7 @@ from sessionlake.sessionize import (
     batch_sessions,
     closed_session_hits,
     event_date,
+    files_read_order,
     moment_at,
     open_session_events,
     sessionize_batch,
@@ -199,6 +200,7 @@ def process_lines(
     clock: Clock = utc_now,
     on_phase: Callable[[str], None] | None = None,
     keep_out: KeepOut | None = None,
+    landed: Mapping[str, int | None] | None = None,
 ) -> BatchReport:
     """Process one micro-batch of lines (``source_file``, ``source_line``, ``line``).
 
@@ -213,6 +215,9 @@ def process_lines(
     :param keep_out: which of the batch's records landed before an erasure of their user
         (:data:`~sessionlake.erasure.KeepOut`; the stream's source knows when they
         landed): they are kept out of the lake.
+    :param landed: the batch's files (``source_file``) with their modification times when
+        the stream listed them (ms; ``None`` unknown): of an event's copies in two of them,
+        the one in the file the stream takes first is kept (:func:`files_read_order`).
     """
     told = on_phase or (lambda _: None)
     with naming_jobs(spark) as name_jobs:
@@ -225,7 +230,7 @@ def process_lines(
         with batch_locks(settings.lake, settings.checkpoint):
             tell("inputs")
             return _process_locked(spark, lines, batch_id, settings, identity, clock, tell,
-                                   keep_out)
+                                   keep_out, landed)
 
 
 def batch_label(batch_id: int) -> str:
@@ -282,6 +287,7 @@ def _process_locked(
     clock: Clock,
     on_phase: Callable[[str], None],
     keep_out: KeepOut | None,
+    landed: Mapping[str, int | None] | None,
 ) -> BatchReport:
     """One micro-batch, its locks held (:func:`process_lines`): its inputs pinned in the
     ledger, or its report when it was already done; then its phases (:data:`PHASES`), each
@@ -338,7 +344,8 @@ def _process_locked(
         seen_before = _seen_before(spark, settings, inputs, events, records, dates, ids,
                                    searched)
         assigned, outcome, split_ids = _sessionize_cut_consistently(
-            spark, settings, inputs, work, events, state, seen_before, near_closed, watermark)
+            spark, settings, inputs, work, events, state, seen_before, near_closed, watermark,
+            files_read_order(spark, landed))
         sessions = batch_sessions(assigned)
         work.phase("sessionize")
         max_event_time = _newest(inputs.max_event_time_before, moment_at(outcome["max_t"]))
@@ -470,6 +477,7 @@ def _sessionize_cut_consistently(
     seen_before: DataFrame | None,
     near_closed: DataFrame | None,
     watermark: datetime | None,
+    read_order: DataFrame | None,
 ) -> tuple[DataFrame, dict[str, Any], list[str]]:
     """The batch sessionized with its users' open sessions (:func:`sessionize_batch`,
     materialized), the figures observed on it, and the open sessions it split.
@@ -484,7 +492,7 @@ def _sessionize_cut_consistently(
     def sessionize(state: DataFrame | None) -> tuple[DataFrame, dict[str, Any]]:
         sessionized, sessionize_seen = _observed(
             sessionize_batch(events, state, seen_before, near_closed, watermark, settings.gap,
-                             settings.max_session_duration),
+                             settings.max_session_duration, read_order),
             valid=F.count(F.when(event, 1)),
             unique=F.count(F.when(event & ~F.col("is_duplicate"), 1)),
             accepted=F.count(F.when(event & accepting, 1)),

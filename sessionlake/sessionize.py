@@ -19,10 +19,10 @@ Lateness (SPEC, judged against the watermark W before the batch):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 _MICROS = 1_000_000
@@ -279,6 +279,22 @@ def closed_session_hits(
     )
 
 
+def files_read_order(spark: SparkSession, landed: Mapping[str, int | None] | None
+                     ) -> DataFrame | None:
+    """The files of a batch (``landed``: each ``source_file``'s modification time when the
+    stream listed it, in ms) ranked as Spark's file source takes files: oldest first, then
+    by name; a file whose time is not known last. ``None`` for fewer than two files: one
+    file's copies are ordered by line alone.
+
+    It decides which of an event's copies a batch of several files keeps, so that it is
+    the copy a batch of each file would keep, whatever the files' names."""
+    if landed is None or len(landed) < 2:
+        return None
+    ordered = sorted(landed, key=lambda name: (landed[name] is None, landed[name] or 0, name))
+    return spark.createDataFrame([(name, rank) for rank, name in enumerate(ordered)],
+                                 "source_file string, read_rank int")
+
+
 def sessionize_batch(
     events: DataFrame,
     open_sessions: DataFrame | None,
@@ -287,6 +303,7 @@ def sessionize_batch(
     watermark: datetime | None,
     gap: timedelta,
     max_duration: timedelta,
+    read_order: DataFrame | None = None,
 ) -> DataFrame:
     """One micro-batch's events with their users' open sessions, in one pass by user.
 
@@ -298,6 +315,9 @@ def sessionize_batch(
     :param seen: ``user_id``, ``event_id``, ``event_date`` of events earlier batches
         recorded (accepted or late) that the batch's events repeat (``None``: none).
     :param near_closed: rule 1's hits (:func:`closed_session_hits`), or ``None``.
+    :param read_order: ``source_file`` and ``read_rank``: the batch's files in the order
+        the stream takes files (:func:`files_read_order`), or ``None`` (one file, or not
+        known): of an event's copies in two files the first read is kept.
     :return: one row per event and per open session (``is_state``): the fragment columns,
         ``is_duplicate``, ``late_reason`` (rule 1 or 2; set for events that are not
         duplicates), the run and session columns of :func:`_assign_runs`, and on one
@@ -305,6 +325,9 @@ def sessionize_batch(
         the sessions from there.
     """
     rows = events_as_fragments(events).withColumn("kind", F.lit(_EVENT))
+    if read_order is not None:
+        rows = rows.join(F.broadcast(read_order), "source_file", "left").select(
+            *rows.columns, "read_rank")
     if near_closed is not None:
         rows = rows.join(F.broadcast(near_closed.withColumnRenamed("late_reason", "late_1")),
                          ["source_file", "source_line"], "left")
@@ -323,16 +346,21 @@ def sessionize_batch(
             allowMissingColumns=True,
         )
     # Copies of an event are its user's events with its id on its day (of event time), as
-    # earlier batches are searched. Within the batch the first occurrence by (file, line) is
-    # kept; an id seen in an earlier batch sorts before every occurrence, so none is kept.
+    # earlier batches are searched. Within the batch the first read is kept: the first by
+    # file in the order the stream takes files, then by line, as a batch of each file
+    # would keep it; an id seen in an earlier batch sorts before every occurrence, so none
+    # is kept.
     first = Window.partitionBy("user_id", "event_id", event_date()).orderBy(
-        "kind", "source_file", "source_line")
+        "kind", *(["read_rank"] if read_order is not None else []),
+        "source_file", "source_line")
     deduped = (
         rows.repartition("user_id")
         .withColumn("is_duplicate",
                     (F.col("kind") == _EVENT) & (F.row_number().over(first) > 1))
         .where(F.col("kind") != _SEEN)
     )
+    if read_order is not None:
+        deduped = deduped.drop("read_rank")
     pending = F.col("is_state") | (~F.col("is_duplicate") & F.col("late_1").isNull())
     # The session's aggregates come from the same sorted pass, on its first row (the head).
     session = Window.partitionBy("user_id", "run_no", "chunk").orderBy(

@@ -770,9 +770,10 @@ class _BatchHandler:
                 if phase == PHASES[1] and identities:  # the files read, nothing written
                     check_batch_files_unchanged(batch_id, identities)
 
+            landed = self._landed(files)
             report = process_lines(self.spark, self.to_lines(frame), batch_id, self.settings,
                                    self.identity, self.clock, on_phase,
-                                   keep_out=self._keep_out(files))
+                                   keep_out=self._keep_out(landed), landed=landed)
             if files is not None:
                 report = replace(report, input_files=len(files))
             self.summary.batches.append(report)
@@ -786,19 +787,26 @@ class _BatchHandler:
         finally:
             self.in_flight.end()
 
-    def _keep_out(self, files: Sequence[LoggedFile] | None) -> KeepOut:
+    def _landed(self, files: Sequence[LoggedFile] | None) -> dict[str, int | None] | None:
+        """Each of the batch's files, as its records name it (``source_file``), with its
+        modification time when Spark listed it; ``None`` for Kafka, or when the checkpoint
+        does not name the batch's files (an entry of its logs missing)."""
+        if files is None:
+            return None
+        root = storage.path_part(self.spark, self.settings.source or "")
+        return {source_file_of(file.uri, root): file.timestamp_ms for file in files}
+
+    def _keep_out(self, landed: Mapping[str, int | None] | None) -> KeepOut:
         """Which of the batch's records landed before an erasure of their user: those of
-        its files that landed before it (each file's modification time when Spark listed
-        it), or, read from Kafka, its records before the erasure's offsets. Files the
-        checkpoint does not name (an entry of its logs missing) count as landed before
-        every erasure, as a file whose time is not known does."""
+        its files that landed before it (``landed``: each file's modification time when
+        Spark listed it), or, read from Kafka, its records before the erasure's offsets.
+        Files the checkpoint does not name (an entry of its logs missing) count as landed
+        before every erasure, as a file whose time is not known does."""
         if self.settings.reads_kafka:
             return lambda runs: kafka_kept_out(self.spark, self.settings, runs,
                                                self.kafka_earliest)
-        if files is None:
+        if landed is None:
             return self._all_kept_out
-        root = storage.path_part(self.spark, self.settings.source or "")
-        landed = {source_file_of(file.uri, root): file.timestamp_ms for file in files}
         return lambda runs: files_kept_out(runs, landed)
 
     @staticmethod

@@ -43,6 +43,7 @@ from tests.helpers import (
     all_sessions,
     event,
     held_by_another_process,
+    hm,
     lines_frame,
     rows,
 )
@@ -105,6 +106,38 @@ def test_real_log_gives_the_same_sessions_in_one_batch_or_many(
     # Every accepted line is in events exactly once, and every event in one session.
     assert sum(m["accepted"] for m in many) == 3000
     assert read_table(spark, str(tmp_path / "many"), "events").count() == 3000
+
+
+def test_copies_of_an_event_in_files_named_against_their_times_keep_the_first_read(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Copies of an event (same user, id and day) at other times, in files whose names do
+    not follow when they landed: the copy kept is the first read, in one batch as in one
+    file per batch. One batch kept the first by file name before (a review of 2026-12-07):
+    another session start, id and entry page than one file per batch."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "b.jsonl").write_text(event("k", "10:10", "/from_b", event_id="k1") + "\n")
+    (landing / "a.jsonl").write_text("\n".join([
+        event("k", "10:05", "/from_a", event_id="k1"), event("k", "10:20", "/k2", event_id="k2"),
+    ]) + "\n")
+    os.utime(landing / "b.jsonl", (1_700_000_000, 1_700_000_000))  # b landed first
+    os.utime(landing / "a.jsonl", (1_700_000_060, 1_700_000_060))
+
+    def run_into(lake: str, **values: object) -> list[dict]:
+        return run_stream(spark, settings_from(
+            {"lake": str(tmp_path / lake), "source": str(landing)} | values, env={}),
+            clock=lambda: NOW).processed
+
+    assert (len(run_into("one")), len(run_into("many", max_files_per_trigger=1))) == (1, 2)
+    for lake in ("one", "many"):
+        events = read_table(spark, str(tmp_path / lake), "events")
+        assert rows(events, "event_id", "source_file", "page") == [
+            ("k1", "b.jsonl", "/from_b"), ("k2", "a.jsonl", "/k2")], lake
+    assertDataFrameEqual(all_sessions(spark, str(tmp_path / "one")),
+                         all_sessions(spark, str(tmp_path / "many")))
+    assert rows(read_table(spark, str(tmp_path / "one"), "open_sessions"),
+                "session_start", "entry_page") == [(hm("10:10"), "/from_b")]
 
 
 def test_restart_on_the_same_checkpoint_at_another_parallelism(
