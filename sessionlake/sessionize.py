@@ -19,6 +19,7 @@ Lateness (SPEC, judged against the watermark W before the batch):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
@@ -287,12 +288,16 @@ def files_read_order(spark: SparkSession, landed: Mapping[str, int | None] | Non
     file's copies are ordered by line alone.
 
     It decides which of an event's copies a batch of several files keeps, so that it is
-    the copy a batch of each file would keep, whatever the files' names."""
+    the copy a batch of each file would keep, whatever the files' names. Made from one
+    JSON literal, it is computed in the JVM (see :func:`~sessionlake.tables.literal_row`)
+    and its plan holds one node however many files the batch has."""
     if landed is None or len(landed) < 2:
         return None
     ordered = sorted(landed, key=lambda name: (landed[name] is None, landed[name] or 0, name))
-    return spark.createDataFrame([(name, rank) for rank, name in enumerate(ordered)],
-                                 "source_file string, read_rank int")
+    ranks = json.dumps([{"source_file": name, "read_rank": rank}
+                        for rank, name in enumerate(ordered)])
+    return spark.range(1).select(F.inline(F.from_json(
+        F.lit(ranks), "array<struct<source_file: string, read_rank: int>>")))
 
 
 def sessionize_batch(
