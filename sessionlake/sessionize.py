@@ -284,8 +284,9 @@ def files_read_order(spark: SparkSession, landed: Mapping[str, int | None] | Non
                      ) -> DataFrame | None:
     """The files of a batch (``landed``: each ``source_file``'s modification time when the
     stream listed it, in ms) ranked as Spark's file source takes files: oldest first, then
-    by name; a file whose time is not known last. ``None`` for fewer than two files: one
-    file's copies are ordered by line alone.
+    by name; a file whose time is not known last. ``None`` when the names alone give that
+    order (files named as they land, the usual case: the batch then orders copies by
+    name with no join) and for fewer than two files.
 
     It decides which of an event's copies a batch of several files keeps, so that it is
     the copy a batch of each file would keep, whatever the files' names. Made from one
@@ -294,6 +295,8 @@ def files_read_order(spark: SparkSession, landed: Mapping[str, int | None] | Non
     if landed is None or len(landed) < 2:
         return None
     ordered = sorted(landed, key=lambda name: (landed[name] is None, landed[name] or 0, name))
+    if ordered == sorted(landed):
+        return None
     ranks = json.dumps([{"source_file": name, "read_rank": rank}
                         for rank, name in enumerate(ordered)])
     return spark.range(1).select(F.inline(F.from_json(

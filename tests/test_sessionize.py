@@ -15,6 +15,7 @@ from sessionlake.sessionize import (
     SESSIONIZED_EVENT_COLUMNS,
     as_open_sessions,
     batch_sessions,
+    files_read_order,
     micros_at,
     moment_at,
     sessionize_batch,
@@ -107,6 +108,24 @@ def test_equal_times_break_ties_by_event_id(
     ])
     row = first(sessions)
     assert (row["entry_page"], row["exit_page"]) == ("/first", "/second")
+
+
+@pytest.mark.parametrize(("landed", "ranks"), [
+    (None, None),  # Kafka, or files the checkpoint does not name
+    ({"a.jsonl": 1}, None),  # one file: its lines order its copies
+    ({"a.jsonl": 1, "b.jsonl": 2, "c.jsonl": 2}, None),  # names follow times: no join
+    ({"a.jsonl": 2, "b.jsonl": 1}, [("a.jsonl", 1), ("b.jsonl", 0)]),
+    ({"a.jsonl": None, "b.jsonl": 5}, [("a.jsonl", 1), ("b.jsonl", 0)]),  # unknown: last
+    ({"b.jsonl": 1, "a.jsonl": 1, "c.jsonl": 0}, [("a.jsonl", 1), ("b.jsonl", 2),
+                                                  ("c.jsonl", 0)]),  # ties by name
+])
+def test_files_are_ranked_as_the_stream_reads_them_when_names_do_not_say_it(
+    spark: SparkSession, landed: dict[str, int | None] | None,
+    ranks: list[tuple[str, int]] | None,
+) -> None:
+    order = files_read_order(spark, landed)
+    assert (None if order is None else sorted(
+        (r["source_file"], r["read_rank"]) for r in order.collect())) == ranks
 
 
 def test_sessions_longer_than_max_duration_are_split(spark: SparkSession) -> None:
