@@ -63,6 +63,7 @@ from sessionlake.orchestration import stream_position
 from sessionlake.registry import lake_streams, register_stream, source_key
 from sessionlake.retention import RetentionRequest, enforce_retention
 from sessionlake.snapshots import create_snapshot, restore_snapshot
+from sessionlake.spark import LISTING_PARALLELISM
 from sessionlake.stream import check_landing_folder, run_stream
 from sessionlake.tables import STREAM_TABLES, ensure_tables, read_table, table_version
 from tests.conftest import REPO
@@ -152,7 +153,8 @@ def outcome(spark: SparkSession, lake: Path) -> dict[str, Any]:
 @pytest.mark.kafka
 @pytest.mark.slow
 def test_kill_restart_and_new_partitions_end_as_a_file_run(
-    spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path
+    spark: SparkSession, broker: KafkaBroker, landing: Path, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     files = _lines(landing)
     first, last = files[0] + files[1], files[2]
@@ -182,11 +184,25 @@ def test_kill_restart_and_new_partitions_end_as_a_file_run(
     assert f"cluster.id={grown_topic.cluster_id}\n" in \
         (broker.data_dir / "log" / "meta.properties").read_text()
     produce(spark, broker.bootstrap, last, 5)
-    grown = run_cli(lake, broker.bootstrap, "--shuffle-partitions", "3")
-    assert grown.returncode == 0, grown.stderr[-3000:]
+    # The command line in this process too (the kill above is the process boundary), at
+    # another parallelism; the session's own settings are put back after it.
+    kept = {key: spark.conf.get(key) for key in ("spark.sql.shuffle.partitions",
+                                                 LISTING_PARALLELISM)}
+    try:
+        with caplog.at_level(logging.INFO, logger="sessionlake.monitor"):
+            caplog.clear()  # only this run's lines: the file run above logged too
+            assert main(["run", "--source", "kafka", "--kafka-bootstrap", broker.bootstrap,
+                         "--topic", TOPIC, "--lake", str(lake), "--grace", GRACE,
+                         "--max-offsets-per-trigger", "110", "--shuffle-partitions", "3"]) == 0
+    finally:
+        for key, value in kept.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
     # The monitor's lines: Kafka's source rows are records, so no file count is made up.
-    logged = [json.loads(line.split("sessionlake.monitor: batch ", 1)[1])
-              for line in grown.stderr.splitlines() if "sessionlake.monitor: batch " in line]
+    logged = [json.loads(message.removeprefix("batch "))
+              for message in caplog.messages if message.startswith("batch {")]
     assert logged and all("input_files" not in b and b["records_per_second"] > 0
                           for b in logged if b.get("input_records"))
 
