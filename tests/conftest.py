@@ -52,30 +52,31 @@ pytest_plugins = ["tests.watchdog"]
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 
-#: The test files that run longest, longest first (their time in two full `make test` runs on
-#: 2 cores, 2026-11-27, in seconds), started before all others: with a file per worker at a
-#: time, a long file picked up late runs alone at the end. The second run started
-#: test_batch.py, then unlisted, after 1,286 s: it ran 537 s, the last 173 alone.
+#: The test files that run longest, longest first (their worker-seconds in a full `make test`
+#: run on 2 cores, 2026-12-07, from `--junitxml`), started before all others: with a file
+#: per worker at a time, a long file picked up late runs alone at the end (on 2026-11-27,
+#: test_batch.py, then unlisted, started after 1,286 s and ran its last 173 s alone).
 LONGEST_FIRST = (
-    "tests/reliability/test_crash_recovery.py",     # 391, 388
-    "tests/test_batch.py",                          # 347, 537
-    "tests/test_compaction.py",                     # 330, 305
-    "tests/test_snapshots.py",                      # 293, 296
-    "tests/dags/test_dag_runs.py",                  # 241, 270
-    "tests/test_retention.py",                      # 240, 269
-    "tests/test_cluster.py",                        # 246, 247
-    "tests/test_kafka_source.py",                   # 231, 244
-    "tests/dags/test_restart_dag.py",               # 147, 166
-    "tests/test_stream.py",                         # 130, 135
-    "tests/test_cli.py",                            # 96, 110
-    "tests/test_backfill.py",                       # 104, 89
-    "tests/test_query.py",                          # 120, 62
-    "tests/test_classarchive.py",                   # 94, 81
-    "tests/test_doctor.py",                         # 64, 72
-    "tests/reliability/test_random_maintenance.py", # 55 (one case)
-    "tests/plugins/test_sessionlake_health.py",     # 68, 56
-    "tests/reliability/test_schema_change.py",      # 87, 33
-    "tests/test_serve.py",                          # 42, 40
+    "tests/test_retention.py",                      # 722
+    "tests/test_batch.py",                          # 617
+    "tests/test_kafka_source.py",                   # 521
+    "tests/reliability/test_crash_recovery.py",     # 494
+    "tests/test_snapshots.py",                      # 379
+    "tests/test_cluster.py",                        # 289
+    "tests/test_stream.py",                         # 245
+    "tests/dags/test_dag_runs.py",                  # 229
+    "tests/test_cli.py",                            # 207
+    "tests/test_compaction.py",                     # 173
+    "tests/test_classarchive.py",                   # 154 (64 with its archive built)
+    "tests/reliability/test_random_streams.py",     # 121
+    "tests/test_backfill.py",                       # 118
+    "tests/dags/test_restart_dag.py",               # 113 (one test)
+    "tests/test_query.py",                          # 106
+    "tests/test_deltarestore.py",                   # 86
+    "tests/test_doctor.py",                         # 85
+    "tests/test_eventids.py",                       # 81
+    "tests/reliability/test_random_maintenance.py", # 67 (one case)
+    "tests/test_archive.py",                        # 52
 )
 
 
