@@ -793,13 +793,30 @@ _LOCAL_MASTER = re.compile(r"^local(\[[^\]]*\])?$")
 #: The driver's memory, as Spark spells it (default 4g).
 ENV_DRIVER_MEMORY = "SESSIONLAKE_DRIVER_MEMORY"
 
+#: A memory size as Spark reads ``spark.driver.memory``: a whole number of MiB, or with a
+#: unit (``512m``, ``4g``, ``4gb``, ``1t``; any case).
+_MEMORY_SIZE = re.compile(r"^[1-9][0-9]*([kmgtp]b?|b)?$", re.IGNORECASE)
+
 
 def driver_memory() -> str:
     """The driver's memory, as Spark spells it: ``SESSIONLAKE_DRIVER_MEMORY``, else
     ``spark.driver.memory`` in ``spark-defaults.conf`` (:func:`administrators_conf`), else
-    4g."""
-    return (os.environ.get(ENV_DRIVER_MEMORY)
-            or administrators_conf().get("spark.driver.memory") or "4g")
+    4g.
+
+    Checked here, before a JVM starts: the JVM refused a wrong value with a Java error and
+    PySpark's traceback instead of one line.
+
+    :raises ConfigError: naming where a value that is no memory size came from.
+    """
+    if given := os.environ.get(ENV_DRIVER_MEMORY, "").strip():
+        where = ENV_DRIVER_MEMORY
+    elif given := administrators_conf().get("spark.driver.memory", "").strip():
+        where = "spark.driver.memory in spark-defaults.conf"
+    else:
+        return "4g"
+    if not _MEMORY_SIZE.match(given):
+        raise ConfigError(f"{where} must be a memory size such as 4g or 512m, got {given!r}")
+    return given
 
 
 def is_local_master(master: str) -> bool:

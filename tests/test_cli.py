@@ -155,6 +155,23 @@ def test_a_bad_process_variable_is_refused_before_the_lake_is_touched(
     assert "SESSIONLAKE_CONFLICT_ATTEMPTS" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["run", "sql"])
+def test_a_drivers_memory_that_is_no_size_is_one_line_before_the_lake_is_touched(
+    command: str, observed_lake: ObservedLake, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """Not the JVM's error and PySpark's traceback (the README review, stop 93)."""
+    monkeypatch.setenv("SESSIONLAKE_DRIVER_MEMORY", "lots")
+    (tmp_path / "landing").mkdir()
+    argv = {"run": ["run", "--lake", str(tmp_path / "L"), "--source", str(tmp_path / "landing")],
+            "sql": ["sql", "--lake", observed_lake.settings.lake, "SELECT 1"]}[command]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "sessionlake: error: SESSIONLAKE_DRIVER_MEMORY must be a memory size such as 4g or "
+        "512m, got 'lots'"]
+    assert not (tmp_path / "L").exists()
+
+
 @pytest.mark.parametrize(("raised", "said"), [
     (RuntimeError("An exception was raised by the Python Proxy. Return Message: Traceback\n"
                   + "\tat org.apache.spark.Frame.call(Frame.java:1)\n" * 2000

@@ -452,6 +452,32 @@ def test_the_drivers_memory_is_sessionlakes_setting_else_the_administrators_else
     assert driver_memory() == memory
 
 
+@pytest.mark.parametrize("value", ["512m", "4g", "4G", "4gb", "1t", "2048", "1073741824b"])
+def test_a_memory_size_as_spark_reads_it_is_taken(
+    administrators: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv(ENV_DRIVER_MEMORY, value)
+    assert driver_memory() == value
+
+
+@pytest.mark.parametrize("value", ["lots", "4 g", "1.5g", "0", "0g", "-1g", "4x", "g"])
+@pytest.mark.parametrize("where", ["env", "file"])
+def test_a_drivers_memory_that_is_no_size_is_refused_naming_where_it_came_from(
+    administrators: Path, monkeypatch: pytest.MonkeyPatch, value: str, where: str
+) -> None:
+    """Before any JVM starts: the JVM refused it with a Java error and PySpark's traceback."""
+    if where == "env":
+        monkeypatch.setenv(ENV_DRIVER_MEMORY, value)
+        said = f"SESSIONLAKE_DRIVER_MEMORY must be a memory size such as 4g or 512m, got {value!r}"
+    else:
+        (administrators / "spark-defaults.conf").write_text(f"spark.driver.memory {value}\n")
+        said = ("spark.driver.memory in spark-defaults.conf must be a memory size such as 4g "
+                f"or 512m, got {value!r}")
+    with pytest.raises(ConfigError) as refused:
+        driver_memory()
+    assert str(refused.value) == said
+
+
 def test_an_administrators_java_options_and_class_path_are_kept_after_sessionlakes(
     administrators: Path,
 ) -> None:
