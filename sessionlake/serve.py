@@ -17,6 +17,7 @@ TLS only: clients on other machines go through a TLS proxy in front of the serve
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -99,6 +100,22 @@ def serve_lake(settings: Settings, host: str = "127.0.0.1", port: int = 15002,
     token written to ``token_file`` (:func:`default_token_file` when ``None``)."""
     token_file = token_file or default_token_file(port)
     token = write_token(token_file)
+    try:
+        _serve(settings, host, port, token_file, token)
+    finally:
+        forget_token(token_file, token)
+
+
+def forget_token(path: Path, token: str) -> None:
+    """Remove the token file a server wrote once it no longer serves (left behind, one
+    per port piled up in the home folder), unless another server wrote its own there since."""
+    with contextlib.suppress(OSError):
+        if path.read_text(encoding="utf-8") == token:
+            path.unlink()
+
+
+def _serve(settings: Settings, host: str, port: int, token_file: Path, token: str) -> None:
+    """:func:`serve_lake` once its token is written."""
     spark = build_spark(settings.master, app_name="sessionlake-serve",
                         shuffle_partitions=settings.shuffle_partitions,
                         conf=connect_conf(host, port, token))

@@ -95,18 +95,20 @@ def test_a_spark_connect_client_queries_the_lake(
         log.close()
     said = (tmp_path / "serve.log").read_text()
     assert server.returncode == 0 and "Traceback" not in said, said[-3000:]
-    assert server.returncode == 0
+    assert not token_file.exists(), "a stopped server's token is not left behind"
 
 
 def test_serve_refuses_a_lake_without_tables(tmp_path: Path) -> None:
     done = subprocess.run(
         [str(Path(sys.executable).parent / "sessionlake"), "serve", "--lake",
-         str(tmp_path / "nothing"), "--port", str(_free_port()), "--master", "local[1]"],
+         str(tmp_path / "nothing"), "--port", str(_free_port()), "--master", "local[1]",
+         "--token-file", str(tmp_path / "token")],
         capture_output=True, text=True, timeout=180,
         env={**os.environ, "SESSIONLAKE_DRIVER_MEMORY": "1g"},
     )
     assert done.returncode == 2
     assert "no sessionlake tables" in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "token").exists()
 
 
 @pytest.mark.parametrize("port", ["0", "http"])
