@@ -21,7 +21,7 @@ help:
 	@echo "make lint      - ruff and mypy"
 	@echo "make bench     - benchmarks (see the Benchmark section of README.md)"
 	@echo "make setup     - only the virtual environment, the Delta and Kafka jars, the driver's class archive, the Kafka broker and Chromium"
-	@echo "make jars, make class-archive, make kafka-broker - one part of set-up"
+	@echo "make jars, make class-archive, make kafka-broker, make browser - one part of set-up"
 	@echo "make kafka     - a development Kafka broker (KRaft) on 127.0.0.1:$(KAFKA_PORT)"
 	@echo "make airflow   - Airflow 3 standalone on http://$(AIRFLOW_HOST):$(AIRFLOW_PORT) with the DAGs, its home in $(AIRFLOW_HOME_DIR) (make airflow AIRFLOW_HOME=DIR for another)"
 	@echo "make docker-up, make docker-down - Airflow on PostgreSQL and a Spark cluster in Docker (needs a Docker engine)"
