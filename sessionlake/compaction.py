@@ -34,6 +34,7 @@ was removed or changed meanwhile, so a row deleted by the MERGE cannot come back
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -148,7 +149,7 @@ def compact_lake(
     :return: one report per table, in the order of ``tables`` (or PUBLIC_TABLES).
     :raises CompactionError: an unknown table name, ``min_files`` below 1, or no lake.
     """
-    names = _checked_tables(tables)
+    names = checked_tables(tables)
     if min_files < 1:
         raise CompactionError(f"min_files must be at least 1, got {min_files}")
     if (why := not_a_lake(spark, lake, names)) is not None:
@@ -295,16 +296,24 @@ def _detail(spark: SparkSession, path: str) -> Row:
     return row
 
 
-def _checked_tables(tables: Sequence[str] | None) -> list[str]:
-    """The tables asked for, known and without repeats; all public tables by default."""
+def checked_tables(tables: Sequence[str] | None) -> list[str]:
+    """The tables asked for, known and without repeats; all public tables by default.
+
+    The command line checks them before Spark starts, so a misspelt name costs no JVM.
+
+    :raises CompactionError: naming the unknown ones, the closest known name of the first,
+        and the lake's tables.
+    """
     if tables is None or len(tables) == 0:
         return list(PUBLIC_TABLES)
     names = [tables] if isinstance(tables, str) else list(tables)
     unknown = [name for name in names if name not in PUBLIC_TABLES]
     if unknown:
+        close = difflib.get_close_matches(unknown[0].lower(), PUBLIC_TABLES, n=1)
         raise CompactionError(
             f"unknown table {', '.join(repr(n) for n in unknown)}: "
-            f"the lake's tables are {', '.join(PUBLIC_TABLES)}"
+            + (f"did you mean {close[0]}? " if close else "")
+            + f"the lake's tables are {', '.join(PUBLIC_TABLES)}"
         )
     return list(dict.fromkeys(names))
 

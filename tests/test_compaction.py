@@ -239,12 +239,22 @@ def test_the_command_line_prints_a_line_per_table(
                         lines[1]), lines
 
 
-def test_the_command_line_refuses_an_unknown_table_in_one_line(
-    spark: SparkSession, copied_lake: str, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(("table", "said"), [
+    ("clicks", "unknown table 'clicks': the lake's tables are events, "),
+    ("sesions", "unknown table 'sesions': did you mean sessions? the lake's tables are events, "),
+    ("Open_Sessions", "unknown table 'Open_Sessions': did you mean open_sessions? the lake's "),
+])
+def test_the_command_line_refuses_an_unknown_table_in_one_line_before_spark_starts(
+    copied_lake: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    table: str, said: str,
 ) -> None:
-    assert main(["compact", "--lake", copied_lake, "--table", "clicks"]) == 2
+    def no_spark(*_: object, **__: object) -> None:
+        raise AssertionError("Spark was started for a table the lake does not have")
+
+    monkeypatch.setattr("sessionlake.cli._spark", no_spark)
+    assert main(["compact", "--lake", copied_lake, "--table", "sessions", "--table", table]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("sessionlake: error: unknown table 'clicks': the lake's tables are")
+    assert err.startswith(f"sessionlake: error: {said}"), err
     assert len(err.splitlines()) == 1
 
 
