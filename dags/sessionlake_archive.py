@@ -42,7 +42,9 @@ with DAG(
     params={
         "archive_to": Param(None, type=["null", "string"],
                             description="folder to move read files to (default "
-                                        "$SESSIONLAKE_ARCHIVE), outside the landing folder"),
+                                        "$SESSIONLAKE_ARCHIVE): outside the landing folder "
+                                        "and the lake, inside $SESSIONLAKE_ARCHIVE or a "
+                                        "folder $SESSIONLAKE_ARCHIVE_ROOTS lists"),
         "dry_run": Param(False, type="boolean", description="only count what would move"),
     },
 ):

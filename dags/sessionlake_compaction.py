@@ -27,7 +27,8 @@ with DAG(
     default_args=dag_defaults(),
     params={
         "min_files": Param(COMPACTION_MIN_FILES, type="integer", minimum=1,
-                           description="compact a table only with at least this many small files"),
+                           description="compact a table holding at least this many small "
+                                       "files, in its partitions with two or more"),
     },
 ):
 

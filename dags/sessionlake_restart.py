@@ -50,7 +50,9 @@ with DAG(
     tags=["sessionlake", "streaming", "maintenance"],
     default_args=dag_defaults(),
     params={
-        "shuffle_partitions": Param(Settings.shuffle_partitions, type="integer", minimum=1),
+        "shuffle_partitions": Param(Settings.shuffle_partitions, type="integer", minimum=1,
+                                    description="spark.sql.shuffle.partitions of the "
+                                                "restarted run"),
         "master": Param("", type="string",
                         description="empty: spark_default's master; local[N], spark://host:port"),
     },

@@ -39,8 +39,16 @@ with DAG(
     default_args=dag_defaults(),
     params={
         **users_to_erase_params(),
-        "sessions_max_age_days": Param(365, type=["null", "integer"], minimum=1),
-        "events_max_age_days": Param(90, type=["null", "integer"], minimum=1),
+        "sessions_max_age_days": Param(
+            365, type=["null", "integer"], minimum=1,
+            description="delete sessions (open ones too) and their changelog rows whose "
+                        "start day, by event time, lies more than this many days before "
+                        "today (UTC); null: keep them"),
+        "events_max_age_days": Param(
+            90, type=["null", "integer"], minimum=1,
+            description="delete events and late events whose event day, and quarantined "
+                        "records whose arrival day, lies more than this many days before "
+                        "today (UTC); null: keep them"),
         **vacuum_params(),
     },
 ):

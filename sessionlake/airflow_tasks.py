@@ -174,7 +174,11 @@ def vacuum_params() -> dict[str, Param]:
     """The VACUUM after an erasure or the age limits, and the dry run, which the retention
     and erasure DAGs share."""
     return {
-        "vacuum_retain_hours": Param(VACUUM_RETAIN_HOURS, type=["null", "integer"], minimum=0),
+        "vacuum_retain_hours": Param(
+            VACUUM_RETAIN_HOURS, type=["null", "integer"], minimum=0,
+            description="VACUUM after, removing files unused for longer than this many "
+                        "hours (files a kept snapshot needs stay); null: no VACUUM, and "
+                        "deleted rows stay readable by time travel until one"),
         "dry_run": Param(False, type="boolean",
                          description="only count what it would delete; change nothing"),
     }
