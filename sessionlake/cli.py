@@ -770,14 +770,13 @@ def cmd_archive(args: argparse.Namespace) -> int:
 def cmd_compact(args: argparse.Namespace) -> int:
     """``sessionlake compact``: OPTIMIZE the tables that need it, report files before/after."""
     from sessionlake.compaction import checked_tables, compact_lake
-    from sessionlake.tables import PUBLIC_TABLES
 
     settings = _settings(args)
-    checked_tables(args.tables)  # a misspelt name is refused before Spark starts
+    tables = checked_tables(args.tables)  # a misspelt name is refused before Spark starts
     spark = _spark(settings, "sessionlake-compact")
-    with progress("compaction", total=len(args.tables or PUBLIC_TABLES)) as step:
+    with progress("compaction", total=len(tables)) as step:
         reports = compact_lake(spark, settings.lake, min_files=args.min_files,
-                               tables=args.tables, on_table=lambda r: step(r.table))
+                               tables=tables, on_table=lambda r: step(r.table))
     for report in reports:
         print(report.summary())
     return 0
