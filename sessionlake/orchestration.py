@@ -135,6 +135,7 @@ def _need_source(locations: Locations) -> str:
 
 #: A number without a unit.
 _BARE_NUMBER = re.compile(r"^\d+(?:\.\d+)?$")
+_SIGNED_NUMBER = re.compile(r"^[-+]?\d+(?:\.\d+)?$")
 
 
 def _bad(name: str, value: Any, why: str) -> ValueError:
@@ -284,6 +285,8 @@ def validate_backfill_params(params: Mapping[str, Any]) -> BackfillParams:
     if isinstance(value, bool) or value is None:
         raise _bad("gap_minutes", value, "must be minutes (30) or a duration (30m, 1h)")
     text = str(value).strip()
+    if _SIGNED_NUMBER.match(text) and float(text) <= 0:
+        raise _bad("gap_minutes", value, "must be longer than 0")
     try:
         # A bare number is minutes, as the param's name says, a fraction too (1.5: 90 s).
         gap = parse_duration(f"{text}m" if _BARE_NUMBER.match(text) else text, "gap_minutes")

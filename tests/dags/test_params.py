@@ -155,9 +155,10 @@ def test_an_unknown_param_is_named_without_its_value() -> None:
         (orch.validate_backfill_params,
          {"from_date": "2026-01-01", "to_date": "2026-01-02", "gap_minutes": "soon"},
          "gap_minutes='soon'"),
-        (orch.validate_backfill_params,
-         {"from_date": "2026-01-01", "to_date": "2026-01-02", "gap_minutes": 0},
-         "must be longer than 0"),
+        *[(orch.validate_backfill_params,  # -5 said "must be a duration" (the Airflow review)
+           {"from_date": "2026-01-01", "to_date": "2026-01-02", "gap_minutes": minutes},
+           f"gap_minutes={minutes!r} is invalid: must be longer than 0")
+          for minutes in (0, -5, "-5", " -1.5 ", "0.0")],
         (orch.validate_compaction_params, {"min_files": -1}, "min_files=-1"),
         (orch.validate_snapshot_params, {"name": "../../etc"}, "name='../../etc'"),
         (orch.validate_snapshot_params, {"name": "--lake=/elsewhere"}, "starting with a letter"),
