@@ -24,6 +24,7 @@ from typing import Any
 from sessionlake.checkpoint import (
     HOLDER_FILE,
     LAKE_HOLDER_FILE,
+    LAKE_LOCK_DIR,
     LAKE_LOCK_FILE,
     LOCK_FILE,
     LOCK_PATIENCE_S,
@@ -196,9 +197,31 @@ def lake_lock(lake: str, checkpoint: str) -> Iterator[None]:
 @contextmanager
 def stream_locks(lake: str, checkpoint: str) -> Iterator[None]:
     """Hold both: the checkpoint's lock, then the lake's (see above): what a run holds,
-    and what a restore or a rebuild of the state needs, which no stream may write beside."""
-    with checkpoint_lock(checkpoint), lake_lock(lake, checkpoint):
-        yield
+    and what a restore or a rebuild of the state needs, which no stream may write beside.
+    A lake folder they made is removed again if nothing but the lock came into it."""
+    folder = local_path(lake)
+    new = folder is not None and not folder.exists()
+    try:
+        with checkpoint_lock(checkpoint), lake_lock(lake, checkpoint):
+            yield
+    finally:
+        if new and folder is not None:
+            _remove_if_only_lake_lock(folder)
+
+
+def _remove_if_only_lake_lock(lake: Path) -> None:
+    """Remove a new lake folder that holds nothing but its stream lock (a first run refused
+    before it wrote anything), so that a refusal leaves no half-made lake behind; kept if
+    anything else is in it, or another run holds the lock."""
+    locks = lake / LAKE_LOCK_DIR
+    if ([p.name for p in lake.iterdir()] != [LAKE_LOCK_DIR]
+            or [p.name for p in locks.iterdir()] != [LAKE_LOCK_FILE]
+            or lock_held(locks, LAKE_LOCK_FILE)):
+        return
+    with contextlib.suppress(OSError):  # something came in since: keep it
+        (locks / LAKE_LOCK_FILE).unlink(missing_ok=True)
+        locks.rmdir()
+        lake.rmdir()
 
 
 @contextmanager

@@ -250,6 +250,7 @@ def test_a_symbolic_link_out_of_the_landing_folder_is_refused_before_it_is_read(
     with pytest.raises(ConfigError, match=f"holds symbolic links leading out of it: "
                                           f"{landing / 'link.log'} -> {secret}"):
         run(spark, landing, lake)
+    assert not lake.exists()  # no lake folder holding only a lock
     (landing / "link.log").unlink()
     assert len(run(spark, landing, lake)) == 1
 
