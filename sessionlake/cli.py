@@ -142,21 +142,44 @@ def _lake(parser: argparse.ArgumentParser, required: bool = False) -> None:
 
 
 def _versions() -> str:
-    """sessionlake's version, and those of the PySpark and Delta packages it runs on."""
+    """sessionlake's version, those of the PySpark and Delta packages it runs on, and that
+    of the Delta jars the JVM runs, which can differ from the Python package's (README)."""
     found = []
     for package in ("pyspark", "delta-spark"):
         try:
             found.append(f"{package} {metadata.version(package)}")
         except metadata.PackageNotFoundError:
             found.append(f"{package} not installed")
+    try:
+        from sessionlake.spark import delta_jars
+
+        jar = next(Path(j).name for j in delta_jars() if Path(j).name.startswith("delta-spark_"))
+        found.append(f"Delta jars {jar.rsplit('-', 1)[1].removesuffix('.jar')}")
+    except (ImportError, ActionableError):
+        found.append("Delta jars not found: make jars")
     return f"sessionlake {__version__} ({', '.join(found)})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``, whose text is found only when asked: it imports PySpark and looks in
+    the jars folder, which no other command line should wait for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        print(_versions())
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     parser = _Parser(prog="sessionlake", description=DESCRIPTION, epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=_versions())
+    parser.add_argument("--version", action=_VersionAction,
+                        help="show the versions of sessionlake, PySpark and Delta, and exit")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log at INFO: the stream's start and stop, each batch's "
                              "progress, the code generation chosen; -vv at DEBUG: also each "

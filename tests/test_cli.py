@@ -415,8 +415,19 @@ def test_version_names_the_packages_it_runs_on(capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0
-    assert re.fullmatch(r"sessionlake \S+ \(pyspark 4\.2\.\d+, delta-spark 4\.4\.\d+\)\n",
-                        capsys.readouterr().out)
+    assert re.fullmatch(r"sessionlake \S+ \(pyspark 4\.2\.\d+, delta-spark 4\.4\.\d+, "
+                        r"Delta jars 4\.4\.\d+\)\n", capsys.readouterr().out)
+
+
+def test_version_says_when_the_delta_jars_are_missing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JVM runs the jars, whose version can differ from the Python package's."""
+    monkeypatch.setenv("SESSIONLAKE_JARS", str(tmp_path))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.endswith(", Delta jars not found: make jars)\n")
 
 
 def test_output_whose_reader_went_away_ends_quietly(tmp_path: Path) -> None:
