@@ -23,7 +23,8 @@ so no micro-batch runs beside any of them; one may run between two of them, whic
 harmless (before the restore, the restore undoes its batch; after it, it resumes from the
 snapshot), and step 4 counts only the started run's own batches.
 
-Params: `snapshot_id` (as printed by `sessionlake_snapshot`).
+Params: `snapshot_id` (as printed by `sessionlake_snapshot`, or the `name` given to it
+when no other snapshot bears it).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ with DAG(
     default_args=dag_defaults(),
     params={
         "snapshot_id": Param(type="string", minLength=1, maxLength=128,
-                             description="the id sessionlake_snapshot printed"),
+                             description="the id sessionlake_snapshot printed, or the "
+                                         "name given to it (if no other snapshot has it)"),
     },
 ):
 

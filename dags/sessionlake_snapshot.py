@@ -31,7 +31,8 @@ with DAG(
     default_args=dag_defaults(),
     params={
         "name": Param(None, type=["null", "string"], maxLength=128,
-                      description="optional label of the restore point"),
+                      description="optional label of the restore point; the restore "
+                                  "DAG takes it in place of the id"),
         "max_age_days": Param(30, type=["null", "integer"], minimum=1,
                               description="expire snapshots taken more than this many days "
                                           "ago (null: no age limit)"),

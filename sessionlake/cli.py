@@ -383,7 +383,8 @@ def _add_maintenance(commands: Any) -> None:
     restore = commands.add_parser("restore", help="return the tables and checkpoint to a snapshot")
     _lake(restore)
     restore.add_argument("--checkpoint", help=checkpoint_help)
-    restore.add_argument("--snapshot", required=True, help="id printed by `sessionlake snapshot`")
+    restore.add_argument("--snapshot", required=True,
+                         help="id printed by `sessionlake snapshot`, or the --name given to it")
     restore.add_argument("--accept-kafka-data-loss", action="store_true",
                          dest="kafka_accept_data_loss",
                          help="for a Kafka stream: restore even when the topic no longer "

@@ -161,14 +161,24 @@ def list_snapshots(lake: str, spark: SparkSession | None = None) -> list[Snapsho
 
 
 def find_snapshot(lake: str, snapshot_id: str, spark: SparkSession | None = None) -> Snapshot:
-    """The catalog entry of ``snapshot_id``.
+    """The catalog entry of ``snapshot_id``: its id, or else the name it was given
+    (``snapshot --name``, the snapshot DAG's ``name``), which only one snapshot may bear.
 
-    :raises SnapshotError: naming the ids that do exist.
+    :raises SnapshotError: naming the ids that do exist, or those a name is ambiguous
+        between.
     """
     snapshots = list_snapshots(lake, spark)
     for snapshot in snapshots:
         if snapshot.snapshot_id == snapshot_id:
             return snapshot
+    named = [s for s in snapshots if s.name == snapshot_id]
+    if len(named) == 1:
+        return named[0]
+    if named:
+        raise SnapshotError(
+            f"{len(named)} snapshots of {lake} are named {snapshot_id!r} "
+            f"({', '.join(s.snapshot_id for s in named)}): give the id of the one meant"
+        )
     known = ", ".join(s.snapshot_id for s in snapshots[-5:]) or "none yet"
     raise SnapshotError(
         f"no snapshot {snapshot_id!r} in {lake} (newest: {known}); "

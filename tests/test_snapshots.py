@@ -177,6 +177,14 @@ def test_the_catalog_lists_snapshots_oldest_first(spark: SparkSession, tmp_path:
     assert find_snapshot(config.lake, first.snapshot_id).name == "one"
     assert first.table_versions == second.table_versions
     assert "one" in first.summary() and "after batch 0" in first.summary()
+    # Its name finds it too (the restore DAG wanted the id alone), while only it bears it.
+    assert find_snapshot(config.lake, "one") == first
+    third = create_snapshot(spark, config, name="one")
+    with pytest.raises(SnapshotError, match=f"2 snapshots of {config.lake} are named 'one' "
+                                            f"\\({first.snapshot_id}, {third.snapshot_id}\\): "
+                                            "give the id of the one meant"):
+        find_snapshot(config.lake, "one")
+    assert find_snapshot(config.lake, third.snapshot_id) == third
 
 
 def user_rows(spark: SparkSession, lake: str, user: str) -> dict[str, int]:
