@@ -254,6 +254,16 @@ def batches_held(
         ) from None
 
 
+#: How to let go of the snapshots a VACUUM keeps files for. An expiry by age alone never
+#: removes the newest (the lake keeps a restore point), so it cannot help a lake with one
+#: young snapshot; a new snapshot, taken after the deletes, with the older ones expired can.
+EXPIRE_HINT = ("expire it: `sessionlake snapshot --keep-last 1` takes a snapshot of the lake "
+               "as it is now and expires the older ones, as does the snapshot DAG with "
+               "keep_last 1 and max_age_days null; `--expire-only --max-age-days N` expires "
+               "those older than N days, but never the newest; --force-vacuum removes them, "
+               "and the snapshot can then not be restored")
+
+
 def plan_vacuum(
     spark: SparkSession, settings: Settings, request: RetentionRequest, now: datetime,
     streams_need: tuple[tuple[datetime, str] | None, bool] | None = None,
@@ -273,10 +283,7 @@ def plan_vacuum(
     if snapshot is not None:
         needs.append((_hours_since(snapshot.created, now),
                       f"the oldest kept snapshot, taken {snapshot.created.isoformat()}",
-                      f"while snapshot {snapshot.snapshot_id} is kept (expire it: `sessionlake "
-                      "snapshot --expire-only --max-age-days N`, or the snapshot DAG's "
-                      "max_age_days; --force-vacuum removes them, and the snapshot can then "
-                      "not be restored)"))
+                      f"while snapshot {snapshot.snapshot_id} is kept ({EXPIRE_HINT})"))
     pending, running = streams_need or streams_need_since(spark, settings)
     if pending is not None:
         needs.append((_hours_since(pending[0], now),

@@ -44,6 +44,7 @@ from sessionlake.locks import lake_lock
 from sessionlake.rebuild import rebuild_open_sessions
 from sessionlake.registry import register_stream
 from sessionlake.retention import (
+    EXPIRE_HINT,
     NO_ROW_TO_ERASE,
     RUNNING_STREAM_HOURS,
     RetentionError,
@@ -197,8 +198,10 @@ def test_an_erasure_rerun_to_purge_time_travel_says_what_a_snapshot_keeps_readab
     assert report.note is not None and report.note.endswith(
         "rows of these users that earlier runs deleted may stay readable by time travel "
         f"while snapshot {snapshot.snapshot_id} is kept (expire it: `sessionlake snapshot "
-        "--expire-only --max-age-days N`, or the snapshot DAG's max_age_days; --force-vacuum "
-        "removes them, and the snapshot can then not be restored)"), report.note
+        "--keep-last 1` takes a snapshot of the lake as it is now and expires the older ones, "
+        "as does the snapshot DAG with keep_last 1 and max_age_days null; `--expire-only "
+        "--max-age-days N` expires those older than N days, but never the newest; "
+        "--force-vacuum removes them, and the snapshot can then not be restored)"), report.note
 
 
 def test_vacuum_keeps_what_a_snapshot_needs_and_a_restore_keeps_the_erasure(
@@ -213,9 +216,7 @@ def test_vacuum_keeps_what_a_snapshot_needs_and_a_restore_keeps_the_erasure(
     # Not "until" five hours from now: each later VACUUM keeps the snapshot's files too.
     assert report.note is not None and report.note.endswith(
         f"deleted rows stay readable by time travel while snapshot {snapshot.snapshot_id} "
-        "is kept (expire it: `sessionlake snapshot --expire-only --max-age-days N`, or the "
-        "snapshot DAG's max_age_days; --force-vacuum removes them, and the snapshot can "
-        "then not be restored)")
+        f"is kept ({EXPIRE_HINT})")
     assert "until" not in report.note
 
     with caplog.at_level(logging.WARNING, logger="sessionlake.erasure"):
