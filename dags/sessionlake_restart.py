@@ -20,7 +20,10 @@ committed while it holds the checkpoint.
 
 Params: `shuffle_partitions` (>= 1), `master` (`local[*]`, `local[N]`, `spark://host:port`;
 empty, the default: the `spark_default` connection's master, where the other DAGs run).
-Both are checked before anything is stopped, and a standalone master must answer.
+Both are checked before anything is stopped, and a standalone master must answer; so is
+`SESSIONLAKE_RESTART_TIMEOUT`, and the new run is asked whether it would start
+(`sessionlake run ... --check-only`, with the workers' `SESSIONLAKE_*` settings it would
+get: a format or gap other than the stream's is refused there, not after the stop).
 """
 
 from __future__ import annotations
@@ -62,8 +65,11 @@ with DAG(
     def validate_params() -> list[str]:
         """Check the params and build the new run's command before anything is stopped."""
         checked = orch.validate_restart_params(trigger_params(), connection_master())
-        check_master_answers(checked.master)  # else the stream is stopped, and stays so
-        return orch.continuous_run_args(orch.locations_from_env(), checked)
+        orch.restart_timeout()  # each refusal here, or the stream is stopped, and stays so
+        check_master_answers(checked.master)
+        args = orch.continuous_run_args(orch.locations_from_env(), checked)
+        orch.check_run_would_start(args)
+        return args
 
     @task(pool=orch.CHECKPOINT_POOL)
     def stop_running_stream() -> dict[str, Any]:

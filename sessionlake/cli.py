@@ -246,6 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--alert-late-fraction", dest="alert_late_fraction",
                      help="log an ALERT line for a batch with a larger share of late "
                           "records (default 0.1)")
+    run.add_argument("--check-only", action="store_true", dest="check_only",
+                     help="only check that this run could start (its source, and the gap, "
+                          "format and folder or topic the lake and checkpoint noted); take no "
+                          "lock and change nothing, also beside a running stream")
     _common_spark(run)
 
     sql = commands.add_parser("sql", help="Delta SQL over the lake's tables by name")
@@ -564,12 +568,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sessionlake.archive import warn_of_read_files_left
     from sessionlake.checkpoint import unread_input, warn_of_files_in_no_order
     from sessionlake.stream import (
+        check_run,
         check_source,
         run_stream,
     )
 
     settings = _settings(args)
     check_source(settings)
+    if args.check_only:
+        check_run(_spark(settings, "sessionlake-run-check", kafka=settings.reads_kafka,
+                         quick_start=True), settings)
+        print("run possible; nothing changed")
+        return 0
     unread = unread_input(settings.source or "", settings.checkpoint)
     warn_of_read_files_left(unread, settings.source or "")
     warn_of_files_in_no_order(unread, settings.source or "", settings.max_files_per_trigger)

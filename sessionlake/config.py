@@ -389,12 +389,17 @@ def conflict_attempts() -> int:
 
 def restart_timeout() -> float:
     """Seconds to wait for a run to stop or to resume: ``$SESSIONLAKE_RESTART_TIMEOUT``
-    (seconds, or a duration such as ``10m``), 300.
+    (seconds, or a duration such as ``10m``, more than 0), 300.
 
     :raises ConfigError: naming the variable, when it is no duration.
     """
-    return parse_duration(os.environ.get("SESSIONLAKE_RESTART_TIMEOUT", "300"),
-                          "SESSIONLAKE_RESTART_TIMEOUT").total_seconds()
+    value = os.environ.get("SESSIONLAKE_RESTART_TIMEOUT", "300")
+    seconds = parse_duration(value, "SESSIONLAKE_RESTART_TIMEOUT").total_seconds()
+    if seconds <= 0:  # a stop would give up at once, leaving the stream stopped
+        raise ConfigError(f"SESSIONLAKE_RESTART_TIMEOUT must be longer than 0, got {value!r}: "
+                          "how long a stop waits for the batch in flight to commit, and a "
+                          "start for the first batch")
+    return seconds
 
 
 def check_process_environment() -> None:

@@ -51,6 +51,7 @@ from sessionlake.checkpoint import (
     unread_input,
 )
 from sessionlake.config import (
+    ENV,
     JAVA_INT_MAX,
     MAX_AGE_DAYS,
     SPARK_MASTER,
@@ -1032,14 +1033,59 @@ def start_continuous_run(args: Sequence[str], checkpoint: str) -> int:
     """
     folder = _local(checkpoint)
     folder.mkdir(parents=True, exist_ok=True)
-    command = [str(Path(python_executable()).parent / "sessionlake"), *args]
-    env = child_env()
     with open(folder / CONTINUOUS_LOG, "ab") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+        process = subprocess.Popen(_sessionlake_command(args), stdout=log,
+                                   stderr=subprocess.STDOUT, env=child_env(),
                                    stdin=subprocess.DEVNULL, start_new_session=True)
     (folder / CONTINUOUS_RUN).write_text(json.dumps(
         {"pid": process.pid, "host": socket.gethostname(), "args": list(args)}))
     return process.pid
+
+
+def _sessionlake_command(args: Sequence[str]) -> list[str]:
+    """``sessionlake <args>`` as the DAGs start it themselves (the project's console
+    script, beside its interpreter)."""
+    return [str(Path(python_executable()).parent / "sessionlake"), *args]
+
+
+#: The settings whose command-line flag is not ``--`` and the setting's name in dashes.
+_SETTING_OF_FLAG = {"--format": "input_format", "--topic": "kafka_topic",
+                    "--starting-offsets": "kafka_starting_offsets",
+                    "--max-offsets-per-trigger": "kafka_max_offsets_per_trigger",
+                    "--kafka-reread-wait": "kafka_reread_wait",
+                    "--kafka-properties": "kafka_properties"}
+
+
+def check_run_would_start(args: Sequence[str]) -> None:
+    """Ask the continuous run ``args`` whether it would start (``sessionlake run
+    --check-only``, as :func:`start_continuous_run` would start it, with its environment),
+    beside the run the restart DAG is to stop: a refusal found only after the stop left
+    the stream stopped (the Airflow review: a worker's ``SESSIONLAKE_FORMAT`` other than
+    the stream's). Starts a Spark driver for the checks, as the run would.
+
+    :raises ValueError: with the run's refusal, and the workers' variables behind the
+        flags it names (the run takes them from there, not from the DAG's params).
+    """
+    # Its checks read the lake and the checkpoint from the driver: a local driver asks them
+    # (a cluster's cores may all be the running stream's; its master was asked already).
+    done = subprocess.run(_sessionlake_command([*args, "--check-only", "--master", "local[1]"]),
+                          env=child_env(),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          check=False)
+    if done.returncode == 0:
+        return
+    errors = [line.removeprefix("sessionlake: error: ") for line in done.stderr.splitlines()
+              if line.startswith("sessionlake: error: ")]
+    why = errors[-1] if errors else (done.stderr.strip()[-2000:] or
+                                     f"exit status {done.returncode}")
+    flags = list(dict.fromkeys(re.findall(r"--[a-z][a-z-]*", why)))
+    variables = [ENV[key] for flag in flags
+                 if (key := _SETTING_OF_FLAG.get(flag, flag[2:].replace("-", "_"))) in ENV
+                 and flag not in ("--shuffle-partitions", "--master")]
+    where = (f" (the DAG's run takes {', '.join(variables)} from the Airflow workers' "
+             "environment)") if variables else ""
+    raise ValueError(f"the restarted run would be refused, so nothing was stopped: "
+                     f"{why}{where}")
 
 
 def _alive(pid: int) -> bool:
@@ -1106,8 +1152,12 @@ def wait_for_resumed_stream(
             tail = (_local(checkpoint) / CONTINUOUS_LOG).read_text(errors="replace")[-2000:]
             raise RuntimeError(f"the new sessionlake run (pid {pid}) exited:\n{tail}")
         if time.monotonic() > deadline:
+            what = ("a batch" if before.last_batch_id < 0
+                    else f"a batch after batch {before.last_batch_id}")
             raise TimeoutError(
-                f"the new run (pid {pid}) committed no batch after {before.last_batch_id} "
-                f"in {timeout:.0f}s: is data arriving in the landing folder?"
+                f"the new run (pid {pid}) has committed no {what.removeprefix('a ')} within "
+                f"{timeout:.0f}s (SESSIONLAKE_RESTART_TIMEOUT): is data arriving? The run "
+                "goes on, and may commit once data comes or its first batch ends (its log: "
+                f"{_local(checkpoint) / CONTINUOUS_LOG}); this failure stops nothing"
             )
         time.sleep(2)

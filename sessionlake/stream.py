@@ -599,13 +599,44 @@ def landing_files(spark: SparkSession, settings: Settings, subfolders: bool = Tr
     return file_lines(reader, settings.source or "")
 
 
+def check_run(spark: SparkSession, settings: Settings) -> None:
+    """What ``sessionlake run --check-only`` asks: whether a run with ``settings`` would
+    start, or what it would refuse (:func:`check_stream_can_start`), changing nothing."""
+    check_source(settings)
+    topic = check_kafka_topic(spark, settings) if settings.reads_kafka else None
+    check_stream_can_start(spark, settings, topic)
+
+
 def check_and_register_stream(spark: SparkSession, settings: Settings,
                               topic: KafkaTopic | None) -> StreamIdentity:
     """Refuse, before the stream reads or writes anything, a run that would break what
-    earlier runs left (a restore cut off, another checkpoint's batch cut off, another
-    source than the checkpoint's, a changed gap or input format), tidy what the checkpoint read
+    earlier runs left (:func:`check_stream_can_start`), tidy what the checkpoint read
     (files archived meanwhile), then note the stream in the lake with its identity, which
     it returns."""
+    format_unnoted = check_stream_can_start(spark, settings, topic, note=True)
+    if topic is None:
+        warn_of_files_changed_since_read(settings.checkpoint)
+        forget_files_archived_meanwhile(settings)
+    if format_unnoted:
+        note_input_format(spark, settings.checkpoint, settings.input_format)
+    identity = stream_identity(spark, settings.checkpoint)
+    register_stream(spark, settings.lake, settings.checkpoint, source_key(settings),
+                    *((topic.cluster_id, topic.topic_id) if topic else (None, None)),
+                    stream_id=identity.stream_id)
+    return identity
+
+
+def check_stream_can_start(spark: SparkSession, settings: Settings, topic: KafkaTopic | None,
+                           *, note: bool = False) -> bool:
+    """Refuse a run that would break what earlier runs left: a restore cut off, another
+    checkpoint's batch cut off, another source than the checkpoint's, a changed gap or
+    input format. Taking no lock and, unless ``note``, writing nothing: the restart DAG
+    asks it (``run --check-only``) of the run it would start, beside the one it would
+    stop, so that what the new run would refuse is told before the stream stops.
+
+    :param note: note the session rules at the lake's first run (a run, not a check).
+    :return: whether the checkpoint's input format is still to be noted (its first run).
+    """
     check_no_restore_pending(spark, settings.checkpoint)
     check_last_batch_has_its_offsets(spark, settings.checkpoint)
     check_newest_commits(settings.lake)
@@ -620,18 +651,8 @@ def check_and_register_stream(spark: SparkSession, settings: Settings,
     else:
         check_landing_folder(spark, settings)
         check_no_links_out(settings)
-    check_session_rules_unchanged(spark, settings)
-    format_unnoted = check_format_unchanged(spark, settings)
-    if topic is None:
-        warn_of_files_changed_since_read(settings.checkpoint)
-        forget_files_archived_meanwhile(settings)
-    if format_unnoted:
-        note_input_format(spark, settings.checkpoint, settings.input_format)
-    identity = stream_identity(spark, settings.checkpoint)
-    register_stream(spark, settings.lake, settings.checkpoint, source_key(settings),
-                    *((topic.cluster_id, topic.topic_id) if topic else (None, None)),
-                    stream_id=identity.stream_id)
-    return identity
+    check_session_rules_unchanged(spark, settings, note=note)
+    return check_format_unchanged(spark, settings)
 
 
 def prepare_lake(spark: SparkSession, settings: Settings) -> Settings:

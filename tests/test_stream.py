@@ -515,7 +515,8 @@ def test_a_lake_noted_with_its_gap_alone_notes_its_maximum_duration_at_the_next_
 
 
 def test_a_run_with_another_format_than_its_stream_s_is_refused_and_doctor_names_it(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Run without ``--format apache`` (jsonl is the default), an access-log stream would
     quarantine every new line as invalid JSON."""
@@ -530,6 +531,19 @@ def test_a_run_with_another_format_than_its_stream_s_is_refused_and_doctor_names
         run(spark, tmp_path / "landing", lake, input_format="jsonl")
     assert "accepted no event" not in str(refused.value)  # its events are worth keeping
     assert versions == {t: table_version(spark, str(lake), t) for t in STREAM_TABLES}
+
+    # `run --check-only` says the same beside a running stream (the restart DAG asks it
+    # before it stops one), and changes nothing.
+    monkeypatch.setattr(cli, "_spark", lambda *args, **kwargs: spark)
+    argv = ["run", "--source", str(tmp_path / "landing"), "--lake", str(lake), "--check-only"]
+    capsys.readouterr()
+    with checkpoint_lock(str(lake / "_checkpoints" / "stream")):
+        listed = sorted((p, p.stat().st_mtime_ns) for p in lake.rglob("*"))
+        assert cli.main(argv) == 2
+        assert capsys.readouterr().err.strip().endswith(str(refused.value))
+        assert cli.main([*argv, "--format", "apache"]) == 0
+        assert capsys.readouterr().out == "run possible; nothing changed\n"
+        assert sorted((p, p.stat().st_mtime_ns) for p in lake.rglob("*")) == listed
 
     moved = settings_from({"lake": str(lake), "source": str(tmp_path / "elsewhere")}, env={})
     [finding] = [f for f in check_lake(None, moved).findings if not f.ok]

@@ -423,6 +423,31 @@ def test_a_resumed_stream_counts_only_batches_committed_while_the_new_run_holds_
             "s1", 4)
 
 
+@pytest.mark.parametrize(("last_batch_id", "what"), [(-1, "no batch"),
+                                                     (3, "no batch after batch 3")])
+def test_a_resumed_run_that_commits_nothing_in_time_is_said_to_go_on(
+    tmp_path: Path, last_batch_id: int, what: str
+) -> None:
+    """It said "committed no batch after -1", and not that the run it started goes on (the
+    Airflow review: it committed its first batch two minutes later)."""
+    checkpoint = tmp_path / "cp"
+    checkpoint.mkdir()
+    waiting = subprocess.Popen(["sleep", "30"])  # the new run, alive, no batch yet
+    try:
+        with pytest.raises(TimeoutError) as timed_out:
+            orch.wait_for_resumed_stream(str(tmp_path / "lake"), str(checkpoint),
+                                         orch.StreamPosition("s1", last_batch_id),
+                                         waiting.pid, timeout=1)
+    finally:
+        waiting.kill()
+        waiting.wait()
+    assert str(timed_out.value) == (
+        f"the new run (pid {waiting.pid}) has committed {what} within 1s "
+        "(SESSIONLAKE_RESTART_TIMEOUT): is data arriving? The run goes on, and may commit "
+        f"once data comes or its first batch ends (its log: {checkpoint / CONTINUOUS_LOG}); "
+        "this failure stops nothing")
+
+
 def test_a_small_landing_starts_the_micro_batch_driver_with_c1_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -607,9 +632,18 @@ def test_the_restart_timeout_is_seconds_or_a_duration(
     assert orch.restart_timeout() == seconds
 
 
-def test_a_bad_restart_timeout_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SESSIONLAKE_RESTART_TIMEOUT", "five minutes")
-    with pytest.raises(ConfigError, match="SESSIONLAKE_RESTART_TIMEOUT"):
+@pytest.mark.parametrize(("value", "said"), [
+    ("five minutes", "must be a duration"),
+    # 0 was taken: the restart DAG's stop gave up at once, and the stream stayed stopped
+    # (the Airflow review).
+    ("0", "must be longer than 0, got '0'"), ("0s", "must be longer than 0"),
+    ("-5", "must be a duration"),
+])
+def test_a_bad_restart_timeout_is_named(
+    monkeypatch: pytest.MonkeyPatch, value: str, said: str
+) -> None:
+    monkeypatch.setenv("SESSIONLAKE_RESTART_TIMEOUT", value)
+    with pytest.raises(ConfigError, match=f"SESSIONLAKE_RESTART_TIMEOUT {said}"):
         orch.restart_timeout()
 
 

@@ -49,7 +49,8 @@ def _command_line(pid: int) -> list[str]:
 
 @pytest.mark.slow
 def test_restart_dag_resumes_the_stream_at_a_new_parallelism_and_a_restore_restarts_it(
-    locations: dict[str, Path], monkeypatch: pytest.MonkeyPatch, spark: SparkSession
+    locations: dict[str, Path], monkeypatch: pytest.MonkeyPatch, spark: SparkSession,
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("SESSIONLAKE_RESTART_TIMEOUT", "300")
     checkpoint = str(locations["lake"] / "_checkpoints" / "stream")
@@ -71,6 +72,24 @@ def test_restart_dag_resumes_the_stream_at_a_new_parallelism_and_a_restore_resta
         second_command = _command_line(pids[1])
         assert second_command[-4:] == ["--shuffle-partitions", "3", "--master", "local[1]"]
         after = orch.stream_position(str(locations["lake"]), checkpoint)
+
+        # A run the new one would refuse (the workers' format other than the stream's)
+        # fails the DAG run before the stop: the stream runs on (the Airflow review: it was
+        # stopped, then the new run refused, and the stream stayed down).
+        capsys.readouterr()
+        with monkeypatch.context() as workers:
+            workers.setenv("SESSIONLAKE_FORMAT", "apache")
+            refused = run_dag("sessionlake_restart", {"shuffle_partitions": 4})
+        assert str(refused.state) == "failed"
+        assert _task_states(refused)["validate_params"] == "failed", _task_states(refused)
+        assert _task_states(refused)["stop_running_stream"] == "upstream_failed"
+        said = caplog.text + capsys.readouterr().out
+        assert "the restarted run would be refused, so nothing was stopped: the stream of " \
+               f"checkpoint {checkpoint} reads --format jsonl; --format apache would " \
+               "quarantine its input" in said, said[-3000:]
+        assert "(the DAG's run takes SESSIONLAKE_FORMAT, SESSIONLAKE_CHECKPOINT from the " \
+               "Airflow workers' environment)" in said
+        assert orch.running_pid(checkpoint) == pids[1]
 
         # A snapshot of the running stream (in this process), a batch after it, then the
         # restore DAG: it stops the run, restores, and starts the same command line again.
