@@ -141,6 +141,13 @@ def format_duration(value: timedelta) -> str:
     return f"{seconds:g}s"
 
 
+def format_age(value: timedelta) -> str:
+    """A time since something, for people: whole seconds under two minutes, whole minutes
+    from there (:func:`format_duration` of the exact time read ``115.99s``)."""
+    step = 1 if value.total_seconds() < 120 else 60
+    return format_duration(timedelta(seconds=round(value.total_seconds() / step) * step))
+
+
 def absolute_location(location: str) -> str:
     """A local path made absolute (Delta needs absolute paths); URIs stay as they are."""
     if "://" in location or location.startswith("file:"):

@@ -41,7 +41,13 @@ from sessionlake.checkpoint import (
     lock_held,
     unread_input,
 )
-from sessionlake.config import KAFKA_SOURCE, Settings, format_duration, no_lake_message
+from sessionlake.config import (
+    KAFKA_SOURCE,
+    Settings,
+    format_age,
+    format_duration,
+    no_lake_message,
+)
 from sessionlake.storage import is_glob, local_path
 
 log = logging.getLogger("sessionlake.health")
@@ -320,7 +326,7 @@ def _stalled(settings: Settings, now: datetime, last: BatchPoint | None,
         return []
     stalled = format_duration(settings.alert_stalled_after)
     no_batch = ("no batch has committed yet" if since is None else
-                f"the last batch committed {format_duration(since)} ago")
+                f"the last batch committed {format_age(since)} ago")
     who = ("the run holding the checkpoint has not committed them: is it stuck?" if running
            else "no run holds the checkpoint: is the micro-batch DAG paused or failing?")
     files = f"{waiting.files} files wait" if waiting.files != 1 else "1 file waits"

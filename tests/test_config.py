@@ -10,6 +10,7 @@ import pytest
 from sessionlake.config import (
     ConfigError,
     check_process_environment,
+    format_age,
     format_duration,
     parse_duration,
     settings_from,
@@ -29,6 +30,17 @@ def test_durations(text: str | int, seconds: float) -> None:
 def test_bad_durations_name_the_setting(text: str) -> None:
     with pytest.raises(ConfigError, match=r"^grace"):
         parse_duration(text, "grace")
+
+
+@pytest.mark.parametrize(("since", "said"), [
+    (timedelta(seconds=115.99), "116s"),  # the stalled stream's "115.99s ago"
+    (timedelta(seconds=0.4), "0s"),
+    (timedelta(minutes=42, seconds=10), "42m"),
+    (timedelta(hours=3, seconds=20), "3h"),
+    (timedelta(minutes=125, seconds=40), "126m"),
+])
+def test_an_age_is_said_in_whole_seconds_then_whole_minutes(since: timedelta, said: str) -> None:
+    assert format_age(since) == said
 
 
 def test_format_duration_round_trips() -> None:
