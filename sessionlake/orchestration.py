@@ -766,7 +766,8 @@ def check_restore_possible(locations: Locations, params: RestoreParams,
     run that Airflow cannot start again holds the checkpoint (one from the command line,
     or one whose noted command line :func:`checked_restart_args` refuses). The restart
     DAG's continuous run is no obstacle: the restore DAG stops it first and starts it
-    again after (:func:`stop_for_restore`). Nor is, for ``SESSIONLAKE_RESTART_TIMEOUT``, a
+    again after (:func:`stop_for_restore`), once it says it would start
+    (:func:`check_run_would_start`). Nor is, for ``SESSIONLAKE_RESTART_TIMEOUT``, a
     run of this host that ends by itself (:func:`ends_by_itself`): it is waited for.
 
     :raises ValueError: naming the param and the snapshots there are, or the run and how to
@@ -783,8 +784,8 @@ def check_restore_possible(locations: Locations, params: RestoreParams,
     if holder is not None and _restart_dag_args(locations.checkpoint, holder) is None:
         holder = wait_for_run_to_end(locations.checkpoint, holder, restart_timeout())
     noted = None if holder is None else _restart_dag_args(locations.checkpoint, holder)
-    if noted is not None:
-        checked_restart_args(locations, noted, connection_master)
+    if noted is not None:  # it is started again after the restore: it must start
+        check_run_would_start(checked_restart_args(locations, noted, connection_master))
     if holder is not None and noted is None and ends_by_itself(holder):
         raise ValueError(
             f"sessionlake {holder} still holds checkpoint {locations.checkpoint} after "
