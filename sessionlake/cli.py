@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--gap", help="inactivity gap that ends a session (default 30m)")
     run.add_argument("--grace", help="how late an event may be and still count (default 5m)")
     run.add_argument("--max-session-duration", dest="max_session_duration",
-                     help="longer sessions are split (default 24h)")
+                     help="longer sessions are split (default 24h; at least --gap)")
     run.add_argument("--max-future-skew", dest="max_future_skew",
                      help="events further ahead of the clock are quarantined (default 1h)")
     run.add_argument("--trigger", choices=TRIGGERS,

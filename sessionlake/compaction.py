@@ -214,7 +214,8 @@ def survey_table(spark: SparkSession, path: str) -> TableSurvey:
 
     Reads the Delta log and lists the folder; reads no data.
     """
-    partition_columns = tuple(_detail(spark, path)["partitionColumns"] or ())
+    detail = _detail(spark, path)
+    partition_columns = tuple(detail["partitionColumns"] or ())
     frame = spark.read.format("delta").load(path)
     live = frame.inputFiles()
     small_below = int(spark.conf.get(MIN_FILE_SIZE_CONF, None) or OPTIMIZE_MIN_FILE_SIZE)
@@ -239,8 +240,17 @@ def survey_table(spark: SparkSession, path: str) -> TableSurvey:
         files=len(live), bytes=sum(sizes.get(name, 0) for name in live),
         small_files=len(small),
         partition_columns=partition_columns, crowded=crowded,
-        zorder_by=CLUSTER_COLUMN if CLUSTER_COLUMN in data_columns else None,
+        zorder_by=CLUSTER_COLUMN if CLUSTER_COLUMN in data_columns
+        and _has_statistics(detail, CLUSTER_COLUMN) else None,
     )
+
+
+def _has_statistics(detail: Row, column: str) -> bool:
+    """Whether the table collects file statistics of ``column``, without which Delta
+    refuses to Z-order by it (``quarantine`` and ``late_events`` keep none of their users,
+    see their DDL)."""
+    listed = (detail["properties"] or {}).get("delta.dataSkippingStatsColumns")
+    return listed is None or column in (c.strip() for c in listed.split(","))
 
 
 def partition_predicate(

@@ -63,7 +63,7 @@ SUPERSEDED_PROPERTY_VALUES: dict[tuple[str, str], tuple[str, ...]] = {
 }
 #: Raised whenever the upgrade has something new to give: a lake whose note holds a lower
 #: revision is checked again (a note without one was written at revision 1).
-PROPERTIES_REVISION = 2
+PROPERTIES_REVISION = 3  # 3: quarantine's and late_events' statistics without users
 #: That the lake's tables were given them: ``{"revision": n, "properties": [...]}``.
 PROPERTIES_NOTE = f"{LAKE_LOCK_DIR}/table-properties.json"
 _DDL_PROPERTY = re.compile(r"'([\w.]+)'\s*=\s*'([^']*)'")

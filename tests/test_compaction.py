@@ -114,6 +114,8 @@ def test_compaction_rewrites_small_files_and_changes_no_row(
             f"{report.files_after}, {fmt_bytes(report.bytes_after)} (OPTIMIZE ZORDER BY user_id")
         assert report.bytes_after > 0
     assert reports["batch_metrics"].zorder_by is None  # no user: plain bin-packing
+    # No statistics of their users (kept out of the log), so none to cluster by.
+    assert reports["quarantine"].zorder_by is reports["late_events"].zorder_by is None
     assert reports["batch_metrics"].summary().endswith("(OPTIMIZE)")
     history = DeltaTable.forPath(spark, table_path(copied_lake, "events")).history(1).head()
     assert history is not None and history["operation"] == "OPTIMIZE"

@@ -140,6 +140,11 @@ def test_erasure_reaches_every_table_and_every_file(
         with pytest.raises(Exception, match=r"(?i)file|path"):
             read_table(spark, settings.lake, table, versions[table]).where(
                 F.col("user_id") == "u2").count()
+    # Nor the log of a table that keeps no file statistics of its users or text: an erased
+    # user's quarantined line stayed readable in quarantine's (the README review).
+    for table in ("quarantine", "late_events"):
+        logs = (Path(settings.lake) / table / "_delta_log").glob("*.json")
+        assert not [log.name for log in logs if '"u2' in log.read_text()], table
 
 
 @pytest.mark.parametrize("user_id", INJECTION_IDS)

@@ -17,5 +17,8 @@ CREATE TABLE IF NOT EXISTS delta.`${location}` (
 TBLPROPERTIES (
   -- A log checkpoint every 100 commits (see events.sql).
   'delta.checkpointInterval' = '100',
-  'delta.enableDeletionVectors' = 'true'
+  'delta.enableDeletionVectors' = 'true',
+  -- No statistics of the user or the event's contents (see quarantine.sql): only of what
+  -- a reader filters on.
+  'delta.dataSkippingStatsColumns' = 'event_time,batch_id,recorded_at'
 )
