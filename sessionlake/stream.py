@@ -805,6 +805,15 @@ class _BatchHandler:
         except ConfigError as refused:
             self.refused = refused
             raise
+        except Exception:
+            if not self.stop_now.is_set():
+                raise
+            # Cancelled by a second signal (the run says so in one line). Spark's own error
+            # is long (Spark's and Py4J's stack traces), and Spark's check of whether a
+            # stop caused it runs a regex that recurses once per character: it overflowed
+            # the stack and printed a thousand frames of java.util.regex. Spark gets a
+            # short one instead.
+            raise BatchCancelled(f"batch {batch_id} was cancelled by a second signal") from None
         finally:
             self.in_flight.end()
 
@@ -1010,6 +1019,10 @@ def _end_of_run(error: BaseException | None, not_begun: list[int], stop_requeste
                     "planned" if forced else "started", str(error).splitlines()[0])
     elif error is not None:
         raise error
+
+
+class BatchCancelled(Exception):
+    """The batch in flight was cancelled by a second signal: it runs again on restart."""
 
 
 class StopBeforeBatch(Exception):
