@@ -231,7 +231,7 @@ def test_a_version_resolved_ahead_is_read_without_replaying_its_log_again(
     # No user, no text: the log keeps each file's min and max, where no erasure reaches
     # (an erased user's quarantined line stayed readable there; the README review).
     (QUARANTINE, {"batch_id", "quarantined_at", "source_line"}),
-    (LATE_EVENTS, {"event_time", "batch_id", "recorded_at"}),
+    (LATE_EVENTS, {"event_time", "batch_id", "recorded_at", "event_id"}),
 ])
 def test_a_write_collects_statistics_only_where_they_can_skip_files(
     spark: SparkSession, lake: str, table: str, columns: set[str]

@@ -19,6 +19,6 @@ TBLPROPERTIES (
   'delta.checkpointInterval' = '100',
   'delta.enableDeletionVectors' = 'true',
   -- No statistics of the user or the event's contents (see quarantine.sql): only of what
-  -- a reader filters on.
-  'delta.dataSkippingStatsColumns' = 'event_time,batch_id,recorded_at'
+  -- a reader filters on, event_id among them (the duplicate check's bound, as in events).
+  'delta.dataSkippingStatsColumns' = 'event_time,batch_id,recorded_at,event_id'
 )
