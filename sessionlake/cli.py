@@ -174,6 +174,15 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+def option_variables(command: str) -> dict[str, str]:
+    """The options of ``command`` that fall back to an environment variable, each to its
+    variable (``--format``: ``SESSIONLAKE_FORMAT``), as its ``--help`` names them."""
+    [commands] = build_parser()._subparsers._group_actions  # type: ignore[union-attr]
+    parser = commands.choices[command]  # type: ignore[index]
+    return {flag: ENV[action.dest] for action in parser._actions if action.dest in ENV
+            for flag in action.option_strings}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     parser = _Parser(prog="sessionlake", description=DESCRIPTION, epilog=EPILOG,

@@ -51,7 +51,6 @@ from sessionlake.checkpoint import (
     unread_input,
 )
 from sessionlake.config import (
-    ENV,
     JAVA_INT_MAX,
     MAX_AGE_DAYS,
     SPARK_MASTER,
@@ -1049,14 +1048,6 @@ def _sessionlake_command(args: Sequence[str]) -> list[str]:
     return [str(Path(python_executable()).parent / "sessionlake"), *args]
 
 
-#: The settings whose command-line flag is not ``--`` and the setting's name in dashes.
-_SETTING_OF_FLAG = {"--format": "input_format", "--topic": "kafka_topic",
-                    "--starting-offsets": "kafka_starting_offsets",
-                    "--max-offsets-per-trigger": "kafka_max_offsets_per_trigger",
-                    "--kafka-reread-wait": "kafka_reread_wait",
-                    "--kafka-properties": "kafka_properties"}
-
-
 def check_run_would_start(args: Sequence[str]) -> None:
     """Ask the continuous run ``args`` whether it would start (``sessionlake run
     --check-only``, as :func:`start_continuous_run` would start it, with its environment),
@@ -1079,10 +1070,11 @@ def check_run_would_start(args: Sequence[str]) -> None:
               if line.startswith("sessionlake: error: ")]
     why = errors[-1] if errors else (done.stderr.strip()[-2000:] or
                                      f"exit status {done.returncode}")
-    flags = list(dict.fromkeys(re.findall(r"--[a-z][a-z-]*", why)))
-    variables = [ENV[key] for flag in flags
-                 if (key := _SETTING_OF_FLAG.get(flag, flag[2:].replace("-", "_"))) in ENV
-                 and flag not in ("--shuffle-partitions", "--master")]
+    from sessionlake.cli import option_variables  # DAG files stay light
+
+    of_flag = option_variables("run")
+    variables = [of_flag[flag] for flag in dict.fromkeys(re.findall(r"--[a-z][a-z-]*", why))
+                 if flag in of_flag and flag not in ("--shuffle-partitions", "--master")]
     where = (f" (the DAG's run takes {', '.join(variables)} from the Airflow workers' "
              "environment)") if variables else ""
     raise ValueError(f"the restarted run would be refused, so nothing was stopped: "
@@ -1153,10 +1145,9 @@ def wait_for_resumed_stream(
             tail = (_local(checkpoint) / CONTINUOUS_LOG).read_text(errors="replace")[-2000:]
             raise RuntimeError(f"the new sessionlake run (pid {pid}) exited:\n{tail}")
         if time.monotonic() > deadline:
-            what = ("a batch" if before.last_batch_id < 0
-                    else f"a batch after batch {before.last_batch_id}")
+            after = "" if before.last_batch_id < 0 else f" after batch {before.last_batch_id}"
             raise TimeoutError(
-                f"the new run (pid {pid}) has committed no {what.removeprefix('a ')} within "
+                f"the new run (pid {pid}) has committed no batch{after} within "
                 f"{timeout:.0f}s (SESSIONLAKE_RESTART_TIMEOUT): is data arriving? The run "
                 "goes on, and may commit once data comes or its first batch ends (its log: "
                 f"{_local(checkpoint) / CONTINUOUS_LOG}); this failure stops nothing"
