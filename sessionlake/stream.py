@@ -901,8 +901,9 @@ class _Supervision:
     def to_its_end(self) -> BaseException | None:
         """Start the query and watch it until it ends; the error it ended on, if any."""
         query = self.query = self.writer.start()
-        with _stop_on_signals(self.stop, self.handler.stop_now), self.quiet, \
-                self.handler.quiet_on_stop:
+        handler = self.handler
+        with _stop_on_signals(self.stop, handler.stop_now, handler.in_flight), self.quiet, \
+                handler.quiet_on_stop:
             while True:
                 if not query.isActive:
                     error, self.ended = self.ended or query.exception(), None
@@ -1149,9 +1150,11 @@ SECOND_SIGNAL_AFTER_S = 2.0
 
 
 @contextmanager
-def _stop_on_signals(stop: threading.Event, stop_now: threading.Event) -> Iterator[None]:
+def _stop_on_signals(stop: threading.Event, stop_now: threading.Event,
+                     in_flight: _BatchInFlight) -> Iterator[None]:
     """Turn SIGTERM and SIGINT into a graceful-stop request while the query runs, and a
-    second one (:data:`SECOND_SIGNAL_AFTER_S` later or more) into a request to stop now."""
+    second one (:data:`SECOND_SIGNAL_AFTER_S` later or more) into a request to stop now.
+    The first is answered with what the stop waits for: the batch ``in_flight``, if any."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -1160,8 +1163,13 @@ def _stop_on_signals(stop: threading.Event, stop_now: threading.Event) -> Iterat
     def request_stop(signum: int, _frame: FrameType | None) -> None:
         if not first:
             first.append(time.monotonic())
-            log.warning("signal %s received: stopping after the batch in flight (a second "
-                        "signal cancels it, and it runs again on restart)", signum)
+            batch, _ = in_flight.seen()
+            if batch is None:
+                log.warning("signal %s received: stopping (no batch in flight)", signum)
+            else:
+                log.warning("signal %s received: stopping after batch %s, in flight (a "
+                            "second signal cancels it, and it runs again on restart)",
+                            signum, batch)
             stop.set()
         elif time.monotonic() - first[0] >= SECOND_SIGNAL_AFTER_S and not stop_now.is_set():
             log.warning("signal %s received again: stopping now", signum)

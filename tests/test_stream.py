@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
+import signal
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -33,7 +35,12 @@ from sessionlake.registry import (
 )
 from sessionlake.sessionize import sessionize_events
 from sessionlake.sources import ApacheAccessLogAdapter
-from sessionlake.stream import BatchUnfinishedElsewhere, run_stream
+from sessionlake.stream import (
+    BatchUnfinishedElsewhere,
+    _BatchInFlight,
+    _stop_on_signals,
+    run_stream,
+)
 from sessionlake.tables import STREAM_TABLES, read_table, table_version
 from sessionlake.validation import apply_guards, valid_events
 from tests.conftest import DATA
@@ -758,3 +765,25 @@ def test_a_stream_waits_for_another_checkpoints_cut_off_batch_to_be_replayed(
     assert run_stream(spark, second, clock=lambda: NOW).processed == []  # free again
 
 
+
+
+@pytest.mark.parametrize(("batch", "said"), [
+    (None, "signal 15 received: stopping (no batch in flight)"),
+    (3, "signal 15 received: stopping after batch 3, in flight (a second signal cancels it, "
+        "and it runs again on restart)"),
+])
+def test_a_stop_signal_is_answered_with_what_the_stop_waits_for(
+    batch: int | None, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run between batches said it was "stopping after the batch in flight" (a review)."""
+    # Off the main thread no handler is set, and SIGTERM would end the test process.
+    assert threading.current_thread() is threading.main_thread()
+    stop, stop_now, in_flight = threading.Event(), threading.Event(), _BatchInFlight()
+    if batch is not None:
+        in_flight.start(batch)
+    with caplog.at_level(logging.WARNING, logger="sessionlake.stream"), \
+            _stop_on_signals(stop, stop_now, in_flight):
+        os.kill(os.getpid(), signal.SIGTERM)
+        stop.wait(10)  # the handler runs on this thread, between two of its steps
+    assert stop.is_set() and not stop_now.is_set()
+    assert [r.getMessage() for r in caplog.records] == [said]
