@@ -17,7 +17,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext, suppress
-from datetime import date
+from datetime import UTC, date, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -728,9 +728,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         f"({result.late} held back to the last file: late when each file is a batch, "
         f"--max-files-per-trigger 1), {result.duplicates} duplicates, "
         f"{result.malformed} malformed, "
-        f"{result.first_event_time.isoformat()} .. {result.last_event_time.isoformat()}"
+        f"{_as_written(result.first_event_time)} .. {_as_written(result.last_event_time)}"
     )
     return 0
+
+
+def _as_written(moment: datetime) -> str:
+    """A time as ``generate`` writes event times: UTC, to the millisecond."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:

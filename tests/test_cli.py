@@ -4,6 +4,7 @@ subprocess that changes --master and --shuffle-partitions between runs."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -306,6 +308,15 @@ def test_generate_writes_some_of_every_trouble_unless_told_not_to(
         r"\((\d+) held back to the last file: late when each file is a batch, "
         r"--max-files-per-trigger 1\), (\d+) duplicates, (\d+) malformed", printed)[0]]
     assert all(n > 0 for n in figures) if troubled else figures == [0, 0, 0], printed
+    # The range printed is that of the files, as they spell times (it had microseconds).
+    times = []
+    for path in (tmp_path / "out").iterdir():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
+                times.append(datetime.fromisoformat(json.loads(line)["event_time"]))
+    first, last = (t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+                   for t in (min(times), max(times)))
+    assert printed.rstrip().endswith(f", {first} .. {last}"), printed
 
 
 def test_sql_on_a_missing_lake_and_bad_sql_exit_2(
