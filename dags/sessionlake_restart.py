@@ -41,7 +41,6 @@ from sessionlake.airflow_tasks import (
     trigger_params,
 )
 from sessionlake.config import Settings
-from sessionlake.spark import check_master_answers
 
 with DAG(
     dag_id="sessionlake_restart",
@@ -66,7 +65,7 @@ with DAG(
         """Check the params and build the new run's command before anything is stopped."""
         checked = orch.validate_restart_params(trigger_params(), connection_master())
         orch.restart_timeout()  # each refusal here, or the stream is stopped, and stays so
-        check_master_answers(checked.master)
+        orch.check_restart_master_answers(checked.master)
         args = orch.continuous_run_args(orch.locations_from_env(), checked)
         orch.check_run_would_start(args)
         return args

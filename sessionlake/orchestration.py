@@ -68,6 +68,7 @@ from sessionlake.erasure import USER_HASH, user_hash
 from sessionlake.locks import Holder, checkpoint_holder
 from sessionlake.spark import (
     PROJECT_ROOT,
+    check_master_answers,
     default_conf,
     driver_memory,
     is_local_master,
@@ -457,6 +458,14 @@ def validate_restart_params(
                    f"master; list the masters the stream may move to in {RESTART_MASTERS_ENV} "
                    "(whitespace-separated) in the Airflow workers' environment")
     return RestartParams(_whole(params, "shuffle_partitions", 1), master)
+
+
+def check_restart_master_answers(master: str) -> None:
+    """Refuse, before the restart DAG stops anything, a standalone ``master`` that does not
+    answer (:func:`~sessionlake.spark.check_master_answers`), naming where the DAG took it
+    from: its param, not the command line's ``--master``."""
+    check_master_answers(master, given_by="the DAG's param master; empty: the "
+                                          "spark_default connection's")
 
 
 #: Masters, besides local ones and the ``spark_default`` connection's, that the restart DAG

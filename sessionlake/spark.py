@@ -451,12 +451,14 @@ def use_utc_in_python() -> None:
 MASTER_CONNECT_TIMEOUT_S = 5.0
 
 
-def check_master_answers(master: str, timeout: float = MASTER_CONNECT_TIMEOUT_S) -> None:
+def check_master_answers(master: str, timeout: float = MASTER_CONNECT_TIMEOUT_S,
+                         given_by: str = "--master, SESSIONLAKE_MASTER") -> None:
     """Refuse a standalone master (``spark://host:port[,host:port]``) none of whose
     addresses accepts a connection, before a JVM starts: Spark itself retries for a
     minute, then fails the session with a stack trace that does not name the master. A
     restart checks this before it stops the stream it would replace. Other masters pass.
 
+    :param given_by: where the user gave the master, named in the refusal.
     :raises ConfigError: naming the master and what each address said.
     """
     if not master.startswith("spark://"):
@@ -470,8 +472,7 @@ def check_master_answers(master: str, timeout: float = MASTER_CONNECT_TIMEOUT_S)
         except (OSError, ValueError) as error:
             said.append(f"{address}: {getattr(error, 'strerror', None) or error}")
     raise ConfigError(f"the Spark master {master} does not answer ({'; '.join(said)}): "
-                      "start it, or give the master it listens as (--master, "
-                      "SESSIONLAKE_MASTER)")
+                      f"start it, or give the master it listens as ({given_by})")
 
 
 def build_spark(

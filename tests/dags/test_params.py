@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -105,6 +106,19 @@ def test_restart_moves_the_stream_only_to_a_master_its_operators_named(
                        "spark://other:7077 spark://elsewhere:7077")
     assert orch.validate_restart_params(params, "spark://m:7077") == orch.RestartParams(
         2, "spark://elsewhere:7077")
+
+
+def test_a_restart_to_a_master_that_does_not_answer_names_the_dag_s_param() -> None:
+    """It named ``--master, SESSIONLAKE_MASTER``, which the DAG's run does not read (a review)."""
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        master = f"spark://127.0.0.1:{unused.getsockname()[1]}"
+    with pytest.raises(ConfigError) as refused:
+        orch.check_restart_master_answers(master)
+    assert str(refused.value).startswith(f"the Spark master {master} does not answer (")
+    assert str(refused.value).endswith(
+        "start it, or give the master it listens as (the DAG's param master; empty: the "
+        "spark_default connection's)")
 
 
 @pytest.mark.parametrize("master", ["", "  ", None])
