@@ -311,9 +311,11 @@ def literal_row(spark: SparkSession, row: Mapping[str, Any], schema: StructType)
 
     Made of literals, it is computed in the JVM. ``createDataFrame`` of local rows is
     computed by a Python worker on an executor, and the first one of a process starts
-    Spark's Python worker daemon, only to unpickle a row.
+    Spark's Python worker daemon, only to unpickle a row. In one partition: in as many as
+    the cluster has cores, each of the others wrote an empty Parquet file, which Delta does
+    not list, into the table's folder until a VACUUM (one a batch in ``batch_metrics``).
     """
-    return spark.range(1).select(*[
+    return spark.range(1, numPartitions=1).select(*[
         _literal(row.get(field.name)).cast(field.dataType).alias(field.name)
         for field in schema.fields
     ])

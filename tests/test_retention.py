@@ -319,6 +319,40 @@ def test_every_run_appends_one_audit_row_without_the_erased_ids(
     assert second["vacuum_retain_hours"] == 200 and second["erased_users"] == 0
 
 
+def delta_would_vacuum(spark: SparkSession, lake: str, table: str, hours: float) -> int:
+    """How many files Delta's own ``VACUUM ... DRY RUN`` of ``table`` would delete."""
+    with retention._retention_check_off(spark, hours):
+        return spark.sql(f"VACUUM delta.`{table_path(lake, table)}` RETAIN {hours:g} HOURS "
+                         "DRY RUN").count()
+
+
+def test_a_vacuum_is_skipped_only_where_delta_s_would_delete_nothing(
+    spark: SparkSession, settings: Settings
+) -> None:
+    """Each retention run VACUUMed all seven tables, a second or more each with nothing to
+    delete; it now skips a table whose files are all live or younger than the retention."""
+    tables = Path(settings.lake)
+    # A data file no version lists, written two hours ago (a writer killed mid-write).
+    stale = tables / "events" / "event_date=2026-01-05" / "part-stale.parquet"
+    stale.write_bytes(b"PAR1")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    # The same written a moment ago (a writer at work), and an empty folder.
+    (tables / "sessions" / "part-fresh.parquet").write_bytes(b"PAR1")
+    (tables / "batch_metrics" / "empty").mkdir()
+
+    skipped = {(table, hours): retention.nothing_to_vacuum(settings.lake, table, hours)
+               for hours in (0, 1) for table in STREAM_TABLES}
+    for (table, hours), skip in skipped.items():
+        if skip:
+            assert delta_would_vacuum(spark, settings.lake, table, hours) == 0, (table, hours)
+    assert [key for key, skip in skipped.items() if not skip] == [
+        # What the MERGEs replaced, and the empty Parquet files of the appends' idle tasks.
+        ("events", 0), ("open_sessions", 0), ("sessions", 0), ("late_events", 0),
+        ("quarantine", 0), ("batch_metrics", 0),
+        # Whatever the retention: the stale file, and the empty folder (VACUUM's to judge).
+        ("events", 1), ("batch_metrics", 1)]
+
+
 def files_on_disk(lake: str) -> set[Path]:
     """Every file under the lake, logs included."""
     return {p for p in Path(lake).rglob("*") if p.is_file()}
