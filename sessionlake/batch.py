@@ -557,7 +557,21 @@ def _appends(
         (counts["changes"], SESSION_CHANGELOG,
          changelog_rows(classified, expiring, batch_id, now)),
     ]
-    return [(table, frame) for rows, table, frame in appends if rows]
+    small = int(stats["input"]) <= ONE_TASK_RECORDS
+    return [(table, frame.coalesce(1) if small and table in UNPARTITIONED else frame)
+            for rows, table, frame in appends if rows]
+
+
+#: A batch of up to this many records writes each of its tables that is not partitioned
+#: in one task. Each task of such a write writes a file, an empty one when its share of the
+#: rows is none, which Delta does not list but leaves in the table's folder until a VACUUM
+#: (and a VACUUM then has something to do: :func:`~sessionlake.retention.nothing_to_vacuum`):
+#: three few-record batches on ``local[8]`` left 1, 1 and 3 such files in ``quarantine``,
+#: ``late_events`` and ``session_changelog``, none in one task. One task reads such a
+#: batch's rows in a fraction of a second; a larger batch keeps its parallelism.
+ONE_TASK_RECORDS = 50_000
+#: The tables a batch appends to that are not partitioned (sql/tables/).
+UNPARTITIONED = frozenset({QUARANTINE, LATE_EVENTS, SESSION_CHANGELOG})
 
 
 def _write_tables(
