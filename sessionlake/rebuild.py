@@ -55,6 +55,7 @@ from sessionlake.deltalog import clear_delta_cache, inspect_table
 from sessionlake.doctor import STATE_SOURCES, unfinished_batch
 from sessionlake.ledger import Clock, utc_now
 from sessionlake.locks import StreamAlreadyRunning, checkpoint_lock, lake_lock
+from sessionlake.registry import check_checkpoint_of_lake
 from sessionlake.sessionize import (
     EPOCH,
     aggregate_sessions,
@@ -246,6 +247,7 @@ def rebuild_open_sessions(
     if (missing := no_lake_at(spark, settings.lake)) is not None:
         raise RebuildError(missing)
     _check_sources(spark, settings.lake)
+    check_checkpoint_of_lake(spark, settings.lake, settings.checkpoint)
     checkpoint = settings.checkpoint.rstrip("/")
     # A checkpoint that does not exist has no stream to guard against (and is not created);
     # a stream on another checkpoint holds the lake's lock.

@@ -23,7 +23,7 @@ from sessionlake.checkpoint import (
     ledger_batch_ids,
     read_stream_identity,
 )
-from sessionlake.config import Settings
+from sessionlake.config import ConfigError, Settings
 from sessionlake.sources import KAFKA_SCHEME
 from sessionlake.storage import local_path
 
@@ -98,6 +98,27 @@ def lake_streams(spark: SparkSession | None, lake: str) -> list[str]:
     """The checkpoints that ever ran a stream on ``lake`` (:func:`register_stream`), as
     :func:`checkpoint_key` spells them."""
     return sorted(lake_stream_sources(spark, lake))
+
+
+def check_checkpoint_of_lake(spark: SparkSession | None, lake: str, checkpoint: str) -> None:
+    """Refuse a ``checkpoint`` folder that does not exist while the lake's register names
+    one that does: a misspelt ``--checkpoint``. A restore to it rolled the tables back and
+    wrote the snapshot's checkpoint there, while the stream's own went on from its later
+    batch, whose records were then never read again; a snapshot taken with it kept no
+    checkpoint, and its restore left the stream to read its whole landing folder again
+    (a review). A checkpoint given anew where the lake's have all gone is taken.
+
+    :raises ConfigError: naming the lake's checkpoints that exist.
+    """
+    if storage.exists(spark, checkpoint):
+        return
+    given = checkpoint_key(checkpoint)
+    found = [c for c in lake_streams(spark, lake) if c != given and storage.exists(spark, c)]
+    if found:
+        raise ConfigError(
+            f"no checkpoint at {checkpoint}, and the lake's stream runs on "
+            f"{' and '.join(found)}: give that (--checkpoint, SESSIONLAKE_CHECKPOINT), "
+            "or move the checkpoint there first")
 
 
 def source_key(settings: Settings) -> str:

@@ -77,7 +77,7 @@ from sessionlake.health import running_stream
 from sessionlake.kafkastream import check_restore_keeps_kafka_records
 from sessionlake.ledger import write_stream_identity
 from sessionlake.locks import StreamAlreadyRunning, stream_locks
-from sessionlake.registry import lake_streams
+from sessionlake.registry import check_checkpoint_of_lake, lake_streams
 from sessionlake.spark import SparkOnDemand
 from sessionlake.tables import (
     PROPERTIES_NOTE,
@@ -294,6 +294,7 @@ def create_snapshot(
     """
     lake = settings.lake
     _require_lake(spark, lake)
+    check_checkpoint_of_lake(spark, lake, settings.checkpoint)
     now = now or datetime.now(UTC)
     snapshot_id = new_snapshot_id(now)
     folder = _snapshot_dir(lake, snapshot_id)
@@ -479,6 +480,7 @@ def check_restore_request(settings: Settings, snapshot_id: str) -> None:
     if not storage.exists(None, settings.lake):
         raise SnapshotError(f"{settings.lake} is not a sessionlake lake (no such folder): "
                             "`sessionlake run` creates it")
+    check_checkpoint_of_lake(None, settings.lake, settings.checkpoint)
     running = running_stream(settings)
     if running is not None:
         raise SnapshotError(f"a sessionlake run ({running.who}) is writing the lake on "
@@ -512,6 +514,7 @@ def restore_snapshot(
     files = _files(on_demand, lake, checkpoint)
     find_snapshot(lake, snapshot_id, files)  # refused before the catalog's lock is made
     _require_lake(files, lake)
+    check_checkpoint_of_lake(files, lake, checkpoint)
     with _catalog_lock(lake):  # no expiry removes the snapshot while it is being restored
         snapshot = find_snapshot(lake, snapshot_id, files)
         _restore_locked_streams(on_demand, files, settings, snapshot)
@@ -564,6 +567,7 @@ def check_restore_possible(
     files = _files(on_demand, settings.lake, settings.checkpoint)
     snapshot = find_snapshot(settings.lake, snapshot_id, files)
     _require_lake(files, settings.lake)
+    check_checkpoint_of_lake(files, settings.lake, settings.checkpoint)
     _check_restorable(on_demand, files, settings, snapshot)
     return snapshot
 

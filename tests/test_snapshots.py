@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from sessionlake.snapshots import (
 from sessionlake.spark import SparkOnDemand
 from sessionlake.stream import RestoreUnfinished, run_stream
 from sessionlake.tables import STREAM_TABLES, USER_TABLES, read_table, table_version
+from tests.conftest import ObservedLake
 from tests.helpers import NOW, erasure_stalled, event, kill_with_children
 
 #: Four landing files; each adds users, extends sessions, closes some, and the third one
@@ -529,3 +531,28 @@ def test_an_expiry_waits_for_a_restore_and_then_gives_up(
         expire_snapshots(None, config, max_age_days=1, keep_last=None)
     assert find_snapshot(config.lake, snapshot.snapshot_id)
 
+
+
+@pytest.mark.parametrize("command", [
+    ["snapshot"], ["restore", "--snapshot", "nightly", "--check-only"],
+    ["restore", "--snapshot", "nightly"], ["rebuild-state"],
+])
+def test_a_misspelt_checkpoint_is_refused_before_anything_changes(
+    spark: SparkSession, observed_lake: ObservedLake, tmp_path: Path, command: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A restore with a misspelt --checkpoint rolled the tables back and wrote the
+    snapshot's checkpoint there; the stream's own went on from its later batch, whose
+    records were never read again (a review). A snapshot with one kept no checkpoint."""
+    lake = tmp_path / "lake"
+    shutil.copytree(observed_lake.settings.lake, lake)
+    typo = tmp_path / "chekpoint"
+    before = {(p, p.stat().st_mtime_ns) for p in lake.rglob("*")}
+
+    assert main([*command, "--lake", str(lake), "--checkpoint", str(typo)]) == 2
+    assert capsys.readouterr().err == (
+        f"sessionlake: error: no checkpoint at {typo}, and the lake's stream runs on "
+        f"{lake}/_checkpoints/stream: give that (--checkpoint, SESSIONLAKE_CHECKPOINT), or "
+        "move the checkpoint there first\n")
+    assert {(p, p.stat().st_mtime_ns) for p in lake.rglob("*")} == before
+    assert not typo.exists()
