@@ -3,7 +3,8 @@
 ``sessionlake backfill --from FIRST --to LAST [--gap G]`` (and the ``sessionlake_backfill``
 DAG) replaces the sessions of the UTC dates FIRST..LAST in ``sessions`` by sessionizing
 their events again, with the same functions as the stream (:func:`sessionize_events`),
-the backfill's gap and the configured maximum duration.
+the backfill's gap and the maximum duration the lake's stream cuts its sessions with (the
+configured one on a lake whose stream noted none).
 
 What is replaced, and which events are read
 -------------------------------------------
@@ -75,14 +76,14 @@ import json
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from sessionlake.checkpoint import lake_batch_lock
+from sessionlake.checkpoint import lake_batch_lock, noted_session_rules
 from sessionlake.config import ActionableError, Settings, format_duration
 from sessionlake.conflicts import retry_on_conflict
 from sessionlake.ledger import Clock, utc_now
@@ -200,6 +201,7 @@ def backfill_sessions(
     _validate(settings, first, last)
     if (why := not_a_lake(spark, settings.lake, REQUIRED_TABLES)) is not None:
         raise BackfillError(why)
+    settings = with_the_stream_s_longest_session(spark, settings)
     what = f"backfill of sessions {first.isoformat()}..{last.isoformat()}"
     try:
         # The guard below fails a task on purpose; its refusal is said once, in one line,
@@ -234,6 +236,34 @@ def backfill_sessions(
     step(BACKFILL_STEPS[2])
     log.info("%s", report.summary())
     return report
+
+
+def with_the_stream_s_longest_session(spark: SparkSession, settings: Settings) -> Settings:
+    """``settings`` with the maximum session duration the lake's stream cuts its sessions
+    with, where its first run noted one (:func:`~sessionlake.checkpoint.noted_session_rules`).
+
+    A backfill re-cuts a range with any gap, but a session of the stream is never longer
+    than its maximum: with the configured one instead (24 hours by default), a backfill
+    cut the 31-hour session of a 48-hour lake in two (a review).
+
+    :raises BackfillError: for a gap longer than that maximum.
+    """
+    try:
+        noted = noted_session_rules(spark, settings.lake) or {}
+    except (ValueError, KeyError, TypeError):
+        noted = {}  # a damaged note: the doctor names it; the configured maximum holds
+    if "max_session_duration_s" not in noted:
+        return settings
+    longest = timedelta(seconds=noted["max_session_duration_s"])
+    if settings.gap > longest:
+        raise BackfillError(
+            f"the gap {format_duration(settings.gap)} is longer than the longest session "
+            f"the lake's stream cuts ({format_duration(longest)}, its "
+            "--max-session-duration): give a shorter --gap")
+    if longest != settings.max_session_duration:
+        log.info("sessions cut at most %s long, as the lake's stream cuts them",
+                 format_duration(longest))
+    return replace(settings, max_session_duration=longest)
 
 
 def _validate(settings: Settings, first: date, last: date) -> None:

@@ -31,6 +31,7 @@ from sessionlake import backfill
 from sessionlake.backfill import BACKFILL_STEPS, BackfillError, backfill_sessions
 from sessionlake.config import Settings
 from sessionlake.retention import RetentionRequest, enforce_retention
+from sessionlake.stream import check_session_rules_unchanged
 from sessionlake.tables import (
     EVENTS,
     OPEN_SESSIONS,
@@ -417,3 +418,29 @@ def test_a_user_erased_during_a_backfill_gets_no_changelog_row_back(
     logged = [r for r in table(spark, lake, SESSION_CHANGELOG) if r["batch_id"] == -1]
     assert sorted({r["user_id"] for r in logged}) == ["b", "c", "f"], report
     assert not [r for r in table(spark, lake, SESSIONS) if r["user_id"] == "a"]
+
+
+def test_a_backfill_cuts_sessions_at_the_stream_s_maximum_duration(
+    spark: SparkSession, lake: str
+) -> None:
+    """A backfill of a lake whose stream cuts sessions at 48 hours cut a 31-hour session in
+    two at the configured 24 (a review)."""
+    stream = lake_settings(lake, max_session_duration="48h")
+    start = datetime(2026, 1, 5, tzinfo=UTC)
+    steady = [event("u", (start + timedelta(minutes=20 * i)).isoformat().replace("+00:00", "Z"))
+              for i in range(94)]  # 31 hours
+    run_batches(spark, stream, [steady, [event("v", "2026-01-08T12:00:00Z")]])
+    check_session_rules_unchanged(spark, stream)  # noted, as at the stream's first run
+    closed = [(r["event_count"], r["session_start"]) for r in
+              read_table(spark, lake, "sessions").where("user_id = 'u'").collect()]
+    assert [count for count, _ in closed] == [94]
+
+    report = backfill_sessions(spark, lake_settings(lake), date(2026, 1, 5), date(2026, 1, 6))
+    assert (report.sessions_before, report.sessions_after) == (1, 1)
+    assert [(r["event_count"], r["session_start"]) for r in read_table(
+        spark, lake, "sessions").where("user_id = 'u'").collect()] == closed
+
+    with pytest.raises(BackfillError, match=r"^the gap 3d is longer than the longest session "
+                       r"the lake's stream cuts \(2d, its --max-session-duration\)"):
+        backfill_sessions(spark, lake_settings(lake, gap="3d", max_session_duration="3d"),
+                          date(2026, 1, 5), date(2026, 1, 6))
