@@ -266,10 +266,20 @@ def with_the_stream_s_longest_session(spark: SparkSession, settings: Settings) -
     return replace(settings, max_session_duration=longest)
 
 
+#: The days a backfill range may name: Spark failed on 0001-01-01 with an error without a
+#: message, and the day after 9999-12-31 is past Python's dates (a review).
+BACKFILL_DAYS = (date(1900, 1, 1), date(9999, 12, 30))
+
+
 def _validate(settings: Settings, first: date, last: date) -> None:
     for flag, value in (("--from", first), ("--to", last)):
         if isinstance(value, datetime) or not isinstance(value, date):
             raise BackfillError(f"{flag} must be a date such as 2026-01-05, got {value!r}")
+    for flag, value in (("--from", first), ("--to", last)):
+        if not BACKFILL_DAYS[0] <= value <= BACKFILL_DAYS[1]:
+            raise BackfillError(
+                f"{flag} {value.isoformat()} is out of range: give a day from "
+                f"{BACKFILL_DAYS[0].isoformat()} to {BACKFILL_DAYS[1].isoformat()}")
     if first > last:
         raise BackfillError(
             f"--from {first.isoformat()} is after --to {last.isoformat()}: "

@@ -322,6 +322,11 @@ def test_open_sessions_are_left_to_the_stream_and_counted_once(
     [
         pytest.param(LAST, FIRST, "stream", "is after --to", id="from-after-to"),
         pytest.param(FIRST, LAST, "missing", "sessionlake run", id="no-lake"),
+        # A stack trace each, after the JVM started (a review).
+        pytest.param(date(1, 1, 1), LAST, "stream", r"^--from 0001-01-01 is out of range: "
+                     "give a day from 1900-01-01 to 9999-12-30$", id="year-1"),
+        pytest.param(FIRST, date(9999, 12, 31), "stream", "^--to 9999-12-31 is out of range",
+                     id="the-last-day"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_is_written(
