@@ -241,6 +241,8 @@ def check_archive_request(settings: Settings, target: str) -> tuple[Path, Path, 
         raise ArchiveError("no landing folder: pass --source DIR or set SESSIONLAKE_SOURCE")
     if is_glob(source):
         raise ArchiveError(f"--source {source} is a glob: name the landing folder itself")
+    if not target.strip():
+        raise ArchiveTargetError("the target is empty: name the folder to move the files to")
     places = {"landing folder": source, "checkpoint": settings.checkpoint,
               "lake": settings.lake, "target": target}
     local = {name: local_path(place) for name, place in places.items()}
@@ -261,6 +263,12 @@ def check_archive_request(settings: Settings, target: str) -> tuple[Path, Path, 
         raise ArchiveTargetError(f"the target {target} is inside the lake {settings.lake}, "
                                  "whose folders are its tables' and checkpoints'; pick a "
                                  "folder outside it")
+    # A file, or a file on its path: the move failed with a stack trace (a review).
+    blocking = next((p for p in (destination, *destination.parents)
+                     if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ArchiveTargetError(f"the target {target} is not a folder ({blocking} is a "
+                                 "file): pick a folder, or one to be made")
     if not checkpoint.is_dir():
         raise ArchiveError(f"no stream's checkpoint at {settings.checkpoint}: no file of the "
                            "landing folder was read (check --lake and --checkpoint)")

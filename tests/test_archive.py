@@ -18,7 +18,12 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from sessionlake.archive import ArchiveError, archive_read_files, warn_of_read_files_left
+from sessionlake.archive import (
+    ArchiveError,
+    ArchiveTargetError,
+    archive_read_files,
+    warn_of_read_files_left,
+)
 from sessionlake.checkpoint import (
     FORGET_REQUEST,
     MANIFEST,
@@ -166,6 +171,22 @@ def test_bad_requests_are_refused_and_nothing_moves(
     with pytest.raises(ArchiveError, match=message):
         archive_read_files(config, str(tmp_path / target))
     assert (landing / "a.jsonl").exists()
+
+
+@pytest.mark.parametrize("target", ["a-file", "a-file/below", ""])
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_target_that_is_no_folder_is_refused_and_nothing_moves(
+    tmp_path: Path, target: str, dry_run: bool
+) -> None:
+    """A file as the target: the dry run said it would move the files, and the run failed
+    with a stack trace; an empty one archived to the working folder (a review)."""
+    landing = landing_with(tmp_path, "a.jsonl")
+    (tmp_path / "a-file").write_text("not a folder\n")
+    where = str(tmp_path / target) if target else ""
+    with pytest.raises(ArchiveTargetError, match=r"is not a folder|is empty"):
+        archive_read_files(settings(tmp_path), where, dry_run=dry_run)
+    assert (landing / "a.jsonl").exists()
+    assert not list((tmp_path / "lake").rglob("archived.json"))
 
 
 def test_a_snapshot_copy_whose_logs_cannot_be_read_moves_nothing(tmp_path: Path) -> None:
