@@ -715,6 +715,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """``sessionlake generate``: write a synthetic clickstream for demos and benchmarks."""
     from sessionlake.generate import generate_clickstream
 
+    if not args.out.strip():
+        raise UsageError("--out is empty: name the folder to write the files to")
     try:
         result = generate_clickstream(
             Path(args.out), users=args.users, events=args.events, files=args.files,
@@ -905,6 +907,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     from sessionlake.report import build_report, format_summary, write_report_html
 
     settings = _settings(args)
+    if args.html is not None and (args.html.is_dir() or any(
+            p.exists() and not p.is_dir() for p in args.html.parents)):
+        raise UsageError(f"--html {args.html} is not a file to write: name an .html file "
+                         "in a folder")
     try:
         report = build_report(settings)
     except DeltaReadError as error:

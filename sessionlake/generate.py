@@ -53,7 +53,7 @@ class GeneratedClickstream:
 
 
 def _check(name: str, value: float, low: float, high: float | None, text: str) -> None:
-    if value < low or (high is not None and value >= high):
+    if not value >= low or (high is not None and not value < high):  # NaN too
         raise ValueError(f"{name} must be {text}, got {value}")
 
 
@@ -87,6 +87,9 @@ def generate_clickstream(
                         ("duplicate-fraction", duplicate_fraction),
                         ("malformed-fraction", malformed_fraction)):
         _check(name, value, 0.0, 1.0, "in [0, 1)")
+    if (file := next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()),
+                     None)) is not None:
+        raise ValueError(f"{out} is not a folder ({file} is a file): pass a new folder")
     if out.exists() and any(out.glob("*.jsonl")):
         raise ValueError(f"{out} already holds .jsonl files: pass an empty or new folder")
 

@@ -92,6 +92,13 @@ def test_every_option_s_value_has_a_name_not_its_dest() -> None:
            f"'{master}'") for master in ("foo", "spark//127.0.0.1:7077", "spark://127.0.0.1")],
         (["sql", "--lake", "L", "--master", "local[0]", "SELECT 1"], "master must be"),
         (["generate", "--out", "x", "--users", "0", "--events", "10"], "users"),
+        # A stack trace, the working folder, and a run with no late events (a review).
+        (["generate", "--out", "/dev/null", "--users", "5", "--events", "10"],
+         "/dev/null is not a folder (/dev/null is a file): pass a new folder"),
+        (["generate", "--out", "", "--users", "5", "--events", "10"], "--out is empty"),
+        (["generate", "--out", "x", "--users", "5", "--events", "10", "--late-fraction", "nan"],
+         "late-fraction must be in [0, 1), got nan"),
+        (["report", "--lake", "L", "--html", "."], "--html . is not a file to write"),
         (["archive", "--lake", "L", "--source", ".", "--to", "old"],
          "inside the landing folder"),
         (["archive", "--lake", "L", "--source", "."], "--to"),
