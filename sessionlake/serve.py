@@ -22,6 +22,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import threading
 from pathlib import Path
 from types import FrameType
@@ -29,7 +30,7 @@ from types import FrameType
 from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
-from sessionlake.config import Settings
+from sessionlake.config import ConfigError, Settings
 from sessionlake.query import LakeNotFound, named_queries, register_table
 from sessionlake.spark import build_spark
 from sessionlake.tables import PUBLIC_TABLES, table_exists, table_path
@@ -98,12 +99,35 @@ def serve_lake(settings: Settings, host: str = "127.0.0.1", port: int = 15002,
                token_file: Path | None = None) -> None:
     """Serve the lake over Spark Connect until SIGTERM or SIGINT, to clients that send the
     token written to ``token_file`` (:func:`default_token_file` when ``None``)."""
+    check_can_listen(host, port)
     token_file = token_file or default_token_file(port)
+    if (file := next((p for p in token_file.parents if p.exists() and not p.is_dir()),
+                     None)) is not None:
+        raise ConfigError(f"--token-file {token_file} cannot be written: {file} is a file")
     token = write_token(token_file)
     try:
         _serve(settings, host, port, token_file, token)
     finally:
         forget_token(token_file, token)
+
+
+def check_can_listen(host: str, port: int) -> None:
+    """Refuse, before Spark starts, an address the server could not listen on (a port in
+    use, a host not of this machine): Spark failed in a Java stack trace whose last line
+    did not say why (a review).
+
+    :raises ConfigError: naming the address and the system's reason.
+    """
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            # As a server sets it: a port left in TIME_WAIT is free to listen on again.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except (OSError, UnicodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise ConfigError(f"cannot listen on {host}:{port} ({reason}): give another "
+                          "--port, or a --host of this machine") from None
 
 
 def forget_token(path: Path, token: str) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from sessionlake.cli import main
 from sessionlake.config import settings_from
 from tests.conftest import REPO
 from tests.helpers import event, run_batches
@@ -118,3 +119,26 @@ def test_serve_rejects_a_bad_port(port: str, tmp_path: Path) -> None:
          "--port", port], capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2 and "--port" in done.stderr
+
+
+@pytest.mark.parametrize("where", ["in use", "not of this machine"])
+def test_an_address_serve_cannot_listen_on_is_refused_before_spark(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Spark failed in about a hundred lines of Java whose last did not say why (a review)."""
+    def no_spark(*_: object, **__: object) -> None:
+        raise AssertionError("Spark was started for an address it cannot listen on")
+
+    monkeypatch.setattr("sessionlake.serve.build_spark", no_spark)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        host, port = ("127.0.0.1", taken.getsockname()[1]) if where == "in use" \
+            else ("999.1.1.1", _free_port())
+        status = main(["serve", "--lake", str(tmp_path), "--host", host, "--port", str(port),
+                       "--token-file", str(tmp_path / "token")])
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"sessionlake: error: cannot listen on {host}:{port} (")
+    assert not (tmp_path / "token").exists()
