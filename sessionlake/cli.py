@@ -764,7 +764,10 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         if (no_lake := no_lake_at(None, settings.lake)) is not None:
             raise UsageError(no_lake)
         listed: dict[str, dict[str, int]] = {}  # each table's files, listed once for all
-        for snapshot in list_snapshots(settings.lake):
+        snapshots = list_snapshots(settings.lake)
+        if not snapshots:
+            print(f"no snapshots of {settings.lake}: `sessionlake snapshot` takes one")
+        for snapshot in snapshots:
             missing = unrestorable_versions(settings.lake, snapshot.table_versions, listed)
             print(snapshot.summary() + (f"  [cannot be restored: {missing}]" if missing else ""))
         return 0

@@ -83,6 +83,10 @@ def generate_clickstream(
     _check("users", users, 1, None, "a whole number >= 1")
     _check("events", events, 1, None, "a whole number >= 1")
     _check("files", files, 1, None, "a whole number >= 1")
+    _check("seed", seed, 0, None, "a whole number >= 0")
+    if files > events:
+        raise ValueError(f"files must be at most events ({events}), got {files}: the others "
+                         "would be empty")
     for name, value in (("late-fraction", late_fraction),
                         ("duplicate-fraction", duplicate_fraction),
                         ("malformed-fraction", malformed_fraction)):

@@ -295,6 +295,12 @@ def create_snapshot(
     lake = settings.lake
     _require_lake(spark, lake)
     check_checkpoint_of_lake(spark, lake, settings.checkpoint)
+    if name is not None and (not name.strip() or name != name.strip()):
+        raise SnapshotError(f"a snapshot's name must be words without white space around "
+                            f"them, got {name!r}")
+    if name is not None and name in {s.snapshot_id for s in list_snapshots(lake, spark)}:
+        raise SnapshotError(f"{name} is the id of another snapshot: a restore by that name "
+                            "would restore that one; pick another name")
     now = now or datetime.now(UTC)
     snapshot_id = new_snapshot_id(now)
     folder = _snapshot_dir(lake, snapshot_id)

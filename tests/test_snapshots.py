@@ -47,7 +47,7 @@ from sessionlake.spark import SparkOnDemand
 from sessionlake.stream import RestoreUnfinished, run_stream
 from sessionlake.tables import STREAM_TABLES, USER_TABLES, read_table, table_version
 from tests.conftest import ObservedLake
-from tests.helpers import NOW, erasure_stalled, event, kill_with_children
+from tests.helpers import NOW, create_tables, erasure_stalled, event, kill_with_children
 
 #: Four landing files; each adds users, extends sessions, closes some, and the third one
 #: brings a late event and a malformed line, so that every table is written.
@@ -187,6 +187,13 @@ def test_the_catalog_lists_snapshots_oldest_first(spark: SparkSession, tmp_path:
                                             "give the id of the one meant"):
         find_snapshot(config.lake, "one")
     assert find_snapshot(config.lake, third.snapshot_id) == third
+    # A name that is another's id, or empty (which `restore --snapshot ""` then found), is
+    # refused (a review).
+    for name, why in ((first.snapshot_id, "is the id of another snapshot"),
+                      ("", "must be words"), (" one", "must be words")):
+        with pytest.raises(SnapshotError, match=why):
+            create_snapshot(spark, config, name=name)
+    assert len(list_snapshots(config.lake)) == 3
 
 
 def user_rows(spark: SparkSession, lake: str, user: str) -> dict[str, int]:
@@ -556,3 +563,13 @@ def test_a_misspelt_checkpoint_is_refused_before_anything_changes(
         "move the checkpoint there first\n")
     assert {(p, p.stat().st_mtime_ns) for p in lake.rglob("*")} == before
     assert not typo.exists()
+
+
+def test_the_list_of_a_lake_without_snapshots_says_so(
+    spark: SparkSession, lake: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It printed nothing at all (a review)."""
+    create_tables(spark, settings_from({"lake": lake}, env={}))
+    assert main(["snapshot", "--lake", lake, "--list"]) == 0
+    assert capsys.readouterr().out == (
+        f"no snapshots of {lake}: `sessionlake snapshot` takes one\n")
