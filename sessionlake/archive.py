@@ -40,7 +40,9 @@ from sessionlake.checkpoint import (
 )
 from sessionlake.config import ActionableError, Settings
 from sessionlake.locks import StreamAlreadyRunning, stream_locks
+from sessionlake.registry import checkpoint_key, lake_stream_sources
 from sessionlake.snapshots import CHECKPOINT_COPY, list_snapshots, snapshots_root
+from sessionlake.sources import KAFKA_SCHEME
 from sessionlake.storage import is_glob, local_path, within
 
 log = logging.getLogger(__name__)
@@ -272,6 +274,14 @@ def check_archive_request(settings: Settings, target: str) -> tuple[Path, Path, 
     if not checkpoint.is_dir():
         raise ArchiveError(f"no stream's checkpoint at {settings.checkpoint}: no file of the "
                            "landing folder was read (check --lake and --checkpoint)")
+    read = lake_stream_sources(None, settings.lake).get(checkpoint_key(str(checkpoint)))
+    noted = local_path(read) if read and not read.startswith(KAFKA_SCHEME) else None
+    # Only a folder noted whole: a relative one was relative to that run's working folder.
+    if noted is not None and noted.is_absolute() and not is_glob(read or "") and \
+            Path(os.path.abspath(noted)) != landing:
+        # Nothing of it was read: the archive moved nothing, without a word (a review).
+        raise ArchiveError(f"the stream on {settings.checkpoint} reads {read}, not {source}: "
+                           "give its landing folder (--source, SESSIONLAKE_SOURCE)")
     return landing, checkpoint, destination
 
 

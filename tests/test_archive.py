@@ -35,6 +35,7 @@ from sessionlake.checkpoint import (
 )
 from sessionlake.cli import main
 from sessionlake.config import Settings, settings_from
+from sessionlake.registry import register_stream
 from sessionlake.snapshots import Snapshot
 from sessionlake.stream import RunSummary, run_stream
 from sessionlake.tables import read_table
@@ -187,6 +188,19 @@ def test_a_target_that_is_no_folder_is_refused_and_nothing_moves(
         archive_read_files(settings(tmp_path), where, dry_run=dry_run)
     assert (landing / "a.jsonl").exists()
     assert not list((tmp_path / "lake").rglob("archived.json"))
+
+
+def test_a_landing_folder_the_stream_does_not_read_is_refused(tmp_path: Path) -> None:
+    """The archive of another folder moved nothing, without a word (a review)."""
+    landing = landing_with(tmp_path, "a.jsonl")
+    config = settings(tmp_path)
+    register_stream(None, config.lake, config.checkpoint, source=str(landing))
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(ArchiveError, match=f"the stream on {config.checkpoint} reads "
+                                           f"{landing}, not {tmp_path / 'elsewhere'}: give "):
+        archive_read_files(settings(tmp_path, str(tmp_path / "elsewhere")),
+                           str(tmp_path / "archive"))
+    assert archive_read_files(config, str(tmp_path / "archive")).moved == 1
 
 
 def test_a_snapshot_copy_whose_logs_cannot_be_read_moves_nothing(tmp_path: Path) -> None:
