@@ -278,7 +278,7 @@ def check_archive_request(settings: Settings, target: str) -> tuple[Path, Path, 
     noted = local_path(read) if read and not read.startswith(KAFKA_SCHEME) else None
     # Only a folder noted whole: a relative one was relative to that run's working folder.
     if noted is not None and noted.is_absolute() and not is_glob(read or "") and \
-            Path(os.path.abspath(noted)) != landing:
+            os.path.realpath(noted) != os.path.realpath(landing):
         # Nothing of it was read: the archive moved nothing, without a word (a review).
         raise ArchiveError(f"the stream on {settings.checkpoint} reads {read}, not {source}: "
                            "give its landing folder (--source, SESSIONLAKE_SOURCE)")
