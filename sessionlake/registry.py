@@ -38,7 +38,7 @@ def _streams_folder(lake: str) -> str:
     return f"{lake_lock_folder(lake)}/{STREAMS_DIR}"
 
 
-def register_stream(spark: SparkSession, lake: str, checkpoint: str,
+def register_stream(spark: SparkSession | None, lake: str, checkpoint: str,
                     source: str | None = None, kafka_cluster: str | None = None,
                     kafka_topic_id: str | None = None, stream_id: str | None = None) -> None:
     """Note ``checkpoint`` among the lake's streams, once, with the ``source`` it reads
