@@ -659,6 +659,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from sessionlake.tables import no_lake_at
 
     if args.list:
+        if args.statement is not None or args.query is not None:
+            raise UsageError("--list runs nothing: give it without a statement or --query")
         for name, query in named_queries().items():
             flags = "".join(f" [--param {p.name}={p.default}]" for p in query.params)
             print(f"{name}{flags}\n    {query.description}")

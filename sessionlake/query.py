@@ -163,13 +163,16 @@ def bind_params(query: NamedQuery, given: Mapping[str, str]) -> dict[str, Any]:
 def parse_param_assignments(items: Sequence[str]) -> dict[str, str]:
     """``["k=v", ...]`` from ``--param`` flags as a dict.
 
-    :raises QueryError: for an item without ``=`` or with an empty name.
+    :raises QueryError: for an item without ``=``, with an empty name, or a name given twice
+        (the last one was taken silently).
     """
     values: dict[str, str] = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise QueryError(f"--param {item!r} must look like name=value")
+        if name.strip() in values:
+            raise QueryError(f"--param {name.strip()} is given twice: give it once")
         values[name.strip()] = value
     return values
 

@@ -119,6 +119,9 @@ def test_every_option_s_value_has_a_name_not_its_dest() -> None:
         (["snapshot", "--lake", "L", "--expire-only"],
          "--expire-only needs --max-age-days N or --keep-last N"),
         (["snapshot", "--lake", "L", "--keep-last", "0"], "argument --keep-last: '0' must be"),
+        (["sql", "--lake", "L", "--list", "SELECT 1"], "--list runs nothing"),
+        (["sql", "--lake", "L", "--query", "daily_sessions", "--param", "step1=a",
+          "--param", "step1=b"], "--param step1 is given twice"),
         (["frobnicate"], "invalid choice"),
     ],
 )
