@@ -380,7 +380,13 @@ def nothing_to_vacuum(lake: str, table: str, hours: float) -> bool:
             return False  # an empty folder, or one of hidden files only: VACUUM's to judge
         for name in shown:
             path = Path(current, name)
-            if path not in live and path.stat().st_mtime < threshold:
+            if path in live:
+                continue
+            try:
+                written = path.stat().st_mtime
+            except FileNotFoundError:
+                continue  # removed meanwhile (a writer's cleanup, another VACUUM)
+            if written < threshold:
                 return False
     return True
 
