@@ -43,7 +43,7 @@ from sessionlake.locks import StreamAlreadyRunning, stream_locks
 from sessionlake.registry import checkpoint_key, lake_stream_sources
 from sessionlake.snapshots import CHECKPOINT_COPY, list_snapshots, snapshots_root
 from sessionlake.sources import KAFKA_SCHEME
-from sessionlake.storage import is_glob, local_path, within
+from sessionlake.storage import file_in_the_way, is_glob, local_path, within
 
 log = logging.getLogger(__name__)
 
@@ -266,9 +266,7 @@ def check_archive_request(settings: Settings, target: str) -> tuple[Path, Path, 
                                  "whose folders are its tables' and checkpoints'; pick a "
                                  "folder outside it")
     # A file, or a file on its path: the move failed with a stack trace (a review).
-    blocking = next((p for p in (destination, *destination.parents)
-                     if p.exists() and not p.is_dir()), None)
-    if blocking is not None:
+    if (blocking := file_in_the_way(destination)) is not None:
         raise ArchiveTargetError(f"the target {target} is not a folder ({blocking} is a "
                                  "file): pick a folder, or one to be made")
     if not checkpoint.is_dir():

@@ -910,10 +910,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     """``sessionlake report``: print the lake's summary; with ``--html``, write the charts."""
     from sessionlake.deltareader import DeltaReadError
     from sessionlake.report import build_report, format_summary, write_report_html
+    from sessionlake.storage import file_in_the_way
 
     settings = _settings(args)
-    if args.html is not None and (args.html.is_dir() or any(
-            p.exists() and not p.is_dir() for p in args.html.parents)):
+    if args.html is not None and (args.html.is_dir()
+                                  or file_in_the_way(args.html.parent) is not None):
         raise UsageError(f"--html {args.html} is not a file to write: name an .html file "
                          "in a folder")
     try:

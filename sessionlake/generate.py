@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sessionlake.storage import file_in_the_way
+
 PAGES: tuple[str, ...] = (
     "/", "/pricing", "/signup", "/checkout", "/docs", "/docs/install", "/docs/quickstart",
     "/docs/sql", "/docs/airflow", "/docs/faq", "/blog", "/blog/state-without-ttl",
@@ -91,8 +93,7 @@ def generate_clickstream(
                         ("duplicate-fraction", duplicate_fraction),
                         ("malformed-fraction", malformed_fraction)):
         _check(name, value, 0.0, 1.0, "in [0, 1)")
-    if (file := next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()),
-                     None)) is not None:
+    if (file := file_in_the_way(out)) is not None:
         raise ValueError(f"{out} is not a folder ({file} is a file): pass a new folder")
     if out.exists() and any(out.glob("*.jsonl")):
         raise ValueError(f"{out} already holds .jsonl files: pass an empty or new folder")

@@ -33,6 +33,7 @@ from pyspark.sql import SparkSession
 from sessionlake.config import ConfigError, Settings
 from sessionlake.query import LakeNotFound, named_queries, register_table
 from sessionlake.spark import build_spark
+from sessionlake.storage import file_in_the_way
 from sessionlake.tables import PUBLIC_TABLES, table_exists, table_path
 
 log = logging.getLogger(__name__)
@@ -101,8 +102,7 @@ def serve_lake(settings: Settings, host: str = "127.0.0.1", port: int = 15002,
     token written to ``token_file`` (:func:`default_token_file` when ``None``)."""
     check_can_listen(host, port)
     token_file = token_file or default_token_file(port)
-    if (file := next((p for p in token_file.parents if p.exists() and not p.is_dir()),
-                     None)) is not None:
+    if (file := file_in_the_way(token_file.parent)) is not None:
         raise ConfigError(f"--token-file {token_file} cannot be written: {file} is a file")
     token = write_token(token_file)
     try:

@@ -47,6 +47,12 @@ def within(path: str, folder: str) -> bool:
     return path == folder or path.startswith(f"{folder}/")
 
 
+def file_in_the_way(folder: Path) -> Path | None:
+    """The file (not a folder) at ``folder`` or at one of its parents, which keeps it from
+    being a folder; ``None`` when it is one or can be made."""
+    return next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+
+
 def links_leading_out(folder: Path) -> list[tuple[str, str]]:
     """The symbolic links under the local ``folder`` that lead out of it, each with the
     path it leads to, sorted. Linked folders are not walked into."""
